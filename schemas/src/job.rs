@@ -1,0 +1,159 @@
+//! The job a client publishes: [`JobSpec`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A job as published to RabbitMQ: one MessagePack map per message.
+///
+/// Exactly one of `code` and `entrypoint` is set. Durations are humantime strings (`"60s"`,
+/// `"2m 30s"`, `"24h"`). See `docs/protocol.md` for the same table in language-neutral terms.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Wire format version; must equal [`crate::SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Chosen by the client: 1 to 64 of `[A-Za-z0-9_-]` (a UUID fits). Unique per job: the
+    /// result key and artifact prefix are derived from it.
+    pub job_id: String,
+    /// Sandbox size; decides cpu, memory and pids limits and the queue the job goes to.
+    pub sku: Sku,
+    /// Language runtime that runs `code` or `entrypoint`.
+    pub runtime: Runtime,
+    /// Source code to run (UTF-8), at most `Limits::max_code_bytes`. The sandbox sees it as
+    /// `/sandq/main.py` (or `main.js`), read-only; the working directory is `/work`.
+    #[serde(default)]
+    pub code: Option<String>,
+    /// Instead of `code`: the path, relative to `/work`, of an uploaded input file to run.
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    /// Command-line arguments passed to the program (`sys.argv[1:]`, `process.argv.slice(2)`).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Files staged into `/work` before the program starts.
+    #[serde(default)]
+    pub inputs: Vec<InputFile>,
+    /// Bytes fed to the program's standard input (MessagePack bin or str); empty when absent.
+    #[serde(default, with = "serde_bytes")]
+    pub stdin: Option<Vec<u8>>,
+    /// Extra environment variables of the program. Names match `[A-Za-z_][A-Za-z0-9_]*`; the
+    /// sandbox's own (`PATH`, `HOME`, `SANDQ_*` ...) cannot be overridden.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Wall-clock limit of the program, humantime (`"60s"`); default 60 s, at most the worker's
+    /// configured maximum.
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// How long the result stays in Redis after the job ends, humantime; default 24 h.
+    #[serde(default)]
+    pub result_ttl: Option<String>,
+    /// Network of the sandbox; default `none` (loopback only).
+    #[serde(default)]
+    pub network: NetworkMode,
+    /// When the client submitted the job, Unix epoch milliseconds (copied to the result).
+    #[serde(default)]
+    pub submitted_at_ms: Option<u64>,
+}
+
+/// An input file: an S3 object the client uploaded, and where it appears in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFile {
+    /// S3 object key in the sandq bucket. Clients use the content-addressed layout
+    /// [`crate::names::input_key`] (`inputs/sha256/<hex>`).
+    pub key: String,
+    /// Path inside `/work`, relative, `/`-separated, no `..`, no empty or `.` components.
+    pub path: String,
+    /// Size in bytes; the staged object must have exactly this size.
+    pub size: u64,
+    /// SHA-256 of the content, 64 lower-case hex digits; the staged bytes must match it.
+    pub sha256: String,
+}
+
+/// Sandbox sizes. Defaults (worker config `[skus]`): S = 1 core / 2 GiB, M = 2 / 4, L = 4 / 8,
+/// XL = 8 / 16 (the product brief).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Sku {
+    /// 1 core, 2 GiB.
+    S,
+    /// 2 cores, 4 GiB.
+    M,
+    /// 4 cores, 8 GiB.
+    L,
+    /// 8 cores, 16 GiB.
+    XL,
+}
+
+impl Sku {
+    /// Every SKU, smallest first.
+    pub const ALL: [Sku; 4] = [Sku::S, Sku::M, Sku::L, Sku::XL];
+
+    /// The wire name: `"S"`, `"M"`, `"L"`, `"XL"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sku::S => "S",
+            Sku::M => "M",
+            Sku::L => "L",
+            Sku::XL => "XL",
+        }
+    }
+}
+
+impl fmt::Display for Sku {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Sku {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_uppercase().as_str() {
+            "S" => Ok(Sku::S),
+            "M" => Ok(Sku::M),
+            "L" => Ok(Sku::L),
+            "XL" => Ok(Sku::XL),
+            _ => Err(format!("unknown SKU {s:?}: expected one of S, M, L, XL")),
+        }
+    }
+}
+
+/// Language runtime of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    /// CPython 3.11+ (the image has 3.13) with the data-science libraries; `python3 main.py`.
+    Python,
+    /// Node.js 20+; `node main.js`.
+    Node,
+}
+
+impl Runtime {
+    /// The wire name: `"python"` or `"node"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Python => "python",
+            Runtime::Node => "node",
+        }
+    }
+
+    /// File name the source code gets inside the sandbox (`main.py`, `main.js`).
+    pub fn main_file(self) -> &'static str {
+        match self {
+            Runtime::Python => "main.py",
+            Runtime::Node => "main.js",
+        }
+    }
+}
+
+/// Network of the sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Own network namespace with loopback only (default).
+    #[default]
+    None,
+    /// Outbound connections allowed, nothing inbound. Not served yet: a worker rejects it
+    /// (`rejected`) until the outbound network lands (issue 3).
+    Outbound,
+}

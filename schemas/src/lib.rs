@@ -1,0 +1,74 @@
+//! Wire types of the sandq job protocol, shared by the worker, the Rust submitter and (through
+//! `docs/protocol.md`) clients in any other language.
+//!
+//! Every message is MessagePack with **named fields** (`rmp_serde::to_vec_named`), so a client in
+//! another language reads and writes plain maps with string keys. Enums are plain strings
+//! (`"M"`, `"python"`, `"succeeded"`).
+//!
+//! - [`JobSpec`]: what a client publishes to RabbitMQ (one job per message).
+//! - [`JobResult`] and [`JobStatus`]: what the worker writes to Redis, read back by clients.
+//! - [`names`]: exchange, queue and routing names, Redis keys, S3 key layout.
+//! - [`validate`]: limits and the checks every job passes before it is staged.
+
+pub mod job;
+pub mod names;
+pub mod result;
+pub mod validate;
+
+pub use job::{InputFile, JobSpec, NetworkMode, Runtime, Sku};
+pub use result::{Artifact, CapturedOutput, JobResult, JobStatus, ResourceUsage, SkippedArtifact};
+pub use validate::{Limits, ValidJob, ValidationError};
+
+/// Version of the wire format written in `schema_version` of every [`JobSpec`] and [`JobResult`].
+///
+/// A worker rejects a job whose version it does not know (`rejected`, reason names the versions).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Content type of every sandq message body (the AMQP `content_type` property).
+pub const CONTENT_TYPE: &str = "application/msgpack";
+
+/// Failure to turn bytes into a wire type.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The body is not MessagePack, or not a map with the fields of the type.
+    #[error("malformed message: {0}")]
+    Malformed(#[from] rmp_serde::decode::Error),
+}
+
+/// Failure to turn a wire type into bytes (only possible for a type serde cannot encode).
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// rmp-serde refused the value.
+    #[error("cannot encode message: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+}
+
+/// Encodes a wire type as MessagePack with named fields.
+///
+/// # Errors
+/// [`EncodeError::Encode`] if serde cannot encode the value (never for the types of this crate).
+pub fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, EncodeError> {
+    Ok(rmp_serde::to_vec_named(value)?)
+}
+
+/// Decodes a wire type from MessagePack.
+///
+/// # Errors
+/// [`DecodeError::Malformed`] if the bytes are not MessagePack or lack a required field, or a
+/// field has the wrong type or an unknown enum value (the message names the field or value).
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    Ok(rmp_serde::from_slice(bytes)?)
+}
+
+/// Reads only the `job_id` field of a message that may be malformed otherwise, so that a
+/// `rejected` result can still be written for it. Returns `None` when the body is not a map
+/// with a string `job_id` that passes [`validate::check_job_id`].
+pub fn peek_job_id(bytes: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct JobIdOnly {
+        job_id: String,
+    }
+    let peeked: JobIdOnly = rmp_serde::from_slice(bytes).ok()?;
+    validate::check_job_id(&peeked.job_id).ok()?;
+    Some(peeked.job_id)
+}

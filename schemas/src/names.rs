@@ -1,0 +1,75 @@
+//! Names every party must agree on: AMQP exchange, queues and routing keys, Redis keys, S3 keys.
+//!
+//! All names derive from a namespace (default [`DEFAULT_NAMESPACE`], `"sandq"`), so that several
+//! deployments or test runs can share one broker and one Redis without seeing each other.
+
+use crate::Sku;
+
+/// Namespace of a default deployment.
+pub const DEFAULT_NAMESPACE: &str = "sandq";
+
+/// The names of one deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    namespace: String,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Names::new(DEFAULT_NAMESPACE)
+    }
+}
+
+impl Names {
+    /// Names under `namespace` (`[A-Za-z0-9_-]`, checked by the worker's config).
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Names { namespace: namespace.into() }
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Durable direct exchange jobs are published to: `<ns>.jobs`.
+    pub fn jobs_exchange(&self) -> String {
+        format!("{}.jobs", self.namespace)
+    }
+
+    /// Routing key of a SKU on the jobs exchange: the SKU's wire name (`"M"`).
+    pub fn routing_key(&self, sku: Sku) -> String {
+        sku.as_str().to_owned()
+    }
+
+    /// Durable quorum queue of a SKU: `<ns>.jobs.<SKU>` (`sandq.jobs.M`).
+    pub fn jobs_queue(&self, sku: Sku) -> String {
+        format!("{}.jobs.{}", self.namespace, sku.as_str())
+    }
+
+    /// Dead-letter exchange (fanout): `<ns>.dlx`.
+    pub fn dead_letter_exchange(&self) -> String {
+        format!("{}.dlx", self.namespace)
+    }
+
+    /// Durable queue holding dead-lettered messages: `<ns>.dead`.
+    pub fn dead_letter_queue(&self) -> String {
+        format!("{}.dead", self.namespace)
+    }
+
+    /// Redis hash of a job: `<ns>:job:<job_id>`, fields `status` (the [`crate::JobStatus`] wire
+    /// name) and `result` (a MessagePack [`crate::JobResult`]). Expires `result_ttl` after the
+    /// last write.
+    pub fn job_key(&self, job_id: &str) -> String {
+        format!("{}:job:{}", self.namespace, job_id)
+    }
+}
+
+/// Content-addressed S3 key of an uploaded input: `inputs/sha256/<hex>`.
+pub fn input_key(sha256_hex: &str) -> String {
+    format!("inputs/sha256/{sha256_hex}")
+}
+
+/// S3 key of a job's artifact: `jobs/<job_id>/artifacts/<path>` (path relative to `/work`).
+pub fn artifact_key(job_id: &str, path: &str) -> String {
+    format!("jobs/{job_id}/artifacts/{path}")
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Brings up everything sandq needs on one machine, idempotently:
+#   - RabbitMQ (127.0.0.1:5672, guest/guest) and Redis (127.0.0.1:6379): installed from Debian's
+#     packages if missing, started if down;
+#   - Garage, a real S3 server, single node (127.0.0.1:3900, region "garage"): built once with
+#     `cargo install garage --locked` into $SANDQ_CACHE (keyed by version), started if down,
+#     with a layout, an access key and the bucket "sandq";
+#   - the sandbox image (oci-bundles/build-rootfs.sh, cached by content);
+#   - the config file the worker and the CLI read by default ($SANDQ_CONFIG, default
+#     /etc/sandq/sandq.toml).
+# Needs root. Safe to run any number of times.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${SANDQ_CACHE:-/var/cache/sandq}
+config=${SANDQ_CONFIG:-/etc/sandq/sandq.toml}
+garage_version=2.5.0
+garage_bin="$cache/garage-$garage_version/bin/garage"
+garage_dir=${SANDQ_GARAGE_DIR:-/var/lib/sandq-garage}
+garage_conf="$garage_dir/garage.toml"
+log() { echo "services: $*" >&2; }
+
+apt_updated=0
+need_pkg() { # need_pkg COMMAND PACKAGE...
+  command -v "$1" >/dev/null 2>&1 && return 0
+  shift
+  if [ $apt_updated = 0 ]; then apt-get update -qq >&2; apt_updated=1; fi
+  log "installing $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+wait_port() { # wait_port PORT SECONDS
+  for _ in $(seq 1 $(( $2 * 5 ))); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+need_pkg pkg-config pkg-config
+dpkg -s libseccomp-dev >/dev/null 2>&1 || { apt-get update -qq >&2; apt_updated=1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev >&2; }
+need_pkg curl curl
+
+# --- Redis ---------------------------------------------------------------------------------
+need_pkg redis-server redis-server
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  log "starting redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log >&2
+  wait_port 6379 30 || { log "redis did not start"; exit 1; }
+fi
+
+# --- RabbitMQ ------------------------------------------------------------------------------
+need_pkg rabbitmq-server rabbitmq-server
+if ! wait_port 5672 1; then
+  log "starting rabbitmq"
+  rabbitmq-server -detached >&2 || true
+  wait_port 5672 120 || { log "rabbitmq did not start"; exit 1; }
+fi
+# The port opens before the broker accepts connections; wait until it answers.
+for _ in $(seq 1 60); do rabbitmqctl -q await_startup >/dev/null 2>&1 && break; sleep 1; done
+
+# --- Garage (S3) ---------------------------------------------------------------------------
+if [ ! -x "$garage_bin" ]; then
+  log "building garage $garage_version (once; ~15 minutes on 2 cores)"
+  cargo install garage --version "$garage_version" --locked --root "$cache/garage-$garage_version" >&2
+fi
+mkdir -p "$garage_dir/meta" "$garage_dir/data"
+if [ ! -f "$garage_conf" ]; then
+  cat > "$garage_conf" <<EOF
+metadata_dir = "$garage_dir/meta"
+data_dir = "$garage_dir/data"
+db_engine = "sqlite"
+replication_factor = 1
+rpc_bind_addr = "127.0.0.1:3901"
+rpc_public_addr = "127.0.0.1:3901"
+rpc_secret = "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+
+[s3_api]
+s3_region = "garage"
+api_bind_addr = "127.0.0.1:3900"
+root_domain = ".s3.garage.localhost"
+
+[admin]
+api_bind_addr = "127.0.0.1:3903"
+EOF
+fi
+garage() { "$garage_bin" -c "$garage_conf" "$@"; }
+if ! wait_port 3900 0; then
+  log "starting garage"
+  nohup "$garage_bin" -c "$garage_conf" server >>"$garage_dir/garage.log" 2>&1 &
+  wait_port 3900 60 || { log "garage did not start; see $garage_dir/garage.log"; exit 1; }
+fi
+for _ in $(seq 1 50); do garage status >/dev/null 2>&1 && break; sleep 0.2; done
+if garage layout show 2>/dev/null | grep -q "No nodes currently have a role"; then
+  node=$(garage node id -q | cut -d@ -f1)
+  garage layout assign -z dc1 -c 1G "$node" >/dev/null
+  garage layout apply --version 1 >/dev/null
+fi
+garage key info sandq-key >/dev/null 2>&1 || garage key create sandq-key >/dev/null
+garage bucket info sandq >/dev/null 2>&1 || garage bucket create sandq >/dev/null
+garage bucket allow --read --write --owner sandq --key sandq-key >/dev/null
+key_info=$(garage key info sandq-key --show-secret)
+key_id=$(echo "$key_info" | awk -F': *' '/Key ID/ {print $2; exit}')
+secret=$(echo "$key_info" | awk -F': *' '/Secret key/ {print $2; exit}')
+[ -n "$key_id" ] && [ -n "$secret" ] || { log "cannot read garage key"; exit 1; }
+
+# --- Sandbox image -------------------------------------------------------------------------
+rootfs=$("$here/oci-bundles/build-rootfs.sh" | tail -n 1)
+
+# --- Config --------------------------------------------------------------------------------
+mkdir -p "$(dirname "$config")"
+umask 077
+cat > "$config.tmp" <<EOF
+# Written by scripts/services.sh; read by sandq-worker and sandq (see docs/operations.md).
+namespace = "sandq"
+
+[amqp]
+url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+
+[redis]
+url = "redis://127.0.0.1:6379/"
+
+[s3]
+endpoint = "http://127.0.0.1:3900"
+region = "garage"
+bucket = "sandq"
+access_key_id = "$key_id"
+secret_access_key = "$secret"
+
+[worker]
+rootfs = "$rootfs"
+EOF
+mv "$config.tmp" "$config"
+log "ready: rabbitmq, redis, garage (S3) and the sandbox image; config in $config"

@@ -1,0 +1,247 @@
+//! The Rust client: upload inputs, submit a job with publisher confirms, read and wait for its
+//! result, download its artifacts.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::Confirmation;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use redis::aio::ConnectionManager;
+use sandq_schemas::names::{input_key, Names};
+use sandq_schemas::{Artifact, InputFile, JobResult, JobSpec, JobStatus, CONTENT_TYPE, SCHEMA_VERSION};
+
+use crate::config::ServiceConfig;
+use crate::{results, storage, topology};
+
+/// Failure of a client operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The broker could not be reached or refused an operation.
+    #[error("rabbitmq: {0}")]
+    Broker(#[from] lapin::Error),
+    /// The broker did not accept the job: it nacked it, or returned it as unroutable. The job
+    /// is not queued.
+    #[error("the broker did not accept job {job_id}: {reason}")]
+    NotAccepted {
+        /// The job.
+        job_id: String,
+        /// `nack` or `returned: <reply text>`.
+        reason: String,
+    },
+    /// Redis failed.
+    #[error(transparent)]
+    Result(#[from] results::ResultError),
+    /// An S3 transfer failed.
+    #[error(transparent)]
+    Transfer(#[from] storage::TransferError),
+    /// The job is invalid (checked before publishing, with the default limits).
+    #[error("invalid job: {0}")]
+    Invalid(#[from] sandq_schemas::ValidationError),
+    /// The job could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] sandq_schemas::EncodeError),
+    /// Waiting ended before the job did.
+    #[error("job {job_id} did not finish within {waited:?}")]
+    WaitTimeout {
+        /// The job.
+        job_id: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// An artifact path would leave the download folder.
+    #[error("artifact path {path:?} is unsafe")]
+    UnsafeArtifactPath {
+        /// The path.
+        path: String,
+    },
+}
+
+/// A connected client.
+pub struct Client {
+    config: ServiceConfig,
+    names: Names,
+    _connection: Connection,
+    channel: Channel,
+    redis: ConnectionManager,
+    s3: aws_sdk_s3::Client,
+}
+
+/// Unix epoch milliseconds now.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Client {
+    /// Connects to RabbitMQ (publisher confirms on), Redis and S3, and declares the topology.
+    ///
+    /// # Errors
+    /// [`ClientError::Broker`] or [`ClientError::Result`] when a service cannot be reached.
+    pub async fn connect(config: ServiceConfig) -> Result<Self, ClientError> {
+        let names = Names::new(config.namespace.clone());
+        let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        topology::declare(&channel, &names, config.amqp.delivery_limit).await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        let redis = results::connect(&config.redis.url).await?;
+        let s3 = storage::client(&config.s3);
+        Ok(Client { config, names, _connection: connection, channel, redis, s3 })
+    }
+
+    /// The names of this deployment.
+    pub fn names(&self) -> &Names {
+        &self.names
+    }
+
+    /// Uploads a local file to its content-addressed key (`inputs/sha256/<hex>`), skipping the
+    /// upload when the object already exists, and returns the input entry that stages it at
+    /// `sandbox_path` (relative to `/work`).
+    ///
+    /// # Errors
+    /// [`ClientError::Transfer`].
+    pub async fn upload(&self, local: &Path, sandbox_path: &str) -> Result<InputFile, ClientError> {
+        let (sha256, size) = storage::digest_file(local).await?;
+        let key = input_key(&sha256);
+        if !storage::exists(&self.s3, &self.config.s3.bucket, &key).await? {
+            let file = tokio::fs::File::open(local).await.map_err(|source| storage::TransferError::Local {
+                path: local.display().to_string(),
+                source,
+            })?;
+            storage::put_file(
+                &self.s3,
+                &self.config.s3.bucket,
+                &key,
+                file,
+                &local.display().to_string(),
+                "application/octet-stream",
+            )
+            .await?;
+        }
+        Ok(InputFile { key, path: sandbox_path.to_owned(), size, sha256 })
+    }
+
+    /// Publishes `spec` (persistent, `mandatory`) and waits for the broker's confirm; then
+    /// records the job as `queued` in Redis. The job is submitted only if this returns `Ok`.
+    ///
+    /// # Errors
+    /// [`ClientError::Invalid`] before publishing; [`ClientError::NotAccepted`] when the broker
+    /// nacks or returns the message; [`ClientError::Broker`] or [`ClientError::Result`].
+    pub async fn submit(&mut self, spec: &JobSpec) -> Result<(), ClientError> {
+        let valid = spec.clone().validate(&sandq_schemas::Limits::default())?;
+        let body = sandq_schemas::encode(spec)?;
+        let mut headers = FieldTable::default();
+        headers.insert("schema_version".into(), AMQPValue::LongUInt(SCHEMA_VERSION));
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type(CONTENT_TYPE.into())
+            .with_message_id(spec.job_id.clone().into())
+            .with_timestamp(now_ms() / 1000)
+            .with_type("sandq.job".into())
+            .with_app_id("sandq-submitter".into())
+            .with_headers(headers);
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.names.jobs_exchange().into(),
+                self.names.routing_key(spec.sku).into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                &body,
+                properties,
+            )
+            .await?
+            .await?;
+        match confirm {
+            Confirmation::Ack(None) => {}
+            Confirmation::Ack(Some(returned)) => {
+                return Err(ClientError::NotAccepted {
+                    job_id: spec.job_id.clone(),
+                    reason: format!("returned: {}", returned.reply_text),
+                })
+            }
+            Confirmation::Nack(_) => {
+                return Err(ClientError::NotAccepted { job_id: spec.job_id.clone(), reason: "nack".into() })
+            }
+            Confirmation::NotRequested => {
+                return Err(ClientError::NotAccepted {
+                    job_id: spec.job_id.clone(),
+                    reason: "publisher confirms are off".into(),
+                })
+            }
+        }
+        let mut queued = JobResult::new(spec.job_id.clone(), JobStatus::Queued);
+        queued.sku = Some(spec.sku);
+        queued.queued_at_ms = spec.submitted_at_ms;
+        results::write(&mut self.redis, &self.names, &queued, valid.result_ttl).await?;
+        Ok(())
+    }
+
+    /// The job's current result; `None` when the job is unknown.
+    ///
+    /// # Errors
+    /// [`ClientError::Result`].
+    pub async fn status(&mut self, job_id: &str) -> Result<Option<JobResult>, ClientError> {
+        Ok(results::read(&mut self.redis, &self.names, job_id).await?)
+    }
+
+    /// Polls the job's result every `interval` until it is terminal or `timeout` passes,
+    /// calling `on_change` each time the status changes.
+    ///
+    /// # Errors
+    /// [`ClientError::WaitTimeout`] or [`ClientError::Result`].
+    pub async fn wait(
+        &mut self,
+        job_id: &str,
+        timeout: Duration,
+        interval: Duration,
+        mut on_change: impl FnMut(Option<JobStatus>),
+    ) -> Result<JobResult, ClientError> {
+        let started = Instant::now();
+        let mut last: Option<Option<JobStatus>> = None;
+        loop {
+            let current = self.status(job_id).await?;
+            let status = current.as_ref().map(|r| r.status);
+            if last != Some(status) {
+                on_change(status);
+                last = Some(status);
+            }
+            if let Some(result) = current {
+                if result.status.is_terminal() {
+                    return Ok(result);
+                }
+            }
+            if started.elapsed() >= timeout {
+                return Err(ClientError::WaitTimeout { job_id: job_id.to_owned(), waited: started.elapsed() });
+            }
+            tokio::time::sleep(interval).await;
+        }
+    }
+
+    /// Downloads an artifact into `dir`, at its path relative to `/work`, checking its size
+    /// and SHA-256. Returns the local path.
+    ///
+    /// # Errors
+    /// [`ClientError::UnsafeArtifactPath`] when the path is not a safe relative path,
+    /// [`ClientError::Transfer`].
+    pub async fn download_artifact(&self, artifact: &Artifact, dir: &Path) -> Result<PathBuf, ClientError> {
+        sandq_schemas::validate::check_relative_path(&artifact.path)
+            .map_err(|_| ClientError::UnsafeArtifactPath { path: artifact.path.clone() })?;
+        let dest = dir.join(&artifact.path);
+        let local = |source| storage::TransferError::Local { path: dest.display().to_string(), source };
+        if let Some(parent) = dest.parent() {
+            tokio::fs::create_dir_all(parent).await.map_err(local)?;
+        }
+        let mut file = tokio::fs::File::create(&dest).await.map_err(local)?;
+        storage::get_to_file(
+            &self.s3,
+            &self.config.s3.bucket,
+            &artifact.key,
+            &mut file,
+            &dest.display().to_string(),
+            Some(artifact.size),
+            Some(&artifact.sha256),
+        )
+        .await?;
+        Ok(dest)
+    }
+}

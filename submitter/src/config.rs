@@ -1,0 +1,161 @@
+//! Where the services are: the `[amqp]`, `[redis]` and `[s3]` sections shared by the worker and
+//! every client, read with the `config` crate from a TOML file and `SANDQ__*` environment
+//! variables (`SANDQ__S3__ENDPOINT=http://127.0.0.1:3900`; `__` separates levels).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Config file used when neither `--config` nor `SANDQ_CONFIG` names one; written by
+/// `scripts/services.sh`.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/sandq/sandq.toml";
+
+/// The connection sections of the config file. Other top-level sections (the worker's) are
+/// ignored here.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ServiceConfig {
+    /// Prefix of every queue, exchange and Redis key ([`sandq_schemas::names::Names`]).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// RabbitMQ.
+    #[serde(default)]
+    pub amqp: AmqpConfig,
+    /// Redis.
+    #[serde(default)]
+    pub redis: RedisConfig,
+    /// S3 (Garage locally).
+    #[serde(default)]
+    pub s3: S3Config,
+}
+
+fn default_namespace() -> String {
+    sandq_schemas::names::DEFAULT_NAMESPACE.to_owned()
+}
+
+/// RabbitMQ connection.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// AMQP URI; default `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    #[serde(default = "default_amqp_url")]
+    pub url: String,
+    /// Most times a job is delivered before it is dead-lettered (the quorum queues'
+    /// `x-delivery-limit`); default 5. Changing it needs new queues (RabbitMQ refuses to
+    /// redeclare a queue with other arguments).
+    #[serde(default = "default_delivery_limit")]
+    pub delivery_limit: u32,
+}
+
+fn default_amqp_url() -> String {
+    "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned()
+}
+
+fn default_delivery_limit() -> u32 {
+    5
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        AmqpConfig { url: default_amqp_url(), delivery_limit: default_delivery_limit() }
+    }
+}
+
+/// Redis connection.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// Redis URL; default `redis://127.0.0.1:6379/`.
+    #[serde(default = "default_redis_url")]
+    pub url: String,
+}
+
+fn default_redis_url() -> String {
+    "redis://127.0.0.1:6379/".to_owned()
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig { url: default_redis_url() }
+    }
+}
+
+/// S3 endpoint, bucket and credentials.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    /// Endpoint URL; default `http://127.0.0.1:3900` (Garage's S3 API).
+    #[serde(default = "default_s3_endpoint")]
+    pub endpoint: String,
+    /// Region name the server expects; default `garage`.
+    #[serde(default = "default_s3_region")]
+    pub region: String,
+    /// Bucket of inputs and artifacts; default `sandq`.
+    #[serde(default = "default_s3_bucket")]
+    pub bucket: String,
+    /// Access key id.
+    #[serde(default)]
+    pub access_key_id: String,
+    /// Secret access key.
+    #[serde(default)]
+    pub secret_access_key: String,
+}
+
+fn default_s3_endpoint() -> String {
+    "http://127.0.0.1:3900".to_owned()
+}
+fn default_s3_region() -> String {
+    "garage".to_owned()
+}
+fn default_s3_bucket() -> String {
+    "sandq".to_owned()
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        S3Config {
+            endpoint: default_s3_endpoint(),
+            region: default_s3_region(),
+            bucket: default_s3_bucket(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+        }
+    }
+}
+
+/// Failure to read the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file or an environment variable could not be read or has a wrong value.
+    #[error("cannot load configuration from {path}: {source}")]
+    Load {
+        /// The config file tried.
+        path: PathBuf,
+        /// The config crate's error (names the key).
+        source: config::ConfigError,
+    },
+}
+
+/// The config file to read: `explicit` if given, else `$SANDQ_CONFIG`, else
+/// [`DEFAULT_CONFIG_PATH`].
+pub fn config_path(explicit: Option<&Path>) -> PathBuf {
+    explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("SANDQ_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+}
+
+/// Reads `T` from the TOML file at `path` (which may be missing) overlaid with `SANDQ__*`
+/// environment variables.
+///
+/// # Errors
+/// [`ConfigError::Load`] when the file is unreadable or a value has the wrong type.
+pub fn load<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    let err = |source| ConfigError::Load { path: path.to_path_buf(), source };
+    config::Config::builder()
+        .add_source(config::File::from(path).format(config::FileFormat::Toml).required(false))
+        .add_source(config::Environment::with_prefix("SANDQ").prefix_separator("__").separator("__"))
+        .build()
+        .map_err(err)?
+        .try_deserialize()
+        .map_err(err)
+}

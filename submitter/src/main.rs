@@ -1,0 +1,290 @@
+//! `sandq`: run code in a sandq sandbox from the command line.
+//!
+//! ```text
+//! sandq run [--sku M] [--upload FILE]... [--timeout 60s] (PROGRAM.py | -c CODE)
+//! sandq submit ...        (same options; prints the job id and returns)
+//! sandq status ID
+//! sandq wait ID
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Runtime, Sku, SCHEMA_VERSION};
+use sandq_submitter::client::now_ms;
+use sandq_submitter::config::{self, ServiceConfig};
+use sandq_submitter::Client;
+
+/// Run code in sandq sandboxes.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Config file; default $SANDQ_CONFIG, else /etc/sandq/sandq.toml.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Print results as JSON (the JobResult, as in docs/protocol.md) instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Submit a job, wait for it, print its output, download its artifacts; exit with its exit
+    /// code.
+    Run(JobArgs),
+    /// Submit a job and print its id.
+    Submit(JobArgs),
+    /// Print a job's current status and result.
+    Status {
+        /// Job id.
+        id: String,
+    },
+    /// Wait for a job to finish, then print it like `run`.
+    Wait {
+        /// Job id.
+        id: String,
+        /// Artifacts go to OUT/<job id>/.
+        #[arg(long, default_value = "sandq-out")]
+        out: PathBuf,
+        /// Give up waiting after this long.
+        #[arg(long, default_value = "15m")]
+        wait: humantime::Duration,
+    },
+}
+
+#[derive(Debug, Args)]
+struct JobArgs {
+    /// Sandbox size: S, M, L or XL.
+    #[arg(long, default_value = "M")]
+    sku: Sku,
+    /// Runtime; default from the program's extension (.js: node), else python.
+    #[arg(long, value_parser = ["python", "node"])]
+    runtime: Option<String>,
+    /// Upload FILE into /work (as its file name, or as PATH with FILE:PATH). Repeatable.
+    #[arg(long = "upload", value_name = "FILE[:PATH]")]
+    uploads: Vec<String>,
+    /// Wall-clock limit of the program (humantime).
+    #[arg(long, default_value = "60s")]
+    timeout: String,
+    /// Feed this file to the program's stdin ("-" reads our stdin).
+    #[arg(long)]
+    stdin: Option<PathBuf>,
+    /// Extra environment variable NAME=VALUE. Repeatable.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// Job id; default a random UUID.
+    #[arg(long)]
+    id: Option<String>,
+    /// Artifacts go to OUT/<job id>/.
+    #[arg(long, default_value = "sandq-out")]
+    out: PathBuf,
+    /// Give up waiting after this long.
+    #[arg(long, default_value = "15m")]
+    wait: humantime::Duration,
+    /// Code to run instead of a program file.
+    #[arg(short = 'c', long = "code", conflicts_with = "program")]
+    code: Option<String>,
+    /// Program file to run.
+    program: Option<PathBuf>,
+    /// Arguments for the program.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new()?;
+    let code = runtime.block_on(async_main(cli))?;
+    std::process::exit(code)
+}
+
+async fn async_main(cli: Cli) -> anyhow::Result<i32> {
+    let path = config::config_path(cli.config.as_deref());
+    let service: ServiceConfig = config::load(&path)?;
+    let mut client = Client::connect(service).await.context("cannot connect to sandq's services")?;
+    match cli.command {
+        Command::Submit(args) => {
+            let spec = build_job(&client, &args).await?;
+            client.submit(&spec).await?;
+            println!("{}", spec.job_id);
+            Ok(0)
+        }
+        Command::Run(args) => {
+            let spec = build_job(&client, &args).await?;
+            client.submit(&spec).await?;
+            finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json).await
+        }
+        Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json).await,
+        Command::Status { id } => match client.status(&id).await? {
+            None => {
+                eprintln!("job {id} is unknown (never submitted, or its result expired)");
+                Ok(2)
+            }
+            Some(result) => {
+                if cli.json {
+                    println!("{}", serde_json::to_string_pretty(&result)?);
+                } else {
+                    println!("{} {}", result.job_id, result.status);
+                }
+                Ok(0)
+            }
+        },
+    }
+}
+
+async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
+    let runtime = match (&args.runtime, &args.program) {
+        (Some(r), _) if r == "node" => Runtime::Node,
+        (Some(_), _) => Runtime::Python,
+        (None, Some(p)) if p.extension().is_some_and(|e| e == "js" || e == "mjs") => Runtime::Node,
+        _ => Runtime::Python,
+    };
+    let code = match (&args.code, &args.program) {
+        (Some(code), _) => code.clone(),
+        (None, Some(program)) => {
+            std::fs::read_to_string(program).with_context(|| format!("cannot read {}", program.display()))?
+        }
+        (None, None) => bail!("give a program file or -c CODE"),
+    };
+    let mut inputs = Vec::new();
+    for upload in &args.uploads {
+        let (local, sandbox_path) = match upload.split_once(':') {
+            Some((l, p)) => (PathBuf::from(l), p.to_owned()),
+            None => {
+                let local = PathBuf::from(upload);
+                let name = local.file_name().context("upload has no file name")?.to_string_lossy().into_owned();
+                (local, name)
+            }
+        };
+        inputs.push(client.upload(&local, &sandbox_path).await.with_context(|| format!("cannot upload {}", local.display()))?);
+    }
+    let stdin = match &args.stdin {
+        None => None,
+        Some(p) if p == Path::new("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf)?;
+            Some(buf)
+        }
+        Some(p) => Some(std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?),
+    };
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let (k, v) = pair.split_once('=').context("--env takes NAME=VALUE")?;
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(JobSpec {
+        schema_version: SCHEMA_VERSION,
+        job_id: args.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        sku: args.sku,
+        runtime,
+        code: Some(code),
+        entrypoint: None,
+        args: args.args.clone(),
+        inputs,
+        stdin,
+        env,
+        timeout: Some(args.timeout.clone()),
+        result_ttl: None,
+        network: NetworkMode::None,
+        submitted_at_ms: Some(now_ms()),
+    })
+}
+
+async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, json: bool) -> anyhow::Result<i32> {
+    let progress = if std::io::stderr().is_terminal() && !json {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")?);
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Some(bar)
+    } else {
+        None
+    };
+    let result = client
+        .wait(job_id, wait, Duration::from_millis(100), |status| {
+            if let Some(bar) = &progress {
+                bar.set_message(format!("job {job_id}: {}", status.map_or("unknown".to_owned(), |s| s.to_string())));
+            }
+        })
+        .await;
+    if let Some(bar) = &progress {
+        bar.finish_and_clear();
+    }
+    let result = result?;
+    let dir = out.join(job_id);
+    let mut downloaded = Vec::new();
+    for artifact in &result.artifacts {
+        let path = client.download_artifact(artifact, &dir).await?;
+        downloaded.push((artifact, path));
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print_result(&result, &downloaded)?;
+    }
+    Ok(exit_code(&result))
+}
+
+/// The CLI's exit code: the program's own when it exited, 128 + signal number style 137 for a
+/// kill, 124 for a timeout (as `timeout(1)`), 125 for sandq's own failures.
+fn exit_code(result: &JobResult) -> i32 {
+    match result.status {
+        JobStatus::Succeeded | JobStatus::Failed if result.exit_code.is_some() => result.exit_code.unwrap_or(1),
+        JobStatus::Failed | JobStatus::OomKilled => 137,
+        JobStatus::TimedOut => 124,
+        _ => 125,
+    }
+}
+
+fn print_result(result: &JobResult, downloaded: &[(&sandq_schemas::Artifact, PathBuf)]) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(result.stdout.text.as_bytes())?;
+    stdout.flush()?;
+    let mut stderr = std::io::stderr().lock();
+    stderr.write_all(result.stderr.text.as_bytes())?;
+    if result.stdout.truncated {
+        writeln!(stderr, "[sandq: stdout truncated: {} bytes in all]", result.stdout.total_bytes)?;
+    }
+    if result.stderr.truncated {
+        writeln!(stderr, "[sandq: stderr truncated: {} bytes in all]", result.stderr.total_bytes)?;
+    }
+    writeln!(stderr, "--- sandq: job {} {}", result.job_id, result.status)?;
+    if let Some(reason) = &result.reason {
+        writeln!(stderr, "    reason: {reason}")?;
+    }
+    if let Some(code) = result.exit_code {
+        writeln!(stderr, "    exit code: {code}")?;
+    }
+    if let Some(signal) = &result.signal {
+        writeln!(stderr, "    signal: {signal}")?;
+    }
+    if let Some(usage) = &result.usage {
+        writeln!(
+            stderr,
+            "    wall {} ms, cpu {} ms, peak memory {:.1} MiB",
+            usage.wall_ms,
+            usage.cpu_ms,
+            usage.peak_memory_bytes as f64 / (1 << 20) as f64
+        )?;
+    }
+    if let (Some(q), Some(s), Some(f)) = (result.queued_at_ms, result.started_at_ms, result.finished_at_ms) {
+        writeln!(stderr, "    queued -> started {} ms, started -> finished {} ms, end to end {} ms", s.saturating_sub(q), f.saturating_sub(s), now_ms().saturating_sub(q))?;
+    }
+    for (artifact, path) in downloaded {
+        writeln!(stderr, "    artifact {} ({}, {} bytes) -> {}", artifact.path, artifact.content_type, artifact.size, path.display())?;
+    }
+    for skipped in &result.skipped_artifacts {
+        writeln!(stderr, "    skipped {} ({})", skipped.path, skipped.reason)?;
+    }
+    Ok(())
+}

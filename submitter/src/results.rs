@@ -1,0 +1,110 @@
+//! Job results in Redis: one hash per job (`<ns>:job:<id>`, fields `status` and `result`),
+//! written with a compare-and-set so that a status only moves forward:
+//! `queued` < `running` < any terminal status, and a terminal status is never replaced.
+//! This is what keeps a late `queued` write (the submitter's, racing a fast worker) or a
+//! duplicate delivery from overwriting a finished job.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use sandq_schemas::names::Names;
+use sandq_schemas::{JobResult, JobStatus};
+
+/// Compare-and-set of a job's hash. KEYS[1] = job key; ARGV = status, result bytes, TTL in
+/// seconds. Returns 1 when written, 0 when the stored status ranks at least as high (a terminal
+/// status is final; `running` may be rewritten by a redelivery).
+const CAS_SCRIPT: &str = r"
+local function rank(s)
+  if not s then return 0 end
+  if s == 'queued' then return 1 end
+  if s == 'running' then return 2 end
+  return 3
+end
+local current = redis.call('HGET', KEYS[1], 'status')
+local cur, new = rank(current), rank(ARGV[1])
+if cur == 3 or new < cur or (new == 1 and cur == 1) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+";
+
+/// Failure to read or write a result.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultError {
+    /// Redis refused or could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The stored result could not be decoded.
+    #[error("stored result of {job_id} is malformed: {source}")]
+    Decode {
+        /// The job.
+        job_id: String,
+        /// The decoder's error.
+        source: sandq_schemas::DecodeError,
+    },
+    /// The result could not be encoded.
+    #[error("cannot encode result: {0}")]
+    Encode(#[from] sandq_schemas::EncodeError),
+}
+
+/// Connects to Redis with a connection manager (reconnects by itself).
+///
+/// # Errors
+/// [`ResultError::Redis`] when the URL is invalid or the server cannot be reached.
+pub async fn connect(url: &str) -> Result<ConnectionManager, ResultError> {
+    let client = redis::Client::open(url)?;
+    Ok(ConnectionManager::new(client).await?)
+}
+
+/// Writes `result` unless the stored status ranks higher (see the module doc). Returns true
+/// when written. `ttl` is rounded up to whole seconds.
+///
+/// # Errors
+/// [`ResultError::Redis`] or [`ResultError::Encode`].
+pub async fn write(
+    redis: &mut ConnectionManager,
+    names: &Names,
+    result: &JobResult,
+    ttl: Duration,
+) -> Result<bool, ResultError> {
+    let bytes = sandq_schemas::encode(result)?;
+    let ttl_s = ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0);
+    let written: i64 = redis::Script::new(CAS_SCRIPT)
+        .key(names.job_key(&result.job_id))
+        .arg(result.status.as_str())
+        .arg(bytes)
+        .arg(ttl_s)
+        .invoke_async(redis)
+        .await?;
+    Ok(written == 1)
+}
+
+/// Reads a job's result; `None` when the job is unknown (never submitted, or its result
+/// expired).
+///
+/// # Errors
+/// [`ResultError::Redis`] or [`ResultError::Decode`].
+pub async fn read(
+    redis: &mut ConnectionManager,
+    names: &Names,
+    job_id: &str,
+) -> Result<Option<JobResult>, ResultError> {
+    let bytes: Option<Vec<u8>> = redis::cmd("HGET").arg(names.job_key(job_id)).arg("result").query_async(redis).await?;
+    bytes
+        .map(|b| sandq_schemas::decode(&b).map_err(|source| ResultError::Decode { job_id: job_id.to_owned(), source }))
+        .transpose()
+}
+
+/// Reads only a job's status; `None` when unknown.
+///
+/// # Errors
+/// [`ResultError::Redis`].
+pub async fn status(
+    redis: &mut ConnectionManager,
+    names: &Names,
+    job_id: &str,
+) -> Result<Option<JobStatus>, ResultError> {
+    Ok(read(redis, names, job_id).await?.map(|r| r.status))
+}

@@ -1,0 +1,215 @@
+//! S3 access shared by clients and the worker: the client, content-addressed uploads, and
+//! bounded, digest-checked downloads.
+
+use std::path::Path;
+
+use aws_sdk_s3::config::{Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::S3Config;
+
+/// Builds an S3 client for an S3-compatible server: path-style addressing, static keys, and
+/// checksums only when required (the SDK's default aws-chunked CRC trailers are refused by many
+/// servers: `../shared/notes/queue-and-storage.md`).
+pub fn client(config: &S3Config) -> Client {
+    let credentials = Credentials::new(&config.access_key_id, &config.secret_access_key, None, None, "sandq-config");
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version_latest()
+        .endpoint_url(&config.endpoint)
+        .region(Region::new(config.region.clone()))
+        .credentials_provider(credentials)
+        .force_path_style(true)
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+        .build();
+    Client::from_conf(conf)
+}
+
+/// Failure of an S3 transfer.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// Reading or writing a local file failed.
+    #[error("local file {path}: {source}")]
+    Local {
+        /// The local path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The object does not exist.
+    #[error("object {key} does not exist")]
+    Missing {
+        /// The key.
+        key: String,
+    },
+    /// The S3 request failed (network, credentials, server).
+    #[error("s3 request for {key} failed: {message}")]
+    Request {
+        /// The key.
+        key: String,
+        /// The SDK's error with its sources.
+        message: String,
+    },
+    /// The object has another size than expected.
+    #[error("object {key} is {found} bytes or more, expected {expected}")]
+    Size {
+        /// The key.
+        key: String,
+        /// Bytes seen (reading stops one byte past the expected size).
+        found: u64,
+        /// Declared size.
+        expected: u64,
+    },
+    /// The object's SHA-256 differs from the declared one.
+    #[error("object {key} has sha256 {found}, expected {expected}")]
+    Digest {
+        /// The key.
+        key: String,
+        /// Digest of the bytes received.
+        found: String,
+        /// Declared digest.
+        expected: String,
+    },
+}
+
+impl TransferError {
+    /// True when retrying later may succeed (network or server trouble), false when the
+    /// request itself is wrong (missing object, wrong size or digest, local file).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, TransferError::Request { .. })
+    }
+}
+
+fn request_error<E: std::error::Error + 'static>(key: &str, err: E) -> TransferError {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    TransferError::Request { key: key.to_owned(), message }
+}
+
+/// SHA-256 and size of a local file, read in 64 KiB blocks.
+///
+/// # Errors
+/// [`TransferError::Local`] when the file cannot be read.
+pub async fn digest_file(path: &Path) -> Result<(String, u64), TransferError> {
+    let local = |source| TransferError::Local { path: path.display().to_string(), source };
+    let mut file = tokio::fs::File::open(path).await.map_err(local)?;
+    digest_open_file(&mut file).await.map_err(local)
+}
+
+/// SHA-256 and size of an open file from its current position to its end.
+///
+/// # Errors
+/// The read error.
+pub async fn digest_open_file(file: &mut tokio::fs::File) -> std::io::Result<(String, u64)> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), size))
+}
+
+/// Uploads an open file (from offset 0) to `key` with `content_type`.
+///
+/// # Errors
+/// [`TransferError::Local`] or [`TransferError::Request`].
+pub async fn put_file(
+    s3: &Client,
+    bucket: &str,
+    key: &str,
+    file: tokio::fs::File,
+    path_for_errors: &str,
+    content_type: &str,
+) -> Result<(), TransferError> {
+    let body = ByteStream::read_from()
+        .file(file)
+        .build()
+        .await
+        .map_err(|e| TransferError::Local { path: path_for_errors.to_owned(), source: std::io::Error::other(e) })?;
+    s3.put_object()
+        .bucket(bucket)
+        .key(key)
+        .content_type(content_type)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| request_error(key, e))?;
+    Ok(())
+}
+
+/// True when `key` exists in `bucket`.
+///
+/// # Errors
+/// [`TransferError::Request`] for any failure but "not found".
+pub async fn exists(s3: &Client, bucket: &str, key: &str) -> Result<bool, TransferError> {
+    match s3.head_object().bucket(bucket).key(key).send().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(false),
+        Err(e) => Err(request_error(key, e)),
+    }
+}
+
+/// Downloads `key` into the already created, empty `dest` file, reading at most
+/// `expected_size + 1` bytes, and checks size and (if given) SHA-256.
+///
+/// # Errors
+/// [`TransferError::Missing`], [`TransferError::Request`], [`TransferError::Size`],
+/// [`TransferError::Digest`] or [`TransferError::Local`].
+pub async fn get_to_file(
+    s3: &Client,
+    bucket: &str,
+    key: &str,
+    dest: &mut tokio::fs::File,
+    dest_name: &str,
+    expected_size: Option<u64>,
+    expected_sha256: Option<&str>,
+) -> Result<u64, TransferError> {
+    let response = match s3.get_object().bucket(bucket).key(key).send().await {
+        Ok(r) => r,
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => {
+            return Err(TransferError::Missing { key: key.to_owned() })
+        }
+        Err(e) => return Err(request_error(key, e)),
+    };
+    let local = |source| TransferError::Local { path: dest_name.to_owned(), source };
+    let mut body = response.body;
+    let mut hasher = Sha256::new();
+    let mut written = 0u64;
+    while let Some(chunk) = body.try_next().await.map_err(|e| request_error(key, e))? {
+        written += chunk.len() as u64;
+        if let Some(expected) = expected_size {
+            if written > expected {
+                return Err(TransferError::Size { key: key.to_owned(), found: written, expected });
+            }
+        }
+        hasher.update(&chunk);
+        dest.write_all(&chunk).await.map_err(local)?;
+    }
+    dest.flush().await.map_err(local)?;
+    if let Some(expected) = expected_size {
+        if written != expected {
+            return Err(TransferError::Size { key: key.to_owned(), found: written, expected });
+        }
+    }
+    let found = hex::encode(hasher.finalize());
+    if let Some(expected) = expected_sha256 {
+        if found != expected {
+            return Err(TransferError::Digest { key: key.to_owned(), found, expected: expected.to_owned() });
+        }
+    }
+    Ok(written)
+}

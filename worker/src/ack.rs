@@ -1,0 +1,111 @@
+//! Stage 7, and the one place that decides what happens to a delivery after every outcome.
+//!
+//! | outcome | result in Redis | delivery |
+//! |---|---|---|
+//! | the program ran (any exit, timeout, OOM) | terminal result | ack |
+//! | bad input (decode, validation, missing or corrupt input object) | `rejected` | ack (never retried) |
+//! | bad input without a readable job id | none | reject, no requeue (dead-lettered) |
+//! | infrastructure failure, attempts left | `running` stays | nack + requeue |
+//! | infrastructure failure, last attempt | `internal_error` | reject, no requeue (dead-lettered) |
+//! | a terminal result already exists (duplicate delivery) | unchanged | ack |
+//!
+//! The attempt counter is RabbitMQ's own `x-delivery-count` (quorum queues), so a worker that
+//! dies mid-job still counts as an attempt and there is only one counter.
+
+use lapin::Acker;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+/// What to do with a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Done with it: remove from the queue.
+    Ack,
+    /// Put it back for another attempt.
+    Requeue,
+    /// Remove it to the dead-letter queue.
+    DeadLetter,
+}
+
+/// How a job's processing ended, as far as delivery is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A terminal result is stored (ran, rejected with id, or duplicate).
+    Stored,
+    /// Bad input with no job id to store a result under.
+    Unidentifiable,
+    /// An infrastructure failure; `result_stored` when the final `internal_error` result was
+    /// written.
+    Infrastructure {
+        /// Attempt number (1-based).
+        attempt: u32,
+        /// True when this was the last attempt and its `internal_error` result is stored.
+        final_result_stored: bool,
+    },
+}
+
+/// The classification table of the module doc.
+pub fn classify(outcome: &Outcome, max_attempts: u32) -> Disposition {
+    match outcome {
+        Outcome::Stored => Disposition::Ack,
+        Outcome::Unidentifiable => Disposition::DeadLetter,
+        Outcome::Infrastructure { attempt, final_result_stored } => {
+            if *attempt >= max_attempts && *final_result_stored {
+                Disposition::DeadLetter
+            } else {
+                Disposition::Requeue
+            }
+        }
+    }
+}
+
+/// The delivery's attempt number: RabbitMQ's `x-delivery-count` + 1 (absent on the first).
+pub fn attempt_number(headers: Option<&FieldTable>) -> u32 {
+    let count = headers.and_then(|h| h.inner().get("x-delivery-count")).and_then(|v| match v {
+        AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
+        AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
+        AMQPValue::LongUInt(n) => Some(*n),
+        AMQPValue::ShortInt(n) => u32::try_from(*n).ok(),
+        AMQPValue::ShortUInt(n) => Some(u32::from(*n)),
+        AMQPValue::ShortShortInt(n) => u32::try_from(*n).ok(),
+        AMQPValue::ShortShortUInt(n) => Some(u32::from(*n)),
+        _ => None,
+    });
+    count.unwrap_or(0).saturating_add(1)
+}
+
+/// Settles the delivery as decided, through the delivery's own acker.
+///
+/// # Errors
+/// The broker's error; the delivery then comes back after the channel closes (at-least-once).
+pub async fn settle(acker: &Acker, disposition: Disposition) -> Result<(), lapin::Error> {
+    match disposition {
+        Disposition::Ack => acker.ack(BasicAckOptions::default()).await?,
+        Disposition::Requeue => acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?,
+        Disposition::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await?,
+    };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        assert_eq!(classify(&Outcome::Stored, 3), Disposition::Ack);
+        assert_eq!(classify(&Outcome::Unidentifiable, 3), Disposition::DeadLetter);
+        let infra = |attempt, stored| Outcome::Infrastructure { attempt, final_result_stored: stored };
+        assert_eq!(classify(&infra(1, false), 3), Disposition::Requeue);
+        assert_eq!(classify(&infra(3, true), 3), Disposition::DeadLetter);
+        assert_eq!(classify(&infra(3, false), 3), Disposition::Requeue, "never drop a job without a result");
+    }
+
+    #[test]
+    fn attempts_come_from_the_delivery_count() {
+        assert_eq!(attempt_number(None), 1);
+        let mut headers = FieldTable::default();
+        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(2));
+        assert_eq!(attempt_number(Some(&headers)), 3);
+    }
+}

@@ -1,0 +1,120 @@
+//! Stage 1: take deliveries from the SKU queues. One AMQP channel per job slot with prefetch 1
+//! (so the worker's prefetch equals its slots, and a broker `consumer_timeout` closing one
+//! channel cannot requeue another slot's job). The connection is re-made with backoff when the
+//! broker goes away; deliveries in flight then come back as redeliveries (at-least-once).
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, Consumer};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+use crate::ack::{self, Outcome};
+use crate::job::{self, Context};
+
+/// Consumes until `shutdown` becomes true; then stops taking deliveries, lets every in-flight
+/// job finish, and returns.
+pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        match serve(&ctx, shutdown.clone()).await {
+            Ok(()) => return,
+            Err(e) => {
+                error!(error = %e, "broker connection lost; reconnecting in {backoff:?}");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lapin::Error> {
+    let settings = &ctx.settings;
+    let connection = Connection::connect(&settings.services.amqp.url, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    sandq_submitter::topology::declare(&channel, &settings.names, settings.services.amqp.delivery_limit).await?;
+    let mut slots = JoinSet::new();
+    for (sku, sku_settings) in &settings.skus {
+        for slot in 0..sku_settings.slots {
+            let channel = connection.create_channel().await?;
+            channel.basic_qos(1, BasicQosOptions::default()).await?;
+            let tag = format!("{}-{}-{}", settings.worker_id, sku, slot);
+            let consumer = channel
+                .basic_consume(
+                    settings.names.jobs_queue(*sku).into(),
+                    tag.into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            slots.spawn(slot_loop(ctx.clone(), consumer, shutdown.clone(), channel));
+        }
+    }
+    info!(worker_id = %settings.worker_id, slots = slots.len(), "consuming");
+    // The first slot to end decides: Ok on shutdown (wait for the others to finish their job),
+    // Err on a broker failure (drop everything and reconnect).
+    let mut outcome = Ok(());
+    while let Some(joined) = slots.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                outcome = Err(e);
+                if !*shutdown.borrow() {
+                    slots.abort_all();
+                }
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => error!(error = %e, "slot task failed"),
+        }
+    }
+    if outcome.is_ok() {
+        let _ = connection.close(200, "worker shutting down".into()).await;
+    }
+    outcome
+}
+
+async fn slot_loop(
+    ctx: Context,
+    mut consumer: Consumer,
+    mut shutdown: watch::Receiver<bool>,
+    _channel: lapin::Channel,
+) -> Result<(), lapin::Error> {
+    loop {
+        let delivery = tokio::select! {
+            next = consumer.next() => next,
+            _ = shutdown.changed() => return Ok(()),
+        };
+        let delivery = match delivery {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => return Err(e),
+            None => return Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+                lapin::ChannelState::Closed,
+                "consumer cancelled",
+            ))),
+        };
+        // A panic in one job is caught here, at the job boundary; the job is requeued.
+        let outcome = AssertUnwindSafe(job::process(&ctx, &delivery)).catch_unwind().await.unwrap_or_else(|_| {
+            error!("job processing panicked; requeueing");
+            Outcome::Infrastructure { attempt: 0, final_result_stored: false }
+        });
+        let disposition = ack::classify(&outcome, ctx.settings.max_attempts);
+        if let Err(e) = ack::settle(&delivery.acker, disposition).await {
+            warn!(error = %e, ?disposition, "cannot settle delivery; the broker will redeliver it");
+            return Err(e);
+        }
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! One delivery through every stage: validate -> stage -> run -> collect -> publish, ending in
+//! an [`Outcome`] that [`crate::ack`] turns into ack, requeue or dead-letter.
+
+use std::sync::Arc;
+
+use lapin::message::Delivery;
+use redis::aio::ConnectionManager;
+use sandq_schemas::{JobResult, JobStatus, ValidJob};
+use sandq_submitter::client::now_ms;
+use sandq_submitter::results;
+use tracing::{error, info, warn, Instrument};
+
+use crate::ack::Outcome;
+use crate::publish::Attempt;
+use crate::sandbox::Exit;
+use crate::settings::Settings;
+use crate::stage::StageError;
+use crate::{collect, publish, run, stage, validate};
+
+/// What every job of a worker shares.
+#[derive(Clone)]
+pub struct Context {
+    /// Validated settings.
+    pub settings: Arc<Settings>,
+    /// S3 client.
+    pub s3: aws_sdk_s3::Client,
+    /// Redis (reconnects by itself).
+    pub redis: ConnectionManager,
+}
+
+/// Processes one delivery to its outcome. Never panics on bad input.
+pub async fn process(ctx: &Context, delivery: &Delivery) -> Outcome {
+    let attempt = crate::ack::attempt_number(delivery.properties.headers().as_ref());
+    let job = match validate::validate(&delivery.data, &ctx.settings) {
+        Ok(job) => job,
+        Err(e) => return reject_undecodable(ctx, delivery, &e.to_string()).await,
+    };
+    let span = tracing::info_span!("job", job_id = %job.spec.job_id, attempt, sku = %job.spec.sku);
+    process_valid(ctx, job, attempt).instrument(span).await
+}
+
+async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) -> Outcome {
+    let job_id = sandq_schemas::peek_job_id(&delivery.data).or_else(|| {
+        let id = delivery.properties.message_id().as_ref()?.to_string();
+        sandq_schemas::validate::check_job_id(&id).ok().map(|()| id)
+    });
+    let Some(job_id) = job_id else {
+        warn!(reason, "rejected a message without a usable job id; dead-lettering it");
+        return Outcome::Unidentifiable;
+    };
+    warn!(%job_id, reason, "rejected job");
+    let mut result = JobResult::new(job_id, JobStatus::Rejected);
+    result.reason = Some(reason.to_owned());
+    result.worker_id = Some(ctx.settings.worker_id.clone());
+    result.finished_at_ms = Some(now_ms());
+    store_terminal(ctx, &result, ctx.settings.limits.default_result_ttl).await
+}
+
+async fn store_terminal(ctx: &Context, result: &JobResult, ttl: std::time::Duration) -> Outcome {
+    let mut redis = ctx.redis.clone();
+    match publish::publish(&mut redis, &ctx.settings.names, result, ttl).await {
+        Ok(_) => Outcome::Stored,
+        Err(e) => {
+            error!(error = %e, "cannot store result");
+            Outcome::Infrastructure { attempt: result.attempt, final_result_stored: false }
+        }
+    }
+}
+
+/// A failure after validation, sorted into the client's fault or ours.
+enum Failure {
+    /// The job is wrong in a way validation could not see (e.g. a missing input object).
+    Rejected(String),
+    /// sandq's fault; retried.
+    Infrastructure(String),
+}
+
+async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
+    let mut redis = ctx.redis.clone();
+    let names = &ctx.settings.names;
+    match results::read(&mut redis, names, &job.spec.job_id).await {
+        Ok(Some(existing)) if existing.status.is_terminal() => {
+            info!(status = %existing.status, "job already has a terminal result; acking the duplicate");
+            return Outcome::Stored;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            error!(error = %e, "cannot read result");
+            return Outcome::Infrastructure { attempt, final_result_stored: false };
+        }
+    }
+    let started_at_ms = now_ms();
+    let who = Attempt { worker_id: ctx.settings.worker_id.clone(), number: attempt, started_at_ms };
+    let mut running = publish::base(&job, &who, JobStatus::Running);
+    running.started_at_ms = Some(started_at_ms);
+    if let Err(e) = publish::publish(&mut redis, names, &running, job.result_ttl).await {
+        error!(error = %e, "cannot write running status");
+        return Outcome::Infrastructure { attempt, final_result_stored: false };
+    }
+    let container_id = format!("j-{}-{:08x}", job.spec.job_id, rand::random::<u32>());
+    let result = match execute(ctx, &job, &who, &container_id).await {
+        Ok(result) => result,
+        Err(Failure::Rejected(reason)) => {
+            warn!(reason, "rejected job");
+            let mut result = publish::base(&job, &who, JobStatus::Rejected);
+            result.reason = Some(reason);
+            result.finished_at_ms = Some(now_ms());
+            result
+        }
+        Err(Failure::Infrastructure(reason)) => {
+            error!(reason, "job failed on infrastructure");
+            if attempt < ctx.settings.max_attempts {
+                return Outcome::Infrastructure { attempt, final_result_stored: false };
+            }
+            let mut result = publish::base(&job, &who, JobStatus::InternalError);
+            result.reason = Some(format!("gave up after {attempt} attempts: {reason}"));
+            result.finished_at_ms = Some(now_ms());
+            let stored = matches!(store_terminal(ctx, &result, job.result_ttl).await, Outcome::Stored);
+            return Outcome::Infrastructure { attempt, final_result_stored: stored };
+        }
+    };
+    info!(status = %result.status, exit_code = ?result.exit_code, artifacts = result.artifacts.len(), "job finished");
+    match store_terminal(ctx, &result, job.result_ttl).await {
+        Outcome::Stored => Outcome::Stored,
+        _ => Outcome::Infrastructure { attempt, final_result_stored: false },
+    }
+}
+
+/// stage -> run -> collect; the job dir is removed whatever happens.
+async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &str) -> Result<JobResult, Failure> {
+    let settings = &ctx.settings;
+    let bucket = &settings.services.s3.bucket;
+    let sku = settings.skus.get(&job.spec.sku).copied().ok_or_else(|| Failure::Rejected(format!("sku {} not served", job.spec.sku)))?;
+    let dir = stage::stage(job, &settings.jobs_dir, container_id, settings.sandbox_uid, &ctx.s3, bucket)
+        .await
+        .map_err(|e| match &e {
+            StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
+            _ => Failure::Infrastructure(e.to_string()),
+        })?;
+    let outcome = async {
+        let output = run::run(job, &dir, container_id, settings, sku.limits)
+            .await
+            .map_err(|e| Failure::Infrastructure(e.to_string()))?;
+        if let Exit::Failed { step, message } = &output.report.exit {
+            return Err(Failure::Infrastructure(format!("sandbox {step} failed: {message}")));
+        }
+        if output.report.exit == Exit::Killed {
+            return Err(Failure::Infrastructure("sandbox killed by the worker".into()));
+        }
+        let r = &output.report;
+        info!(create_us = r.create_us, start_us = r.start_us, delete_us = r.delete_us, wall_ms = r.wall_ms, "container cycle");
+        let collected = collect::collect(job, &dir.work, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
+            .await
+            .map_err(|e| Failure::Infrastructure(e.to_string()))?;
+        Ok(publish::finished(job, who, &output, collected, sku.limits.memory_bytes))
+    }
+    .await;
+    dir.remove();
+    outcome
+}

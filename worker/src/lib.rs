@@ -1,0 +1,22 @@
+//! sandq's worker: consumes jobs from RabbitMQ and runs each in a youki (libcontainer)
+//! sandbox. The job lifecycle is one module per stage:
+//!
+//! consume -> validate -> stage -> run -> collect -> publish -> ack
+//!
+//! [`consume`] takes deliveries; [`validate`] decodes and checks them; [`stage`] fetches the
+//! inputs from S3 into a fresh work dir; [`run`] runs the program in a container through the
+//! single-threaded helper ([`sandbox`]); [`collect`] uploads what the program left in `/work`;
+//! [`publish`] writes the result to Redis; [`ack`] is the one place that decides ack, requeue
+//! or dead-letter for every outcome. [`job`] strings the stages together for one delivery.
+
+pub mod ack;
+pub mod collect;
+pub mod consume;
+pub mod job;
+pub mod publish;
+pub mod run;
+pub mod sandbox;
+pub mod settings;
+pub mod stage;
+pub mod sys;
+pub mod validate;

@@ -1,0 +1,110 @@
+//! `sandq-worker`: consumes jobs from RabbitMQ and runs them in youki sandboxes.
+//!
+//! Start-up order matters: leftover containers of a previous run (a worker killed with
+//! SIGKILL) are deleted through the helper, then the multi-threaded tokio runtime starts.
+//! libcontainer itself never runs in this process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser;
+use sandq_worker::job::Context;
+use sandq_worker::settings::RawConfig;
+use tokio::io::AsyncReadExt;
+use tracing::info;
+
+/// sandq worker.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Config file (TOML); default $SANDQ_CONFIG, else /etc/sandq/sandq.toml. `SANDQ__*`
+    /// environment variables override it (`SANDQ__WORKER__ID=w1`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    json_logs: bool,
+    /// Shut down gracefully when stdin reaches end-of-file (for supervisors and tests that
+    /// hold a pipe to the worker).
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aws=warn,lapin=warn"));
+    if args.json_logs {
+        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
+    let path = sandq_submitter::config::config_path(args.config.as_deref());
+    let raw: RawConfig = sandq_submitter::config::load(&path)?;
+    let settings = raw.validate().with_context(|| format!("config {}", path.display()))?;
+    for dir in [&settings.jobs_dir, &settings.state_root] {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    // Crash safety: containers and job dirs of a previous run of this worker id.
+    let status = std::process::Command::new(&settings.container_helper)
+        .arg("cleanup")
+        .arg(&settings.state_root)
+        .env_clear()
+        .status()
+        .context("cannot run sandq-container cleanup")?;
+    anyhow::ensure!(status.success(), "sandq-container cleanup failed: {status}");
+    for entry in std::fs::read_dir(&settings.jobs_dir)?.flatten() {
+        std::fs::remove_dir_all(entry.path()).with_context(|| format!("cannot remove {}", entry.path().display()))?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async_main(settings, args.exit_on_stdin_eof))
+}
+
+async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eof: bool) -> anyhow::Result<()> {
+    let redis = sandq_submitter::results::connect(&settings.services.redis.url)
+        .await
+        .with_context(|| format!("cannot reach redis at {}", settings.services.redis.url))?;
+    let s3 = sandq_submitter::storage::client(&settings.services.s3);
+    s3.head_bucket()
+        .bucket(&settings.services.s3.bucket)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{:?}", e))
+        .with_context(|| format!("cannot reach bucket {} at {}", settings.services.s3.bucket, settings.services.s3.endpoint))?;
+    let ctx = Context { settings: Arc::new(settings), s3, redis };
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_shutdown_signal(exit_on_stdin_eof).await;
+        info!("shutting down: finishing in-flight jobs");
+        let _ = tx.send(true);
+    });
+    info!(worker_id = %ctx.settings.worker_id, rootfs = %ctx.settings.rootfs.display(), "worker started");
+    sandq_worker::consume::run(ctx, rx).await;
+    info!("worker stopped");
+    Ok(())
+}
+
+async fn wait_for_shutdown_signal(exit_on_stdin_eof: bool) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    let stdin_eof = async {
+        if !exit_on_stdin_eof {
+            return std::future::pending().await;
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stdin.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        () = stdin_eof => {}
+    }
+}

@@ -1,0 +1,214 @@
+//! Stage 4: run the program in its sandbox through the `sandq-container` helper, capturing
+//! stdout and stderr up to a cap (the rest is counted and discarded, so the worker's memory
+//! stays bounded whatever the program prints).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use sandq_schemas::{Runtime, ValidJob};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use crate::sandbox::spec::{self, JobSandbox, SandboxLimits, SpecError};
+use crate::sandbox::{SandboxReport, SandboxRequest};
+use crate::settings::Settings;
+use crate::stage::JobDir;
+
+/// Time the helper gets beyond the job's timeout to kill, reap and delete the container before
+/// the worker kills the helper itself.
+pub const HELPER_GRACE: Duration = Duration::from_secs(30);
+
+/// A captured output stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// The first `cap` bytes.
+    pub bytes: Vec<u8>,
+    /// Bytes the program wrote in all.
+    pub total: u64,
+}
+
+impl Captured {
+    /// True when some output was dropped.
+    pub fn truncated(&self) -> bool {
+        self.total > self.bytes.len() as u64
+    }
+}
+
+/// What running the program produced.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    /// The helper's report: exit, usage, lifecycle timings.
+    pub report: SandboxReport,
+    /// stdout.
+    pub stdout: Captured,
+    /// stderr.
+    pub stderr: Captured,
+}
+
+/// Why the sandbox could not be run (infrastructure: retried).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The OCI config could not be made or written.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The helper could not be started or talked to.
+    #[error("cannot run sandq-container: {0}")]
+    Helper(std::io::Error),
+    /// The helper ended without a readable report.
+    #[error("sandq-container exited with {status} without a report: {message}")]
+    NoReport {
+        /// Its exit status.
+        status: String,
+        /// Why the report could not be read.
+        message: String,
+    },
+    /// The helper overran the timeout plus [`HELPER_GRACE`] and was killed.
+    #[error("sandq-container did not finish within the timeout plus {HELPER_GRACE:?}")]
+    HelperHung,
+}
+
+/// The program's argv inside the sandbox.
+pub fn command(job: &ValidJob) -> Vec<String> {
+    let interpreter = match job.spec.runtime {
+        Runtime::Python => "python3",
+        Runtime::Node => "node",
+    };
+    let script = match &job.spec.entrypoint {
+        Some(entry) => format!("/work/{entry}"),
+        None => format!("/sandq/{}", job.spec.runtime.main_file()),
+    };
+    let mut argv = vec![interpreter.to_owned(), script];
+    argv.extend(job.spec.args.iter().cloned());
+    argv
+}
+
+/// The program's environment: the sandbox's own variables, then the job's (validated not to
+/// override them). Nothing of the worker's environment (credentials, service addresses) is
+/// passed, except OpenBLAS's CPU-type overrides, which some hosts need for correct results.
+pub fn environment(job: &ValidJob, limits: &SandboxLimits) -> Vec<String> {
+    let threads = (limits.cpus.ceil() as u64).max(1);
+    let mut env = vec![
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+        "HOME=/tmp".to_owned(),
+        "TMPDIR=/tmp".to_owned(),
+        "LANG=C.UTF-8".to_owned(),
+        "MPLBACKEND=Agg".to_owned(),
+        "MPLCONFIGDIR=/tmp/matplotlib".to_owned(),
+        "PYTHONDONTWRITEBYTECODE=1".to_owned(),
+        format!("OMP_NUM_THREADS={threads}"),
+        format!("OPENBLAS_NUM_THREADS={threads}"),
+        format!("SANDQ_JOB_ID={}", job.spec.job_id),
+        format!("SANDQ_SKU={}", job.spec.sku),
+    ];
+    for name in ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"] {
+        if let Ok(value) = std::env::var(name) {
+            env.push(format!("{name}={value}"));
+        }
+    }
+    env.extend(job.spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+    env
+}
+
+async fn capture(mut stream: impl AsyncRead + Unpin, cap: u64) -> Captured {
+    let mut captured = Captured::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return captured,
+            Ok(n) => {
+                captured.total += n as u64;
+                let room = cap.saturating_sub(captured.bytes.len() as u64) as usize;
+                captured.bytes.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+/// Writes the bundle, runs the container to completion, and reads the helper's report.
+///
+/// `cancel` resolving asks the helper to kill the container (the result is then
+/// [`crate::sandbox::Exit::Killed`]).
+///
+/// # Errors
+/// [`RunError`], all infrastructure failures; the program's own failures are in the report.
+pub async fn run(
+    job: &ValidJob,
+    dir: &JobDir,
+    container_id: &str,
+    settings: &Settings,
+    limits: SandboxLimits,
+) -> Result<RunOutput, RunError> {
+    let cgroups_path = format!("/sandq/{container_id}");
+    let sandbox = JobSandbox {
+        rootfs: &settings.rootfs,
+        work_dir: &dir.work,
+        src_dir: &dir.src,
+        cgroups_path: &cgroups_path,
+        args: command(job),
+        env: environment(job, &limits),
+        uid: settings.sandbox_uid,
+        gid: settings.sandbox_uid,
+        limits,
+    };
+    spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
+    let request = SandboxRequest {
+        container_id: container_id.to_owned(),
+        bundle: dir.bundle.clone(),
+        state_root: settings.state_root.clone(),
+        stdin_path: dir.stdin.clone(),
+        timeout_ms: job.timeout.as_millis() as u64,
+        report_path: dir.report.clone(),
+        cgroups_path,
+    };
+    let mut line = serde_json::to_vec(&request).map_err(|e| RunError::Helper(e.into()))?;
+    line.push(b'\n');
+    let mut child = Command::new(&settings.container_helper)
+        .arg("run")
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(RunError::Helper)?;
+    let mut control = child.stdin.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdin pipe")))?;
+    control.write_all(&line).await.map_err(RunError::Helper)?;
+    let cap = settings.max_output_bytes;
+    let stdout = tokio::spawn(capture(child.stdout.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdout pipe")))?, cap));
+    let stderr = tokio::spawn(capture(child.stderr.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stderr pipe")))?, cap));
+    let status = match tokio::time::timeout(job.timeout + HELPER_GRACE, child.wait()).await {
+        Ok(status) => status.map_err(RunError::Helper)?,
+        Err(_) => {
+            let _ = child.kill().await;
+            delete_container(settings, container_id).await;
+            return Err(RunError::HelperHung);
+        }
+    };
+    drop(control);
+    let stdout = stdout.await.unwrap_or_default();
+    let stderr = stderr.await.unwrap_or_default();
+    let report = read_report(&dir.report)
+        .await
+        .map_err(|message| RunError::NoReport { status: status.to_string(), message })?;
+    Ok(RunOutput { report, stdout, stderr })
+}
+
+async fn read_report(path: &Path) -> Result<SandboxReport, String> {
+    let bytes = tokio::fs::read(path).await.map_err(|e| e.to_string())?;
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
+/// Deletes one container through the helper (never from this process).
+pub async fn delete_container(settings: &Settings, container_id: &str) {
+    let status = Command::new(&settings.container_helper)
+        .arg("delete")
+        .arg(&settings.state_root)
+        .arg(container_id)
+        .env_clear()
+        .status()
+        .await;
+    if let Err(e) = status {
+        tracing::error!(container_id, error = %e, "cannot run sandq-container delete");
+    }
+}

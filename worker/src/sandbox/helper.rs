@@ -1,0 +1,271 @@
+//! The `sandq-container` helper: a single-threaded process exec'd per container that drives
+//! libcontainer through the whole lifecycle: create -> start -> wait -> stats -> delete.
+//!
+//! The pattern (pidfd before start, kill with `all = true`, reap the init ourselves, read the
+//! cgroup before delete) is the one measured in `../shared/notes/youki.md`.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::signal::Signal;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::Signal as NixSignal;
+use nix::sys::wait::{waitpid, WaitStatus};
+
+use super::{cgroup, CgroupStats, Exit, SandboxReport, SandboxRequest};
+use crate::sys;
+
+/// Largest request line the helper reads, bytes.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    message
+}
+
+/// Reads one `\n`-terminated line from `fd` without buffering past it (the rest of the pipe is
+/// the control channel).
+fn read_line(mut input: &File, max: usize) -> io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        if input.read(&mut byte)? == 0 || byte[0] == b'\n' {
+            return Ok(line);
+        }
+        line.push(byte[0]);
+        if line.len() > max {
+            return Err(io::Error::other("request line too long"));
+        }
+    }
+}
+
+/// Entry point of `sandq-container`. Returns the process exit code.
+pub fn main() -> i32 {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("run") => run_main(),
+        Some("delete") if args.len() == 4 => {
+            delete_by_id(Path::new(&args[2]), &args[3]);
+            0
+        }
+        Some("cleanup") if args.len() == 3 => {
+            let removed = cleanup(Path::new(&args[2]));
+            eprintln!("removed {removed} leftover containers");
+            0
+        }
+        _ => {
+            eprintln!("usage: sandq-container run (request on stdin) | delete STATE_ROOT ID | cleanup STATE_ROOT");
+            2
+        }
+    }
+}
+
+fn run_main() -> i32 {
+    // fd 0 is the request and control pipe; keep our own handle, the container gets its own
+    // stdin file.
+    let control = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => File::from(fd),
+        Err(_) => return 3,
+    };
+    let request: SandboxRequest = match read_line(&control, MAX_REQUEST_BYTES)
+        .map_err(|e| e.to_string())
+        .and_then(|line| serde_json::from_slice(&line).map_err(|e| e.to_string()))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sandq-container: bad request: {e}");
+            return 2;
+        }
+    };
+    let report = run(&request, &control);
+    let written = serde_json::to_vec(&report)
+        .map_err(io::Error::other)
+        .and_then(|bytes| File::create(&request.report_path)?.write_all(&bytes));
+    match written {
+        Ok(()) => 0,
+        Err(_) => 4,
+    }
+}
+
+fn failed(step: &str, message: String) -> Exit {
+    Exit::Failed { step: step.to_owned(), message }
+}
+
+/// Runs one container to completion and deletes it. Never panics on libcontainer errors: each
+/// becomes [`Exit::Failed`].
+pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
+    let mut report = SandboxReport {
+        exit: Exit::Killed,
+        stats: CgroupStats::default(),
+        wall_ms: 0,
+        create_us: 0,
+        start_us: 0,
+        delete_us: 0,
+        delete_error: None,
+    };
+    let stdin = match File::open(request.stdin_path.as_deref().unwrap_or(Path::new("/dev/null"))) {
+        Ok(f) => f,
+        Err(e) => {
+            report.exit = failed("create", format!("cannot open stdin file: {e}"));
+            return report;
+        }
+    };
+    let (stdout, stderr) = match (io::stdout().as_fd().try_clone_to_owned(), io::stderr().as_fd().try_clone_to_owned()) {
+        (Ok(o), Ok(e)) => (o, e),
+        _ => {
+            report.exit = failed("create", "cannot duplicate stdout/stderr".into());
+            return report;
+        }
+    };
+    let t0 = Instant::now();
+    let built = ContainerBuilder::new(request.container_id.clone(), SyscallType::default())
+        .with_root_path(request.state_root.clone())
+        .and_then(|b| b.with_stdin(stdin).with_stdout(stdout).with_stderr(stderr).validate_id())
+        .and_then(|b| b.as_init(&request.bundle).with_systemd(false).with_detach(true).build());
+    report.create_us = t0.elapsed().as_micros() as u64;
+    let mut container = match built {
+        Ok(c) => c,
+        Err(e) => {
+            report.exit = failed("create", chain(&e));
+            // A half-created container may have left state behind.
+            delete_by_id(&request.state_root, &request.container_id);
+            return report;
+        }
+    };
+    report.exit = supervise(&mut container, request, control, &mut report);
+    report.stats = cgroup::read(&request.cgroups_path);
+    let t2 = Instant::now();
+    if let Err(e) = container.delete(true) {
+        report.delete_error = Some(chain(&e));
+    }
+    report.delete_us = t2.elapsed().as_micros() as u64;
+    report
+}
+
+/// Starts the container and waits for its init, enforcing the timeout and the control channel.
+fn supervise(container: &mut Container, request: &SandboxRequest, control: &File, report: &mut SandboxReport) -> Exit {
+    let Some(pid) = container.pid() else {
+        return failed("create", "container has no pid after create".into());
+    };
+    // The pidfd is opened before start so that the pid cannot be recycled under us.
+    let pidfd = match sys::pidfd_open(pid.as_raw()) {
+        Ok(fd) => fd,
+        Err(e) => return failed("start", format!("pidfd_open: {e}")),
+    };
+    let t1 = Instant::now();
+    if let Err(e) = container.start() {
+        kill_all(container);
+        let _ = waitpid(pid, None);
+        return failed("start", chain(&e));
+    }
+    report.start_us = t1.elapsed().as_micros() as u64;
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(request.timeout_ms);
+    let mut outcome: Option<Exit> = None;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            outcome = Some(Exit::TimedOut);
+            break;
+        }
+        let remaining = (deadline - now).as_millis().min(i32::MAX as u128) as i32;
+        let ready = poll_two(pidfd.as_fd(), control.as_fd(), remaining);
+        match ready {
+            Ok((true, _)) => break,
+            Ok((false, true)) => {
+                let mut buf = [0u8; 64];
+                match (&*control).read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        outcome = Some(Exit::Killed);
+                        break;
+                    }
+                    Ok(n) if buf[..n].windows(4).any(|w| w == b"kill") => {
+                        outcome = Some(Exit::Killed);
+                        break;
+                    }
+                    Ok(_) => {}
+                }
+            }
+            Ok((false, false)) => {}
+            Err(e) => {
+                outcome = Some(failed("wait", format!("poll: {e}")));
+                break;
+            }
+        }
+    }
+    if outcome.is_some() {
+        // Timeout, kill request or error: kill every process of the cgroup, not just the init.
+        kill_all(container);
+    }
+    let status = waitpid(pid, None);
+    report.wall_ms = started.elapsed().as_millis() as u64;
+    if let Some(outcome) = outcome {
+        return outcome;
+    }
+    match status {
+        Ok(WaitStatus::Exited(_, code)) => Exit::Exited { code },
+        Ok(WaitStatus::Signaled(_, signal, _)) => Exit::Signaled { signal: signal.as_str().to_owned() },
+        Ok(other) => failed("wait", format!("unexpected wait status {other:?}")),
+        Err(e) => failed("wait", format!("waitpid: {e}")),
+    }
+}
+
+/// Polls the pidfd and the control fd; returns (exited, control readable).
+fn poll_two(pidfd: BorrowedFd<'_>, control: BorrowedFd<'_>, timeout_ms: i32) -> nix::Result<(bool, bool)> {
+    let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN), PollFd::new(control, PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, timeout) {
+        Ok(_) => {}
+        Err(nix::errno::Errno::EINTR) => return Ok((false, false)),
+        Err(e) => return Err(e),
+    }
+    let exited = fds[0].revents().is_some_and(|r| !r.is_empty());
+    let control_ready = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
+    Ok((exited, control_ready))
+}
+
+fn kill_all(container: &mut Container) {
+    // all = true kills through the cgroup, so a recycled init pid is never hit.
+    let _ = container.kill(Signal::from(NixSignal::SIGKILL), true);
+}
+
+fn delete_by_id(state_root: &Path, id: &str) {
+    if let Ok(mut c) = Container::load(state_root.join(id)) {
+        let _ = c.delete(true);
+    }
+}
+
+/// Deletes (with force: kills, removes cgroups and state) every container under `state_root`,
+/// left by a worker that died. Returns how many were removed.
+pub fn cleanup(state_root: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(state_root) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let dir: PathBuf = entry.path();
+        match Container::load(dir.clone()) {
+            Ok(mut c) => {
+                if c.delete(true).is_ok() {
+                    removed += 1;
+                } else {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+    removed
+}

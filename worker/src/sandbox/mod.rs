@@ -1,0 +1,89 @@
+//! The sandbox: an OCI bundle per job ([`spec`]) run by libcontainer in a single-threaded
+//! helper process ([`helper`], the `sandq-container` binary), never in the worker's
+//! multi-threaded tokio process (libcontainer forks and `chdir`s the whole process; hangs and
+//! races were reproduced: `../shared/notes/youki.md`).
+//!
+//! Protocol between the worker and the helper, one helper process per container:
+//! - argv: `sandq-container run` (or `sandq-container cleanup <state_root>`);
+//! - stdin: one line of JSON, a [`SandboxRequest`]; then the pipe stays open as the control
+//!   channel: a line `kill` or end-of-file (the worker died or gave up) kills the container;
+//! - stdout / stderr: handed to the container as its own stdout / stderr (the helper writes
+//!   nothing to them);
+//! - the [`SandboxReport`] is written as JSON to `report_path`; exit code 0 when a report was
+//!   written.
+
+pub mod cgroup;
+pub mod helper;
+pub mod spec;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use cgroup::CgroupStats;
+
+/// What the worker asks the helper to run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRequest {
+    /// Container id: `[A-Za-z0-9_+.-]`, unique on this host.
+    pub container_id: String,
+    /// Bundle directory holding `config.json`.
+    pub bundle: PathBuf,
+    /// libcontainer's state root (`<root>/<id>/state.json`).
+    pub state_root: PathBuf,
+    /// File fed to the program's stdin; `/dev/null` when `None`.
+    pub stdin_path: Option<PathBuf>,
+    /// Wall-clock limit from start, milliseconds; then every process of the job is killed.
+    pub timeout_ms: u64,
+    /// Where the helper writes its [`SandboxReport`].
+    pub report_path: PathBuf,
+    /// The spec's `linux.cgroupsPath`, to read usage before delete.
+    pub cgroups_path: String,
+}
+
+/// How the program ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Exit {
+    /// It exited with `code`.
+    Exited {
+        /// Exit code, 0..=255.
+        code: i32,
+    },
+    /// A signal killed it (not one the helper sent).
+    Signaled {
+        /// Signal name (`SIGSEGV`).
+        signal: String,
+    },
+    /// It ran past the timeout and the helper killed it.
+    TimedOut,
+    /// The worker asked for a kill (control line `kill`) or went away (EOF).
+    Killed,
+    /// The container could not be created or started.
+    Failed {
+        /// The lifecycle step (`create`, `start`, `wait`).
+        step: String,
+        /// libcontainer's error, with its sources.
+        message: String,
+    },
+}
+
+/// What the helper reports after the container is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxReport {
+    /// How the program ended.
+    pub exit: Exit,
+    /// Usage from the cgroup (zero when the container never started).
+    pub stats: CgroupStats,
+    /// From `start()` to the init's exit, milliseconds.
+    pub wall_ms: u64,
+    /// Time spent in `build()` (create), `start()`, and `delete()`, microseconds.
+    pub create_us: u64,
+    /// See `create_us`.
+    pub start_us: u64,
+    /// See `create_us`.
+    pub delete_us: u64,
+    /// Error of `delete`, if it failed (the container may be left behind; startup cleanup
+    /// retries).
+    pub delete_error: Option<String>,
+}

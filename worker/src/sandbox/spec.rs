@@ -1,0 +1,152 @@
+//! The per-job OCI runtime config: `oci-bundles/config.template.json` (read-only rootfs,
+//! writable `/work`, tmpfs `/tmp` and `/dev/shm`, own pid/net/ipc/uts/mount namespaces, no
+//! capabilities, `noNewPrivileges`, masked `/proc` paths) filled in with the job's command,
+//! environment, paths and SKU limits.
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{LinuxCpu, LinuxMemory, LinuxPids, Spec};
+
+/// The template, compiled in so that a worker binary and its sandbox policy cannot drift apart.
+pub const TEMPLATE: &str = include_str!("../../../oci-bundles/config.template.json");
+
+/// cgroup v1/v2 CPU period, microseconds (the kernel's default CFS period, 100 ms).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// Resource limits of one sandbox, from its SKU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SandboxLimits {
+    /// CPU quota in cores (1.0 = one core's time per period).
+    pub cpus: f64,
+    /// Memory limit in bytes; swap is set equal, so the job cannot swap beyond it.
+    pub memory_bytes: u64,
+    /// Most processes and threads at once.
+    pub pids: i64,
+}
+
+/// What varies per job.
+#[derive(Debug, Clone)]
+pub struct JobSandbox<'a> {
+    /// The image's rootfs (shared, mounted read-only).
+    pub rootfs: &'a Path,
+    /// Host directory mounted read-write at `/work`.
+    pub work_dir: &'a Path,
+    /// Host directory mounted read-only at `/sandq` (the job's source code).
+    pub src_dir: &'a Path,
+    /// `linux.cgroupsPath`, absolute (`/sandq/<container id>`).
+    pub cgroups_path: &'a str,
+    /// argv of the program.
+    pub args: Vec<String>,
+    /// Environment, `NAME=value`.
+    pub env: Vec<String>,
+    /// uid and gid the program runs as inside the container.
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// SKU limits.
+    pub limits: SandboxLimits,
+}
+
+/// Failure to make a job's spec.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The compiled-in template does not parse (a build defect; caught by unit tests).
+    #[error("config template is invalid: {0}")]
+    Template(#[from] serde_json::Error),
+    /// The template lacks a section this code fills in.
+    #[error("config template lacks {0}")]
+    Missing(&'static str),
+    /// Writing `config.json` failed.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Makes the spec of one job from [`TEMPLATE`].
+///
+/// # Errors
+/// [`SpecError::Template`] or [`SpecError::Missing`] (template defects).
+pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
+    let mut spec: Spec = serde_json::from_str(TEMPLATE)?;
+    let process = spec.process_mut().as_mut().ok_or(SpecError::Missing("process"))?;
+    process.set_args(Some(job.args.clone()));
+    process.set_env(Some(job.env.clone()));
+    process.user_mut().set_uid(job.uid);
+    process.user_mut().set_gid(job.gid);
+    spec.root_mut().as_mut().ok_or(SpecError::Missing("root"))?.set_path(job.rootfs.to_path_buf());
+    for mount in spec.mounts_mut().as_mut().ok_or(SpecError::Missing("mounts"))? {
+        if mount.destination() == Path::new("/work") {
+            mount.set_source(Some(job.work_dir.to_path_buf()));
+        } else if mount.destination() == Path::new("/sandq") {
+            mount.set_source(Some(job.src_dir.to_path_buf()));
+        }
+    }
+    let linux = spec.linux_mut().as_mut().ok_or(SpecError::Missing("linux"))?;
+    linux.set_cgroups_path(Some(PathBuf::from(job.cgroups_path)));
+    let resources = linux.resources_mut().as_mut().ok_or(SpecError::Missing("linux.resources"))?;
+    let mut cpu = LinuxCpu::default();
+    cpu.set_period(Some(CPU_PERIOD_US));
+    cpu.set_quota(Some((job.limits.cpus * CPU_PERIOD_US as f64).round() as i64));
+    resources.set_cpu(Some(cpu));
+    let mut memory = LinuxMemory::default();
+    let bytes = i64::try_from(job.limits.memory_bytes).unwrap_or(i64::MAX);
+    memory.set_limit(Some(bytes));
+    memory.set_swap(Some(bytes));
+    resources.set_memory(Some(memory));
+    let mut pids = LinuxPids::default();
+    pids.set_limit(job.limits.pids);
+    resources.set_pids(Some(pids));
+    Ok(spec)
+}
+
+/// Writes `spec` as `<bundle>/config.json`.
+///
+/// # Errors
+/// [`SpecError::Write`].
+pub fn write(spec: &Spec, bundle: &Path) -> Result<(), SpecError> {
+    let path = bundle.join("config.json");
+    let bytes = serde_json::to_vec_pretty(spec)?;
+    std::fs::write(&path, bytes).map_err(|source| SpecError::Write { path, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_is_filled_in() {
+        let job = JobSandbox {
+            rootfs: Path::new("/img/rootfs"),
+            work_dir: Path::new("/jobs/a/work"),
+            src_dir: Path::new("/jobs/a/src"),
+            cgroups_path: "/sandq/a",
+            args: vec!["python3".into(), "/sandq/main.py".into()],
+            env: vec!["PATH=/usr/bin".into()],
+            uid: 1000,
+            gid: 1000,
+            limits: SandboxLimits { cpus: 2.0, memory_bytes: 4 << 30, pids: 512 },
+        };
+        let spec = build(&job).expect("spec");
+        let json = serde_json::to_value(&spec).expect("json");
+        assert_eq!(json["root"]["path"], "/img/rootfs");
+        assert_eq!(json["root"]["readonly"], true);
+        assert_eq!(json["process"]["noNewPrivileges"], true);
+        assert_eq!(json["process"]["capabilities"]["bounding"], serde_json::json!([]));
+        assert_eq!(json["linux"]["resources"]["cpu"]["quota"], 200_000);
+        assert_eq!(json["linux"]["resources"]["memory"]["limit"], 4_i64 << 30);
+        assert_eq!(json["linux"]["resources"]["memory"]["swap"], 4_i64 << 30);
+        assert_eq!(json["linux"]["resources"]["pids"]["limit"], 512);
+        let mounts = json["mounts"].as_array().expect("mounts");
+        let work = mounts.iter().find(|m| m["destination"] == "/work").expect("work mount");
+        assert_eq!(work["source"], "/jobs/a/work");
+        let namespaces: Vec<&str> =
+            json["linux"]["namespaces"].as_array().expect("ns").iter().filter_map(|n| n["type"].as_str()).collect();
+        for ns in ["pid", "network", "ipc", "uts", "mount"] {
+            assert!(namespaces.contains(&ns), "{ns} namespace missing");
+        }
+    }
+}

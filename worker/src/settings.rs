@@ -1,0 +1,275 @@
+//! The worker's configuration: [`RawConfig`] as read (TOML file + `SANDQ__*` environment, see
+//! `sandq_submitter::config`), converted once into validated [`Settings`].
+//!
+//! Keys are lower-case (the `config` crate lower-cases environment keys), so SKU sections are
+//! `[skus.s]`, `[skus.m]`, `[skus.l]`, `[skus.xl]`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sandq_schemas::names::Names;
+use sandq_schemas::{Limits, Sku};
+use sandq_submitter::config::{AmqpConfig, RedisConfig, S3Config, ServiceConfig};
+use serde::Deserialize;
+
+use crate::sandbox::spec::SandboxLimits;
+
+/// The config file as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Prefix of queues, exchanges and Redis keys; default `sandq`.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// RabbitMQ.
+    #[serde(default)]
+    pub amqp: AmqpConfig,
+    /// Redis.
+    #[serde(default)]
+    pub redis: RedisConfig,
+    /// S3.
+    #[serde(default)]
+    pub s3: S3Config,
+    /// This worker.
+    #[serde(default)]
+    pub worker: RawWorker,
+    /// Limits every job must fit.
+    #[serde(default)]
+    pub limits: RawLimits,
+    /// SKU table, keyed `s`, `m`, `l`, `xl`; missing entries take the defaults of
+    /// [`default_sku`].
+    #[serde(default)]
+    pub skus: BTreeMap<String, RawSku>,
+}
+
+fn default_namespace() -> String {
+    sandq_schemas::names::DEFAULT_NAMESPACE.to_owned()
+}
+
+/// `[worker]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorker {
+    /// Worker id in results and log lines, and the name of its private dirs; default the host
+    /// name. Two workers on one host need distinct ids.
+    pub id: Option<String>,
+    /// The sandbox image's rootfs (printed by `oci-bundles/build-rootfs.sh`). Required.
+    pub rootfs: Option<PathBuf>,
+    /// Root of per-job work dirs; default `/var/lib/sandq`.
+    pub data_dir: Option<PathBuf>,
+    /// Root of libcontainer state; default `/run/sandq`.
+    pub state_dir: Option<PathBuf>,
+    /// Path of the `sandq-container` helper; default next to the worker binary.
+    pub container_helper: Option<PathBuf>,
+    /// uid and gid the program runs as inside the sandbox; default 1000.
+    pub sandbox_uid: Option<u32>,
+    /// Bytes of stdout and of stderr kept per job; default 1 MiB each.
+    pub max_output_bytes: Option<u64>,
+    /// Most artifacts per job; default 100.
+    pub max_artifacts: Option<usize>,
+    /// Most artifact bytes per job, in all; default 512 MiB.
+    pub max_artifact_bytes: Option<u64>,
+    /// Infrastructure failures of one job before it gets `internal_error` and is acked;
+    /// default 3 (below the queues' delivery limit, so the result is written before RabbitMQ
+    /// dead-letters the message).
+    pub max_attempts: Option<u32>,
+}
+
+/// `[limits]`: the job limits of [`sandq_schemas::Limits`], durations as humantime strings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Default timeout; default `60s`.
+    #[serde(default, with = "humantime_serde")]
+    pub default_timeout: Option<Duration>,
+    /// Largest timeout a job may ask for; default `15m`.
+    #[serde(default, with = "humantime_serde")]
+    pub max_timeout: Option<Duration>,
+    /// Largest result TTL; default `7days`.
+    #[serde(default, with = "humantime_serde")]
+    pub max_result_ttl: Option<Duration>,
+    /// Largest total input size, bytes; default 1 GiB.
+    pub max_input_bytes: Option<u64>,
+}
+
+/// `[skus.<name>]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSku {
+    /// CPU quota, cores.
+    pub cpus: f64,
+    /// Memory limit (and memory + swap limit), bytes.
+    pub memory_bytes: u64,
+    /// Most processes and threads.
+    #[serde(default = "default_pids")]
+    pub pids: i64,
+    /// Jobs of this SKU this worker runs at once (0: it does not serve the SKU); default 1.
+    #[serde(default = "default_slots")]
+    pub slots: usize,
+}
+
+fn default_pids() -> i64 {
+    1024
+}
+fn default_slots() -> usize {
+    1
+}
+
+/// The product's SKU table (brief): S = 1 core / 2 GiB, M = 2 / 4, L = 4 / 8, XL = 8 / 16.
+pub fn default_sku(sku: Sku) -> RawSku {
+    let (cpus, gib) = match sku {
+        Sku::S => (1.0, 2),
+        Sku::M => (2.0, 4),
+        Sku::L => (4.0, 8),
+        Sku::XL => (8.0, 16),
+    };
+    RawSku { cpus, memory_bytes: gib << 30, pids: default_pids(), slots: default_slots() }
+}
+
+/// One SKU as this worker serves it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SkuSettings {
+    /// Limits of each sandbox.
+    pub limits: SandboxLimits,
+    /// Jobs at once.
+    pub slots: usize,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Connection sections, as the client library takes them.
+    pub services: ServiceConfig,
+    /// Names of queues and keys.
+    pub names: Names,
+    /// This worker's id.
+    pub worker_id: String,
+    /// The image rootfs.
+    pub rootfs: PathBuf,
+    /// `<data_dir>/<worker id>`: this worker's job dirs.
+    pub jobs_dir: PathBuf,
+    /// `<state_dir>/<worker id>`: this worker's libcontainer state root.
+    pub state_root: PathBuf,
+    /// The helper binary.
+    pub container_helper: PathBuf,
+    /// uid/gid inside the sandbox.
+    pub sandbox_uid: u32,
+    /// Output cap per stream, bytes.
+    pub max_output_bytes: u64,
+    /// Artifact count cap.
+    pub max_artifacts: usize,
+    /// Artifact bytes cap.
+    pub max_artifact_bytes: u64,
+    /// Infrastructure attempts per job.
+    pub max_attempts: u32,
+    /// Job limits.
+    pub limits: Limits,
+    /// Served SKUs.
+    pub skus: BTreeMap<Sku, SkuSettings>,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A value is wrong; the message names the key.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl RawConfig {
+    /// Checks and converts the raw config.
+    ///
+    /// # Errors
+    /// [`SettingsError::Invalid`] naming the offending key.
+    pub fn validate(self) -> Result<Settings, SettingsError> {
+        let bad = |m: String| Err(SettingsError::Invalid(m));
+        if self.namespace.is_empty()
+            || !self.namespace.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return bad(format!("namespace {:?}: use [A-Za-z0-9_-]", self.namespace));
+        }
+        let worker_id = match self.worker.id {
+            Some(id) => id,
+            None => std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "worker".into()),
+        };
+        if worker_id.is_empty() || !worker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return bad(format!("worker.id {worker_id:?}: use [A-Za-z0-9_-]"));
+        }
+        let Some(rootfs) = self.worker.rootfs else {
+            return bad("worker.rootfs is not set: run oci-bundles/build-rootfs.sh and put its output there".into());
+        };
+        if !rootfs.join("usr/bin/python3").exists() {
+            return bad(format!("worker.rootfs {} holds no sandbox image (no usr/bin/python3)", rootfs.display()));
+        }
+        let container_helper = match self.worker.container_helper {
+            Some(p) => p,
+            None => std::env::current_exe()
+                .map_err(|e| SettingsError::Invalid(format!("cannot find own binary: {e}")))?
+                .with_file_name("sandq-container"),
+        };
+        if !container_helper.exists() {
+            return bad(format!("worker.container_helper {} does not exist", container_helper.display()));
+        }
+        let mut skus = BTreeMap::new();
+        for key in self.skus.keys() {
+            if key.parse::<Sku>().is_err() || key.to_ascii_lowercase() != *key {
+                return bad(format!("skus.{key}: expected one of s, m, l, xl"));
+            }
+        }
+        for sku in Sku::ALL {
+            let raw = self.skus.get(&sku.as_str().to_ascii_lowercase()).cloned().unwrap_or_else(|| default_sku(sku));
+            if !(raw.cpus > 0.0) || raw.memory_bytes < (64 << 20) || raw.pids < 16 {
+                return bad(format!("skus.{sku}: cpus > 0, memory_bytes >= 64 MiB and pids >= 16 are required"));
+            }
+            if raw.slots > 0 {
+                let limits = SandboxLimits { cpus: raw.cpus, memory_bytes: raw.memory_bytes, pids: raw.pids };
+                skus.insert(sku, SkuSettings { limits, slots: raw.slots });
+            }
+        }
+        if skus.is_empty() {
+            return bad("no SKU has slots > 0".into());
+        }
+        let mut limits = Limits::default();
+        if let Some(t) = self.limits.default_timeout {
+            limits.default_timeout = t;
+        }
+        if let Some(t) = self.limits.max_timeout {
+            limits.max_timeout = t;
+        }
+        if let Some(t) = self.limits.max_result_ttl {
+            limits.max_result_ttl = t;
+        }
+        if let Some(b) = self.limits.max_input_bytes {
+            limits.max_input_bytes = b;
+        }
+        if limits.default_timeout > limits.max_timeout {
+            return bad("limits.default_timeout is above limits.max_timeout".into());
+        }
+        let max_attempts = self.worker.max_attempts.unwrap_or(3).max(1);
+        if max_attempts >= self.amqp.delivery_limit {
+            return bad(format!(
+                "worker.max_attempts {max_attempts} must be below amqp.delivery_limit {}",
+                self.amqp.delivery_limit
+            ));
+        }
+        let data_dir = self.worker.data_dir.unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
+        let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
+        Ok(Settings {
+            names: Names::new(self.namespace.clone()),
+            services: ServiceConfig { namespace: self.namespace, amqp: self.amqp, redis: self.redis, s3: self.s3 },
+            jobs_dir: data_dir.join(&worker_id),
+            state_root: state_dir.join(&worker_id),
+            worker_id,
+            rootfs,
+            container_helper,
+            sandbox_uid: self.worker.sandbox_uid.unwrap_or(1000),
+            max_output_bytes: self.worker.max_output_bytes.unwrap_or(1 << 20),
+            max_artifacts: self.worker.max_artifacts.unwrap_or(100),
+            max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
+            max_attempts,
+            limits,
+            skus,
+        })
+    }
+}

@@ -1,0 +1,164 @@
+//! Stage 3: a fresh per-job directory with the source code and the inputs from S3.
+//!
+//! ```text
+//! <jobs_dir>/<container id>/     0700 root
+//!   bundle/config.json           the OCI runtime config
+//!   src/main.py                  source code, mounted read-only at /sandq
+//!   work/                        mounted read-write at /work, owned by the sandbox uid
+//!   stdin                        fed to the program's stdin
+//!   report.json                  the helper's SandboxReport
+//! ```
+//!
+//! Files are created with `O_EXCL | O_NOFOLLOW` in a directory nothing else has seen yet, and
+//! downloads stop one byte past the declared size.
+
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use sandq_schemas::ValidJob;
+use sandq_submitter::storage::{self, TransferError};
+
+/// The directories and files of one job on the host.
+#[derive(Debug, Clone)]
+pub struct JobDir {
+    /// `<jobs_dir>/<container id>`.
+    pub root: PathBuf,
+    /// The OCI bundle.
+    pub bundle: PathBuf,
+    /// Mounted at `/sandq`.
+    pub src: PathBuf,
+    /// Mounted at `/work`.
+    pub work: PathBuf,
+    /// Program's stdin, if the job has any.
+    pub stdin: Option<PathBuf>,
+    /// Helper's report.
+    pub report: PathBuf,
+}
+
+impl JobDir {
+    /// Removes the whole job directory. Never follows symlinks (`remove_dir_all` does not).
+    pub fn remove(&self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.root) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.root.display(), error = %e, "cannot remove job dir");
+            }
+        }
+    }
+}
+
+/// Why staging failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// Creating a local directory or file failed (host trouble: retried).
+    #[error("cannot prepare {path}: {source}")]
+    Prepare {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Fetching an input failed: missing object or wrong size/digest (the client's fault,
+    /// rejected) or S3 trouble (retried); see [`TransferError::is_transient`].
+    #[error("cannot stage input {path:?}: {source}")]
+    Download {
+        /// The input's path in `/work`.
+        path: String,
+        /// The transfer error, with the key.
+        source: TransferError,
+    },
+}
+
+fn prepare(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
+    move |source| StageError::Prepare { path: path.to_path_buf(), source }
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<(), StageError> {
+    std::fs::DirBuilder::new().mode(mode).create(path).map_err(prepare(path))
+}
+
+/// Creates the job directory for `container_id` and stages code, stdin and inputs.
+///
+/// # Errors
+/// [`StageError`]; the partly made directory is removed.
+pub async fn stage(
+    job: &ValidJob,
+    jobs_dir: &Path,
+    container_id: &str,
+    sandbox_uid: u32,
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+) -> Result<JobDir, StageError> {
+    let root = jobs_dir.join(container_id);
+    let dir = JobDir {
+        bundle: root.join("bundle"),
+        src: root.join("src"),
+        work: root.join("work"),
+        stdin: job.spec.stdin.as_ref().map(|_| root.join("stdin")),
+        report: root.join("report.json"),
+        root,
+    };
+    let result = stage_into(job, &dir, sandbox_uid, s3, bucket).await;
+    if result.is_err() {
+        dir.remove();
+    }
+    result.map(|()| dir)
+}
+
+async fn stage_into(
+    job: &ValidJob,
+    dir: &JobDir,
+    uid: u32,
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+) -> Result<(), StageError> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root.parent().unwrap_or(Path::new("/")))
+        .map_err(prepare(&dir.root))?;
+    mkdir(&dir.root, 0o700)?;
+    mkdir(&dir.bundle, 0o700)?;
+    mkdir(&dir.src, 0o755)?;
+    mkdir(&dir.work, 0o755)?;
+    std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare(&dir.work))?;
+    if let Some(code) = &job.spec.code {
+        let path = dir.src.join(job.spec.runtime.main_file());
+        write_new(&path, code.as_bytes(), 0o644)?;
+    }
+    if let (Some(path), Some(bytes)) = (&dir.stdin, &job.spec.stdin) {
+        write_new(path, bytes, 0o600)?;
+    }
+    for input in &job.spec.inputs {
+        // Paths were validated: relative, no '.', '..' or empty components.
+        let dest = dir.work.join(&input.path);
+        let mut parent = dir.work.clone();
+        let components: Vec<&str> = input.path.split('/').collect();
+        for component in &components[..components.len() - 1] {
+            parent.push(component);
+            match std::fs::DirBuilder::new().mode(0o755).create(&parent) {
+                Ok(()) => std::os::unix::fs::chown(&parent, Some(uid), Some(uid)).map_err(prepare(&parent))?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StageError::Prepare { path: parent.clone(), source: e }),
+            }
+        }
+        let file = open_new(&dest, 0o644)?;
+        let mut file = tokio::fs::File::from_std(file);
+        storage::get_to_file(s3, bucket, &input.key, &mut file, &input.path, Some(input.size), Some(&input.sha256))
+            .await
+            .map_err(|source| StageError::Download { path: input.path.clone(), source })?;
+        std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare(&dest))?;
+    }
+    Ok(())
+}
+
+fn open_new(path: &Path, mode: u32) -> Result<std::fs::File, StageError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(prepare(path))
+}
+
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StageError> {
+    use std::io::Write;
+    open_new(path, mode)?.write_all(bytes).map_err(prepare(path))
+}
