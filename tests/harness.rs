@@ -1,1 +1,159 @@
-//! x
+//! Test harness: one real `sandq-worker` process per test binary, on the real RabbitMQ, Redis
+//! and Garage that `scripts/services.sh` brought up, in its own namespace (`sandq-test`), so
+//! tests never touch a deployment's queues.
+//!
+//! The worker is started with `--exit-on-stdin-eof` and a pipe on its stdin: when the test
+//! process ends, the pipe closes and the worker shuts down by itself.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, QueuePurgeOptions};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use sandq_schemas::{JobResult, JobSpec, NetworkMode, Runtime, Sku, SCHEMA_VERSION};
+use sandq_submitter::config::{self, ServiceConfig};
+use sandq_submitter::Client;
+
+/// Namespace of every queue and key the tests use.
+pub const NAMESPACE: &str = "sandq-test";
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+}
+
+/// Directory of the built binaries (`target/debug`), found from the test binary's own path
+/// (`target/debug/deps/e2e-<hash>`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// The service config written by `scripts/services.sh`, moved to the test namespace.
+pub fn service_config() -> ServiceConfig {
+    let path = config::config_path(None);
+    let mut config: ServiceConfig = config::load(&path).expect("service config (run scripts/services.sh first)");
+    config.namespace = NAMESPACE.to_owned();
+    config
+}
+
+static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
+
+/// Starts the shared worker once per test binary (purging the test queues first).
+pub fn ensure_worker() {
+    WORKER.get_or_init(|| {
+        // Tests call this from inside their own runtime: purge on a thread of our own.
+        std::thread::spawn(|| tokio::runtime::Runtime::new().expect("runtime").block_on(purge_queues()))
+            .join()
+            .expect("purge test queues");
+        let worker = bin_dir().join("sandq-worker");
+        assert!(worker.exists(), "{} missing: build the workspace first", worker.display());
+        let log = std::fs::File::create(std::env::temp_dir().join("sandq-test-worker.log")).expect("log file");
+        let child = Command::new(worker)
+            .arg("--exit-on-stdin-eof")
+            .env("SANDQ__NAMESPACE", NAMESPACE)
+            .env("SANDQ__WORKER__ID", "test-worker")
+            .env("SANDQ__SKUS__S__CPUS", "1")
+            .env("SANDQ__SKUS__S__MEMORY_BYTES", (512u64 << 20).to_string())
+            .env("SANDQ__SKUS__S__SLOTS", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start sandq-worker");
+        Mutex::new(child)
+    });
+}
+
+/// True while the shared worker process is alive.
+pub fn worker_alive() -> bool {
+    let Some(worker) = WORKER.get() else { return false };
+    let mut child = worker.lock().expect("worker lock");
+    matches!(child.try_wait(), Ok(None))
+}
+
+/// The worker's log so far (for failure messages).
+pub fn worker_log() -> String {
+    std::fs::read_to_string(std::env::temp_dir().join("sandq-test-worker.log")).unwrap_or_default()
+}
+
+async fn purge_queues() {
+    let config = service_config();
+    let names = sandq_schemas::names::Names::new(NAMESPACE);
+    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    sandq_submitter::topology::declare(&channel, &names, config.amqp.delivery_limit).await.expect("topology");
+    for sku in Sku::ALL {
+        channel.queue_purge(names.jobs_queue(sku).into(), QueuePurgeOptions::default()).await.expect("purge");
+    }
+    channel.queue_purge(names.dead_letter_queue().into(), QueuePurgeOptions::default()).await.expect("purge");
+}
+
+/// A connected client in the test namespace, with the worker running.
+pub async fn client() -> Client {
+    ensure_worker();
+    Client::connect(service_config()).await.expect("client connect")
+}
+
+/// A Python job running `code` on `sku`.
+pub fn python_job(code: &str, sku: Sku) -> JobSpec {
+    JobSpec {
+        schema_version: SCHEMA_VERSION,
+        job_id: uuid::Uuid::new_v4().to_string(),
+        sku,
+        runtime: Runtime::Python,
+        code: Some(code.to_owned()),
+        entrypoint: None,
+        args: vec![],
+        inputs: vec![],
+        stdin: None,
+        env: Default::default(),
+        timeout: Some("60s".into()),
+        result_ttl: Some("10m".into()),
+        network: NetworkMode::None,
+        submitted_at_ms: Some(sandq_submitter::client::now_ms()),
+    }
+}
+
+/// Submits `spec` and waits (up to 3 minutes) for its terminal result.
+pub async fn run(client: &mut Client, spec: &JobSpec) -> JobResult {
+    client.submit(spec).await.expect("submit");
+    wait(client, &spec.job_id).await
+}
+
+/// Waits (up to 3 minutes) for a job's terminal result.
+pub async fn wait(client: &mut Client, job_id: &str) -> JobResult {
+    match client.wait(job_id, Duration::from_secs(180), Duration::from_millis(50), |_| {}).await {
+        Ok(result) => result,
+        Err(e) => panic!("job {job_id}: {e}\nworker log:\n{}", worker_log()),
+    }
+}
+
+/// Publishes raw bytes to a SKU's queue, bypassing the client's encoding and validation.
+pub async fn publish_raw(body: &[u8], sku: Sku, message_id: Option<&str>) {
+    let config = service_config();
+    let names = sandq_schemas::names::Names::new(NAMESPACE);
+    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    channel.confirm_select(Default::default()).await.expect("confirms");
+    let mut properties = BasicProperties::default().with_delivery_mode(2);
+    if let Some(id) = message_id {
+        properties = properties.with_message_id(id.into());
+    }
+    let confirm = channel
+        .basic_publish(
+            names.jobs_exchange().into(),
+            names.routing_key(sku).into(),
+            BasicPublishOptions { mandatory: true, ..Default::default() },
+            body,
+            properties,
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+    assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "broker refused raw message: {confirm:?}");
+    let _ = connection.close(200, "done".into()).await;
+}

@@ -1,0 +1,119 @@
+"""A minimal sandq client in Python, written only from docs/protocol.md.
+
+    pip install -r requirements.txt
+    python3 sandq_client.py --code 'print(6 * 7)'
+
+Submits one job (MessagePack, publisher confirms, mandatory), records it as queued with the
+documented compare-and-set script, polls the result hash until the status is terminal, and
+prints the result as JSON. Exit code: 0 when the job succeeded, 1 otherwise.
+"""
+import argparse
+import json
+import sys
+import time
+import uuid
+
+import msgpack
+import pika
+import redis
+
+SCHEMA_VERSION = 1
+TERMINAL = {"succeeded", "failed", "timed_out", "oom_killed", "rejected", "cancelled", "expired", "internal_error"}
+
+# The compare-and-set script of docs/protocol.md ("Writing a status").
+CAS_SCRIPT = """
+local function rank(s)
+  if not s then return 0 end
+  if s == 'queued' then return 1 end
+  if s == 'running' then return 2 end
+  return 3
+end
+local current = redis.call('HGET', KEYS[1], 'status')
+local cur, new = rank(current), rank(ARGV[1])
+if cur == 3 or new < cur or (new == 1 and cur == 1) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+return 1
+"""
+
+
+class SubmitError(Exception):
+    """The broker did not accept the job: it is not queued."""
+
+
+def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namespace="sandq",
+           amqp_url="amqp://guest:guest@127.0.0.1:5672/%2f", redis_url="redis://127.0.0.1:6379/0"):
+    job_id = str(uuid.uuid4())
+    now_ms = int(time.time() * 1000)
+    job = {
+        "schema_version": SCHEMA_VERSION,
+        "job_id": job_id,
+        "sku": sku,
+        "runtime": runtime,
+        "code": code,
+        "timeout": timeout,
+        "submitted_at_ms": now_ms,
+    }
+    if stdin is not None:
+        job["stdin"] = stdin.encode() if isinstance(stdin, str) else stdin
+    body = msgpack.packb(job, use_bin_type=True)
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        properties = pika.BasicProperties(
+            delivery_mode=2,
+            content_type="application/msgpack",
+            message_id=job_id,
+            timestamp=now_ms // 1000,
+            type="sandq.job",
+            app_id="sandq-python-client",
+            headers={"schema_version": SCHEMA_VERSION},
+        )
+        try:
+            channel.basic_publish(f"{namespace}.jobs", sku, body, properties, mandatory=True)
+        except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as e:
+            raise SubmitError(f"job {job_id} not accepted: {e}") from e
+    finally:
+        connection.close()
+    queued = {"schema_version": SCHEMA_VERSION, "job_id": job_id, "status": "queued", "sku": sku,
+              "queued_at_ms": now_ms, "attempt": 0}
+    r = redis.Redis.from_url(redis_url)
+    r.eval(CAS_SCRIPT, 1, f"{namespace}:job:{job_id}", "queued", msgpack.packb(queued, use_bin_type=True), 86400)
+    return job_id
+
+
+def wait(job_id, *, namespace="sandq", redis_url="redis://127.0.0.1:6379/0", timeout_s=120.0, interval_s=0.1):
+    r = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        raw = r.hget(f"{namespace}:job:{job_id}", "result")
+        if raw is not None:
+            result = msgpack.unpackb(raw, raw=False)
+            if result["status"] in TERMINAL:
+                return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} did not finish within {timeout_s} s")
+        time.sleep(interval_s)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--code", required=True)
+    parser.add_argument("--sku", default="M")
+    parser.add_argument("--stdin")
+    parser.add_argument("--namespace", default="sandq")
+    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2f")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    args = parser.parse_args()
+    job_id = submit(args.code, sku=args.sku, stdin=args.stdin, namespace=args.namespace,
+                    amqp_url=args.amqp_url, redis_url=args.redis_url)
+    result = wait(job_id, namespace=args.namespace, redis_url=args.redis_url)
+    print(json.dumps(result, indent=2, default=lambda b: b.decode("utf-8", "replace")))
+    sys.exit(0 if result["status"] == "succeeded" else 1)
+
+
+if __name__ == "__main__":
+    main()
