@@ -219,7 +219,7 @@ impl RawConfig {
         }
         for sku in Sku::ALL {
             let raw = self.skus.get(&sku.as_str().to_ascii_lowercase()).cloned().unwrap_or_else(|| default_sku(sku));
-            if !(raw.cpus > 0.0) || raw.memory_bytes < (64 << 20) || raw.pids < 16 {
+            if !raw.cpus.is_finite() || raw.cpus <= 0.0 || raw.memory_bytes < (64 << 20) || raw.pids < 16 {
                 return bad(format!("skus.{sku}: cpus > 0, memory_bytes >= 64 MiB and pids >= 16 are required"));
             }
             if raw.slots > 0 {
