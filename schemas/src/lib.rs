@@ -72,3 +72,43 @@ pub fn peek_job_id(bytes: &[u8]) -> Option<String> {
     validate::check_job_id(&peeked.job_id).ok()?;
     Some(peeked.job_id)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client in another language sees plain maps with string keys and string enums.
+    #[test]
+    fn results_are_plain_maps() {
+        let mut result = JobResult::new("j1", JobStatus::TimedOut);
+        result.sku = Some(Sku::XL);
+        let bytes = encode(&result).expect("encode");
+        let value = rmpv::decode::read_value(&mut bytes.as_slice()).expect("msgpack");
+        let map = value.as_map().expect("a map");
+        let get = |k: &str| map.iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+        assert_eq!(get("status").and_then(|v| v.as_str().map(str::to_owned)).as_deref(), Some("timed_out"));
+        assert_eq!(get("sku").and_then(|v| v.as_str().map(str::to_owned)).as_deref(), Some("XL"));
+        assert_eq!(get("job_id").and_then(|v| v.as_str().map(str::to_owned)).as_deref(), Some("j1"));
+        assert!(get("stdout").is_some_and(|v| v.is_map()));
+        let back: JobResult = decode(&bytes).expect("decode");
+        assert_eq!(back, result);
+    }
+
+    #[test]
+    fn job_ids_are_peeked_from_partial_messages() {
+        let partial = rmp_serde::to_vec_named(&std::collections::BTreeMap::from([("job_id", "abc-1")])).expect("encode");
+        assert_eq!(peek_job_id(&partial).as_deref(), Some("abc-1"));
+        let hostile = rmp_serde::to_vec_named(&std::collections::BTreeMap::from([("job_id", "../x")])).expect("encode");
+        assert_eq!(peek_job_id(&hostile), None);
+        assert_eq!(peek_job_id(b"\xc1garbage"), None);
+    }
+
+    proptest::proptest! {
+        /// The decoder never panics on arbitrary bytes.
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = decode::<JobSpec>(&bytes);
+            let _ = peek_job_id(&bytes);
+        }
+    }
+}

@@ -127,9 +127,6 @@ async fn capture(mut stream: impl AsyncRead + Unpin, cap: u64) -> Captured {
 
 /// Writes the bundle, runs the container to completion, and reads the helper's report.
 ///
-/// `cancel` resolving asks the helper to kill the container (the result is then
-/// [`crate::sandbox::Exit::Killed`]).
-///
 /// # Errors
 /// [`RunError`], all infrastructure failures; the program's own failures are in the report.
 pub async fn run(
@@ -186,8 +183,10 @@ pub async fn run(
         }
     };
     drop(control);
-    let stdout = stdout.await.unwrap_or_default();
-    let stderr = stderr.await.unwrap_or_default();
+    // Every writer of the pipes is gone with the container's pid namespace; the bound only
+    // guards against a leaked writer keeping a reader task alive.
+    let stdout = tokio::time::timeout(Duration::from_secs(5), stdout).await.ok().and_then(Result::ok).unwrap_or_default();
+    let stderr = tokio::time::timeout(Duration::from_secs(5), stderr).await.ok().and_then(Result::ok).unwrap_or_default();
     let report = read_report(&dir.report)
         .await
         .map_err(|message| RunError::NoReport { status: status.to_string(), message })?;
