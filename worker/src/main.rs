@@ -58,7 +58,10 @@ fn main() -> anyhow::Result<()> {
         std::fs::remove_dir_all(entry.path()).with_context(|| format!("cannot remove {}", entry.path().display()))?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async_main(settings, args.exit_on_stdin_eof))
+    let result = runtime.block_on(async_main(settings, args.exit_on_stdin_eof));
+    // A blocking stdin read (--exit-on-stdin-eof) must not keep the process alive after SIGTERM.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eof: bool) -> anyhow::Result<()> {

@@ -147,6 +147,8 @@ pub async fn run(
         uid: settings.sandbox_uid,
         gid: settings.sandbox_uid,
         limits,
+        id_map: settings.id_map,
+        seccomp: settings.seccomp,
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
     let request = SandboxRequest {

@@ -64,6 +64,14 @@ pub struct RawWorker {
     pub container_helper: Option<PathBuf>,
     /// uid and gid the program runs as inside the sandbox; default 1000.
     pub sandbox_uid: Option<u32>,
+    /// Give each sandbox its own user namespace, container ids `0..65536` mapped to host ids
+    /// `userns_host_base..+65536`, so that even container root is an unprivileged host user;
+    /// default true.
+    pub user_namespace: Option<bool>,
+    /// First host uid/gid of the user namespace range; default 100000.
+    pub userns_host_base: Option<u32>,
+    /// Apply the seccomp allowlist (`oci-bundles/seccomp.json`); default true.
+    pub seccomp: Option<bool>,
     /// Bytes of stdout and of stderr kept per job; default 1 MiB each.
     pub max_output_bytes: Option<u64>,
     /// Most artifacts per job; default 100.
@@ -155,6 +163,10 @@ pub struct Settings {
     pub container_helper: PathBuf,
     /// uid/gid inside the sandbox.
     pub sandbox_uid: u32,
+    /// User namespace mapping, if enabled.
+    pub id_map: Option<crate::sandbox::spec::IdMap>,
+    /// Seccomp on.
+    pub seccomp: bool,
     /// Output cap per stream, bytes.
     pub max_output_bytes: u64,
     /// Artifact count cap.
@@ -253,6 +265,10 @@ impl RawConfig {
                 self.amqp.delivery_limit
             ));
         }
+        let sandbox_uid = self.worker.sandbox_uid.unwrap_or(1000);
+        if sandbox_uid >= 65_536 {
+            return bad(format!("worker.sandbox_uid {sandbox_uid} must be below 65536 (the mapped range)"));
+        }
         let data_dir = self.worker.data_dir.unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
         let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
         Ok(Settings {
@@ -263,7 +279,12 @@ impl RawConfig {
             worker_id,
             rootfs,
             container_helper,
-            sandbox_uid: self.worker.sandbox_uid.unwrap_or(1000),
+            sandbox_uid,
+            id_map: self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
+                host_base: self.worker.userns_host_base.unwrap_or(100_000),
+                size: 65_536,
+            }),
+            seccomp: self.worker.seccomp.unwrap_or(true),
             max_output_bytes: self.worker.max_output_bytes.unwrap_or(1 << 20),
             max_artifacts: self.worker.max_artifacts.unwrap_or(100),
             max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
@@ -271,5 +292,13 @@ impl RawConfig {
             limits,
             skus,
         })
+    }
+}
+
+impl Settings {
+    /// The host uid (and gid) that owns files the program writes: the sandbox uid, shifted by
+    /// the user namespace mapping when there is one.
+    pub fn host_sandbox_uid(&self) -> u32 {
+        self.id_map.map_or(self.sandbox_uid, |m| m.host_base + self.sandbox_uid)
     }
 }

@@ -1,7 +1,7 @@
 //! Stage 3: a fresh per-job directory with the source code and the inputs from S3.
 //!
 //! ```text
-//! <jobs_dir>/<container id>/     0700 root
+//! <jobs_dir>/<container id>/     0711 root
 //!   bundle/config.json           the OCI runtime config
 //!   src/main.py                  source code, mounted read-only at /sandq
 //!   work/                        mounted read-write at /work, owned by the sandbox uid
@@ -113,7 +113,9 @@ async fn stage_into(
 ) -> Result<(), StageError> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root.parent().unwrap_or(Path::new("/")))
         .map_err(prepare(&dir.root))?;
-    mkdir(&dir.root, 0o700)?;
+    // 0711: the container's init, an unprivileged host uid under a user namespace, must
+    // traverse it to bind-mount work/ and src/; it cannot list it.
+    mkdir(&dir.root, 0o711)?;
     mkdir(&dir.bundle, 0o700)?;
     mkdir(&dir.src, 0o755)?;
     mkdir(&dir.work, 0o755)?;

@@ -5,10 +5,28 @@
 
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{LinuxCpu, LinuxMemory, LinuxPids, Spec};
+use oci_spec::runtime::{
+    LinuxCpu, LinuxIdMapping, LinuxMemory, LinuxNamespace, LinuxNamespaceType, LinuxPids,
+    LinuxSeccomp, Spec,
+};
 
 /// The template, compiled in so that a worker binary and its sandbox policy cannot drift apart.
 pub const TEMPLATE: &str = include_str!("../../../oci-bundles/config.template.json");
+
+/// The seccomp profile (`oci-bundles/seccomp.json`): an allowlist in the spirit of Docker's
+/// default profile, narrowed for a sandbox without capabilities (no namespace-creating
+/// `clone`, no `unshare`/`setns`/`mount`, no `ptrace`, `bpf`, `perf_event_open`, `keyctl`,
+/// `userfaultfd`, `io_uring`, AF_VSOCK sockets or 32-bit syscalls).
+pub const SECCOMP: &str = include_str!("../../../oci-bundles/seccomp.json");
+
+/// A user namespace mapping: container ids `0..size` are host ids `host_base..host_base+size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMap {
+    /// First host uid/gid of the range.
+    pub host_base: u32,
+    /// Number of ids mapped.
+    pub size: u32,
+}
 
 /// cgroup v1/v2 CPU period, microseconds (the kernel's default CFS period, 100 ms).
 pub const CPU_PERIOD_US: u64 = 100_000;
@@ -45,6 +63,11 @@ pub struct JobSandbox<'a> {
     pub gid: u32,
     /// SKU limits.
     pub limits: SandboxLimits,
+    /// Own user namespace with this mapping (container root is then an unprivileged host
+    /// uid); `None` keeps the host's user namespace.
+    pub id_map: Option<IdMap>,
+    /// Apply [`SECCOMP`].
+    pub seccomp: bool,
 }
 
 /// Failure to make a job's spec.
@@ -100,6 +123,23 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     let mut pids = LinuxPids::default();
     pids.set_limit(job.limits.pids);
     resources.set_pids(Some(pids));
+    if job.seccomp {
+        let profile: LinuxSeccomp = serde_json::from_str(SECCOMP)?;
+        linux.set_seccomp(Some(profile));
+    }
+    if let Some(map) = job.id_map {
+        let mapping: LinuxIdMapping = oci_spec::runtime::LinuxIdMappingBuilder::default()
+            .container_id(0u32)
+            .host_id(map.host_base)
+            .size(map.size)
+            .build()
+            .map_err(|_| SpecError::Missing("a valid id mapping"))?;
+        linux.set_uid_mappings(Some(vec![mapping]));
+        linux.set_gid_mappings(Some(vec![mapping]));
+        let mut user = LinuxNamespace::default();
+        user.set_typ(LinuxNamespaceType::User);
+        linux.namespaces_mut().get_or_insert_with(Vec::new).push(user);
+    }
     Ok(spec)
 }
 
@@ -129,6 +169,8 @@ mod tests {
             uid: 1000,
             gid: 1000,
             limits: SandboxLimits { cpus: 2.0, memory_bytes: 4 << 30, pids: 512 },
+            id_map: Some(IdMap { host_base: 100_000, size: 65_536 }),
+            seccomp: true,
         };
         let spec = build(&job).expect("spec");
         let json = serde_json::to_value(&spec).expect("json");
@@ -145,7 +187,9 @@ mod tests {
         assert_eq!(work["source"], "/jobs/a/work");
         let namespaces: Vec<&str> =
             json["linux"]["namespaces"].as_array().expect("ns").iter().filter_map(|n| n["type"].as_str()).collect();
-        for ns in ["pid", "network", "ipc", "uts", "mount"] {
+        assert_eq!(json["linux"]["uidMappings"][0]["hostID"], 100_000);
+        assert_eq!(json["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+        for ns in ["pid", "network", "ipc", "uts", "mount", "user"] {
             assert!(namespaces.contains(&ns), "{ns} namespace missing");
         }
     }
