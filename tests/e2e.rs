@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lapin::options::BasicGetOptions;
 use sandq_schemas::{InputFile, JobStatus, Sku};
-use sandq_tests::{client, ensure_worker, publish_raw, python_job, repo_root, run, service_config, wait, worker_alive, NAMESPACE};
+use sandq_tests::{client, ensure_worker, namespace, publish_raw, python_job, repo_root, run, service_config, wait, worker_alive, worker_id};
 use sha2::{Digest, Sha256};
 
 /// Statistics of macrodata.csv computed without pandas.
@@ -70,7 +70,7 @@ async fn example_analysis_matches_independent_computation() {
     assert_eq!(result.status, JobStatus::Succeeded, "stderr: {}", result.stderr.text);
     assert_eq!(result.exit_code, Some(0));
     assert_eq!(result.attempt, 1);
-    assert_eq!(result.worker_id.as_deref(), Some("test-worker"));
+    assert_eq!(result.worker_id, Some(worker_id()));
 
     let line = result.stdout.text.lines().find_map(|l| l.strip_prefix("STATS ")).expect("STATS line");
     let got: serde_json::Value = serde_json::from_str(line).expect("STATS json");
@@ -203,7 +203,7 @@ async fn malformed_messages_are_rejected_and_the_worker_survives() {
 /// Looks (for up to 30 s) for a message with `body` in the dead-letter queue.
 async fn dead_lettered(body: &[u8]) -> bool {
     let config = service_config();
-    let names = sandq_schemas::names::Names::new(NAMESPACE);
+    let names = sandq_schemas::names::Names::new(namespace());
     let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
     let channel = connection.create_channel().await.expect("channel");
     for _ in 0..300 {
@@ -227,7 +227,7 @@ async fn python_client_round_trip() {
     let config = service_config();
     let output = tokio::process::Command::new("python3")
         .arg(repo_root().join("clients/python/sandq_client.py"))
-        .args(["--namespace", NAMESPACE, "--amqp-url", &config.amqp.url, "--redis-url", &config.redis.url, "--sku", "S"])
+        .args(["--namespace", &namespace(), "--amqp-url", &config.amqp.url, "--redis-url", &config.redis.url, "--sku", "S"])
         .args(["--code", "import sys\nprint(sum(int(x) for x in sys.stdin.read().split()))"])
         .args(["--stdin", "1 2 3 4 5 6 7 8 9 10"])
         .output()

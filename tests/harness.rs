@@ -16,8 +16,23 @@ use sandq_schemas::{JobResult, JobSpec, NetworkMode, Runtime, Sku, SCHEMA_VERSIO
 use sandq_submitter::config::{self, ServiceConfig};
 use sandq_submitter::Client;
 
-/// Namespace of every queue and key the tests use.
-pub const NAMESPACE: &str = "sandq-test";
+/// Name of this test binary (`e2e`, `hostile`), from its path (`target/debug/deps/e2e-<hash>`).
+pub fn binary_name() -> String {
+    let exe = std::env::current_exe().expect("current exe");
+    let stem = exe.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    stem.rsplit_once('-').map_or(stem.clone(), |(name, _)| name.to_owned())
+}
+
+/// Namespace of every queue and key this test binary uses: `sandq-test-<binary>`, so that test
+/// binaries (run one after another) never share queues, and never touch a deployment's.
+pub fn namespace() -> String {
+    format!("sandq-test-{}", binary_name())
+}
+
+/// Worker id of this binary's worker (its private job and state dirs).
+pub fn worker_id() -> String {
+    format!("test-{}", binary_name())
+}
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
@@ -35,13 +50,14 @@ pub fn bin_dir() -> PathBuf {
 pub fn service_config() -> ServiceConfig {
     let path = config::config_path(None);
     let mut config: ServiceConfig = config::load(&path).expect("service config (run scripts/services.sh first)");
-    config.namespace = NAMESPACE.to_owned();
+    config.namespace = namespace();
     config
 }
 
 static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
 
-/// Starts the shared worker once per test binary (purging the test queues first).
+/// Starts the shared worker once per test binary (purging the test queues first). SKU S is
+/// served with 512 MiB of memory so that memory tests are quick.
 pub fn ensure_worker() {
     WORKER.get_or_init(|| {
         // Tests call this from inside their own runtime: purge on a thread of our own.
@@ -50,11 +66,11 @@ pub fn ensure_worker() {
             .expect("purge test queues");
         let worker = bin_dir().join("sandq-worker");
         assert!(worker.exists(), "{} missing: build the workspace first", worker.display());
-        let log = std::fs::File::create(std::env::temp_dir().join("sandq-test-worker.log")).expect("log file");
+        let log = std::fs::File::create(worker_log_path()).expect("log file");
         let child = Command::new(worker)
             .arg("--exit-on-stdin-eof")
-            .env("SANDQ__NAMESPACE", NAMESPACE)
-            .env("SANDQ__WORKER__ID", "test-worker")
+            .env("SANDQ__NAMESPACE", namespace())
+            .env("SANDQ__WORKER__ID", worker_id())
             .env("SANDQ__SKUS__S__CPUS", "1")
             .env("SANDQ__SKUS__S__MEMORY_BYTES", (512u64 << 20).to_string())
             .env("SANDQ__SKUS__S__SLOTS", "1")
@@ -76,12 +92,17 @@ pub fn worker_alive() -> bool {
 
 /// The worker's log so far (for failure messages).
 pub fn worker_log() -> String {
-    std::fs::read_to_string(std::env::temp_dir().join("sandq-test-worker.log")).unwrap_or_default()
+    std::fs::read_to_string(worker_log_path()).unwrap_or_default()
+}
+
+/// Where the worker of this binary logs.
+pub fn worker_log_path() -> PathBuf {
+    std::env::temp_dir().join(format!("sandq-{}-worker.log", worker_id()))
 }
 
 async fn purge_queues() {
     let config = service_config();
-    let names = sandq_schemas::names::Names::new(NAMESPACE);
+    let names = sandq_schemas::names::Names::new(namespace());
     let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
     let channel = connection.create_channel().await.expect("channel");
     sandq_submitter::topology::declare(&channel, &names, config.amqp.delivery_limit).await.expect("topology");
@@ -134,7 +155,7 @@ pub async fn wait(client: &mut Client, job_id: &str) -> JobResult {
 /// Publishes raw bytes to a SKU's queue, bypassing the client's encoding and validation.
 pub async fn publish_raw(body: &[u8], sku: Sku, message_id: Option<&str>) {
     let config = service_config();
-    let names = sandq_schemas::names::Names::new(NAMESPACE);
+    let names = sandq_schemas::names::Names::new(namespace());
     let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
     let channel = connection.create_channel().await.expect("channel");
     channel.confirm_select(Default::default()).await.expect("confirms");

@@ -99,6 +99,9 @@ pub struct JobResult {
     /// over the count or size cap).
     #[serde(default)]
     pub skipped_artifacts: Vec<SkippedArtifact>,
+    /// Files not uploaded, in all; `skipped_artifacts` lists at most the first 100.
+    #[serde(default)]
+    pub skipped_artifacts_total: u64,
     /// Resources the job used; absent when it never ran.
     #[serde(default)]
     pub usage: Option<ResourceUsage>,
@@ -134,6 +137,7 @@ impl JobResult {
             stderr: CapturedOutput::default(),
             artifacts: Vec::new(),
             skipped_artifacts: Vec::new(),
+            skipped_artifacts_total: 0,
             usage: None,
             queued_at_ms: None,
             started_at_ms: None,
@@ -177,7 +181,9 @@ pub struct Artifact {
 pub struct SkippedArtifact {
     /// Path relative to `/work`.
     pub path: String,
-    /// Why: `symlink`, `hard_link`, `not_regular`, `too_many`, `too_large`, `unreadable`.
+    /// Why: `symlink`, `hard_link`, `not_regular`, `too_many`, `too_large`, `too_deep`,
+    /// `unreadable`, `changed`, or `walk_limit` (the walk stopped after 250,000 entries; `path`
+    /// is the directory it was in).
     pub reason: String,
 }
 

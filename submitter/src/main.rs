@@ -286,5 +286,9 @@ fn print_result(result: &JobResult, downloaded: &[(&sandq_schemas::Artifact, Pat
     for skipped in &result.skipped_artifacts {
         writeln!(stderr, "    skipped {} ({})", skipped.path, skipped.reason)?;
     }
+    let unlisted = result.skipped_artifacts_total.saturating_sub(result.skipped_artifacts.len() as u64);
+    if unlisted > 0 {
+        writeln!(stderr, "    ... and {unlisted} more files skipped")?;
+    }
     Ok(())
 }

@@ -17,16 +17,30 @@ use sandq_submitter::storage::{self, TransferError};
 
 /// Deepest directory level walked under `/work`.
 const MAX_DEPTH: usize = 32;
-/// Most directory entries looked at, in all.
-const MAX_ENTRIES: usize = 100_000;
+/// Most directory entries looked at, in all; past it the walk stops and says so.
+const MAX_ENTRIES: usize = 250_000;
+/// Most skipped files listed by name in the result (all are counted): keeps the Redis value
+/// small when a program leaves 200,000 files.
+pub const MAX_SKIPPED_LISTED: usize = 100;
 
 /// The artifacts of a job.
 #[derive(Debug, Clone, Default)]
 pub struct Collected {
     /// Uploaded files.
     pub artifacts: Vec<Artifact>,
-    /// Files left out, with the reason.
+    /// Files left out, with the reason (the first [`MAX_SKIPPED_LISTED`]).
     pub skipped: Vec<SkippedArtifact>,
+    /// Files left out, in all.
+    pub skipped_total: u64,
+}
+
+impl Collected {
+    fn skip(&mut self, path: &str, reason: &str) {
+        self.skipped_total += 1;
+        if self.skipped.len() < MAX_SKIPPED_LISTED {
+            self.skipped.push(SkippedArtifact { path: path.to_owned(), reason: reason.to_owned() });
+        }
+    }
 }
 
 /// Why collection failed (S3 or local I/O trouble: retried).
@@ -50,20 +64,21 @@ struct Candidate {
     ino: u64,
 }
 
-fn walk(dir: &Path, rel: &str, depth: usize, seen: &mut usize, out: &mut Vec<Candidate>, skipped: &mut Vec<SkippedArtifact>) {
+fn walk(dir: &Path, rel: &str, depth: usize, seen: &mut usize, out: &mut Vec<Candidate>, skipped: &mut Collected) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let mut entries: Vec<_> = entries.flatten().collect();
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
         *seen += 1;
+        if *seen == MAX_ENTRIES + 1 {
+            skipped.skip(rel, "walk_limit");
+        }
         if *seen > MAX_ENTRIES {
             return;
         }
         let name = entry.file_name().to_string_lossy().into_owned();
         let child_rel = if rel.is_empty() { name } else { format!("{rel}/{name}") };
-        let skip = |skipped: &mut Vec<SkippedArtifact>, reason: &str| {
-            skipped.push(SkippedArtifact { path: child_rel.clone(), reason: reason.to_owned() })
-        };
+        let skip = |skipped: &mut Collected, reason: &str| skipped.skip(&child_rel, reason);
         // symlink_metadata: lstat, never follows.
         let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
             skip(skipped, "unreadable");
@@ -108,13 +123,11 @@ pub async fn collect(
     let mut candidates = Vec::new();
     let mut collected = Collected::default();
     let mut seen = 0;
-    walk(work, "", 0, &mut seen, &mut candidates, &mut collected.skipped);
+    walk(work, "", 0, &mut seen, &mut candidates, &mut collected);
     let inputs: BTreeMap<&str, &str> = job.spec.inputs.iter().map(|i| (i.path.as_str(), i.sha256.as_str())).collect();
     let mut budget = max_artifact_bytes;
     for candidate in candidates {
-        let skip = |collected: &mut Collected, reason: &str| {
-            collected.skipped.push(SkippedArtifact { path: candidate.rel.clone(), reason: reason.to_owned() })
-        };
+        let skip = |collected: &mut Collected, reason: &str| collected.skip(&candidate.rel, reason);
         let staged = inputs.get(candidate.rel.as_str()).copied();
         if staged.is_none() && collected.artifacts.len() >= max_artifacts {
             skip(&mut collected, "too_many");

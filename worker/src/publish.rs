@@ -82,6 +82,7 @@ pub fn finished(job: &ValidJob, attempt: &Attempt, run: &RunOutput, collected: C
     result.stderr = output(&run.stderr);
     result.artifacts = collected.artifacts;
     result.skipped_artifacts = collected.skipped;
+    result.skipped_artifacts_total = collected.skipped_total;
     result.usage = Some(ResourceUsage {
         wall_ms: report.wall_ms,
         cpu_ms: report.stats.cpu_ms,

@@ -164,6 +164,11 @@ fn supervise(container: &mut Container, request: &SandboxRequest, control: &File
         Ok(fd) => fd,
         Err(e) => return failed("start", format!("pidfd_open: {e}")),
     };
+    if let Err(e) = loopback_up(pid.as_raw()) {
+        kill_all(container);
+        let _ = waitpid(pid, None);
+        return failed("start", format!("cannot bring up the sandbox's loopback: {e}"));
+    }
     let t1 = Instant::now();
     if let Err(e) = container.start() {
         kill_all(container);
@@ -234,6 +239,18 @@ fn poll_two(pidfd: BorrowedFd<'_>, control: BorrowedFd<'_>, timeout_ms: i32) -> 
     let exited = fds[0].revents().is_some_and(|r| !r.is_empty());
     let control_ready = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
     Ok((exited, control_ready))
+}
+
+/// Brings `lo` up in the network namespace of `pid` (the created, not yet started init): the
+/// helper is single-threaded, so `setns` moves the whole helper there and back.
+fn loopback_up(pid: i32) -> Result<(), String> {
+    use nix::sched::{setns, CloneFlags};
+    let own = File::open("/proc/self/ns/net").map_err(|e| format!("own netns: {e}"))?;
+    let target = File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("sandbox netns: {e}"))?;
+    setns(&target, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
+    let up = sys::loopback_up().map_err(|e| format!("SIOCSIFFLAGS: {e}"));
+    setns(&own, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns back: {e}"))?;
+    up
 }
 
 fn kill_all(container: &mut Container) {
