@@ -10,4 +10,13 @@ if ! python3 -c 'import pika, msgpack, redis' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check -r clients/python/requirements.txt
 fi
 cargo build --workspace --all-targets
-cargo test --workspace --no-fail-fast
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite (cargo prints one per test binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -135,6 +135,7 @@ pub fn python_job(code: &str, sku: Sku) -> JobSpec {
         result_ttl: Some("10m".into()),
         network: NetworkMode::None,
         submitted_at_ms: Some(sandq_submitter::client::now_ms()),
+        deadline_ms: None,
     }
 }
 
@@ -146,7 +147,7 @@ pub async fn run(client: &mut Client, spec: &JobSpec) -> JobResult {
 
 /// Waits (up to 3 minutes) for a job's terminal result.
 pub async fn wait(client: &mut Client, job_id: &str) -> JobResult {
-    match client.wait(job_id, Duration::from_secs(180), Duration::from_millis(50), |_| {}).await {
+    match client.wait(job_id, Duration::from_secs(180), Duration::from_secs(1), |_| {}).await {
         Ok(result) => result,
         Err(e) => panic!("job {job_id}: {e}\nworker log:\n{}", worker_log()),
     }
@@ -177,4 +178,90 @@ pub async fn publish_raw(body: &[u8], sku: Sku, message_id: Option<&str>) {
         .expect("confirm");
     assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "broker refused raw message: {confirm:?}");
     let _ = connection.close(200, "done".into()).await;
+}
+
+/// A namespace of its own, for tests that start and kill their own workers.
+pub struct Isolated {
+    /// The namespace (`sandq-test-<random>`).
+    pub namespace: String,
+    /// Service config moved to it.
+    pub config: ServiceConfig,
+}
+
+impl Isolated {
+    /// A fresh namespace with its topology declared.
+    pub async fn new() -> Self {
+        let namespace = format!("sandq-test-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let mut config = service_config();
+        config.namespace = namespace.clone();
+        let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+        let channel = connection.create_channel().await.expect("channel");
+        let names = sandq_schemas::names::Names::new(namespace.clone());
+        sandq_submitter::topology::declare(&channel, &names, config.amqp.delivery_limit).await.expect("topology");
+        Isolated { namespace, config }
+    }
+
+    /// Starts a worker in this namespace with `id` and extra `SANDQ__*` settings. It runs until
+    /// killed or until the returned child's stdin is closed.
+    pub fn start_worker(&self, id: &str, env: &[(&str, &str)]) -> Child {
+        let log = std::fs::File::create(std::env::temp_dir().join(format!("sandq-{id}-worker.log"))).expect("log file");
+        let mut command = Command::new(bin_dir().join("sandq-worker"));
+        command
+            .arg("--exit-on-stdin-eof")
+            .env("SANDQ__NAMESPACE", &self.namespace)
+            .env("SANDQ__WORKER__ID", id)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.spawn().expect("start sandq-worker")
+    }
+
+    /// A client in this namespace.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.config.clone()).await.expect("client connect")
+    }
+
+    /// Deletes this namespace's queues (best effort).
+    pub async fn delete_queues(&self) {
+        let Ok(connection) = Connection::connect(&self.config.amqp.url, ConnectionProperties::default()).await else { return };
+        let Ok(channel) = connection.create_channel().await else { return };
+        let names = sandq_schemas::names::Names::new(self.namespace.clone());
+        for queue in Sku::ALL.iter().map(|s| names.jobs_queue(*s)).chain([names.dead_letter_queue()]) {
+            let _ = channel.queue_delete(queue.into(), Default::default()).await;
+        }
+    }
+}
+
+/// Polls (every 50 ms, up to `limit`) until the job has `status`.
+pub async fn wait_for_status(client: &mut Client, job_id: &str, status: sandq_schemas::JobStatus, limit: Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let current = client.status(job_id).await.expect("status").map(|r| r.status);
+        if current == Some(status) {
+            return;
+        }
+        assert!(started.elapsed() < limit, "job {job_id} still {current:?} after {limit:?}, expected {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends `signal` (`TERM`, `KILL`) to a child process with kill(1).
+pub fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().expect("kill");
+    assert!(status.success());
+}
+
+/// Waits (up to `limit`) for a child to exit; true when it did.
+pub fn exits_within(child: &mut Child, limit: Duration) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }

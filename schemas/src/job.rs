@@ -53,6 +53,10 @@ pub struct JobSpec {
     /// When the client submitted the job, Unix epoch milliseconds (copied to the result).
     #[serde(default)]
     pub submitted_at_ms: Option<u64>,
+    /// Latest start, Unix epoch milliseconds: a job still queued then is not run (status
+    /// `expired`). `None`: no deadline.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
 }
 
 /// An input file: an S3 object the client uploaded, and where it appears in the sandbox.

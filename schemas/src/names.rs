@@ -62,6 +62,17 @@ impl Names {
     pub fn job_key(&self, job_id: &str) -> String {
         format!("{}:job:{}", self.namespace, job_id)
     }
+
+    /// Redis list `<ns>:job:<job_id>:done`: the worker pushes the terminal status onto it (same
+    /// TTL as the job key), so a client can wait with `BLPOP` instead of polling.
+    pub fn done_key(&self, job_id: &str) -> String {
+        format!("{}:job:{}:done", self.namespace, job_id)
+    }
+
+    /// Redis string `<ns>:job:<job_id>:cancel`: set by a client to cancel the job.
+    pub fn cancel_key(&self, job_id: &str) -> String {
+        format!("{}:job:{}:cancel", self.namespace, job_id)
+    }
 }
 
 /// Content-addressed S3 key of an uploaded input: `inputs/sha256/<hex>`.

@@ -380,6 +380,7 @@ mod tests {
             result_ttl: None,
             network: NetworkMode::None,
             submitted_at_ms: None,
+            deadline_ms: None,
         }
     }
 

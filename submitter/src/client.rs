@@ -65,6 +65,9 @@ pub struct Client {
     _connection: Connection,
     channel: Channel,
     redis: ConnectionManager,
+    /// A connection of its own for `BLPOP` (a blocking command would stall other commands on
+    /// a shared multiplexed connection); made on first wait.
+    blocking: Option<redis::aio::MultiplexedConnection>,
     s3: aws_sdk_s3::Client,
 }
 
@@ -86,7 +89,7 @@ impl Client {
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let redis = results::connect(&config.redis.url).await?;
         let s3 = storage::client(&config.s3);
-        Ok(Client { config, names, _connection: connection, channel, redis, s3 })
+        Ok(Client { config, names, _connection: connection, channel, redis, blocking: None, s3 })
     }
 
     /// The names of this deployment.
@@ -184,8 +187,10 @@ impl Client {
         Ok(results::read(&mut self.redis, &self.names, job_id).await?)
     }
 
-    /// Polls the job's result every `interval` until it is terminal or `timeout` passes,
-    /// calling `on_change` each time the status changes.
+    /// Waits until the job's status is terminal or `timeout` passes, calling `on_change` each
+    /// time the status changes. Blocks on the job's `:done` list (`BLPOP`, so no busy polling),
+    /// re-reading the result at least every `interval` (to see `running`, and in case another
+    /// waiter popped the notification).
     ///
     /// # Errors
     /// [`ClientError::WaitTimeout`] or [`ClientError::Result`].
@@ -210,11 +215,41 @@ impl Client {
                     return Ok(result);
                 }
             }
-            if started.elapsed() >= timeout {
-                return Err(ClientError::WaitTimeout { job_id: job_id.to_owned(), waited: started.elapsed() });
+            let elapsed = started.elapsed();
+            if elapsed >= timeout {
+                return Err(ClientError::WaitTimeout { job_id: job_id.to_owned(), waited: elapsed });
             }
-            tokio::time::sleep(interval).await;
+            let block = interval.min(timeout - elapsed).max(Duration::from_millis(10));
+            self.block_on_done(job_id, block).await?;
         }
+    }
+
+    async fn block_on_done(&mut self, job_id: &str, block: Duration) -> Result<(), ClientError> {
+        if self.blocking.is_none() {
+            let client = redis::Client::open(self.config.redis.url.as_str()).map_err(results::ResultError::from)?;
+            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+            let connection =
+                client.get_multiplexed_async_connection_with_config(&config).await.map_err(results::ResultError::from)?;
+            self.blocking = Some(connection);
+        }
+        let Some(connection) = self.blocking.as_mut() else { return Ok(()) };
+        let popped: redis::RedisResult<Option<(String, String)>> =
+            redis::cmd("BLPOP").arg(self.names.done_key(job_id)).arg(block.as_secs_f64()).query_async(connection).await;
+        if let Err(e) = popped {
+            // Drop the connection; the next wait makes a new one.
+            self.blocking = None;
+            return Err(results::ResultError::from(e).into());
+        }
+        Ok(())
+    }
+
+    /// Asks for the job to be cancelled (see [`results::request_cancel`]). Returns false when
+    /// the job is unknown or already finished.
+    ///
+    /// # Errors
+    /// [`ClientError::Result`].
+    pub async fn cancel(&mut self, job_id: &str) -> Result<bool, ClientError> {
+        Ok(results::request_cancel(&mut self.redis, &self.names, job_id, Duration::from_secs(7 * 24 * 3600)).await?)
     }
 
     /// Downloads an artifact into `dir`, at its path relative to `/work`, checking its size

@@ -5,6 +5,7 @@
 //! sandq submit ...        (same options; prints the job id and returns)
 //! sandq status ID
 //! sandq wait ID
+//! sandq cancel ID
 //! ```
 
 use std::collections::BTreeMap;
@@ -43,6 +44,11 @@ enum Command {
     Submit(JobArgs),
     /// Print a job's current status and result.
     Status {
+        /// Job id.
+        id: String,
+    },
+    /// Cancel a job: a queued job is skipped, a running one is killed within a second.
+    Cancel {
         /// Job id.
         id: String,
     },
@@ -126,6 +132,15 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json).await
         }
         Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json).await,
+        Command::Cancel { id } => {
+            if client.cancel(&id).await? {
+                eprintln!("cancellation of {id} requested");
+                Ok(0)
+            } else {
+                eprintln!("job {id} is unknown or already finished");
+                Ok(2)
+            }
+        }
         Command::Status { id } => match client.status(&id).await? {
             None => {
                 eprintln!("job {id} is unknown (never submitted, or its result expired)");
@@ -198,6 +213,7 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
         result_ttl: None,
         network: NetworkMode::None,
         submitted_at_ms: Some(now_ms()),
+        deadline_ms: None,
     })
 }
 
@@ -211,7 +227,7 @@ async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, j
         None
     };
     let result = client
-        .wait(job_id, wait, Duration::from_millis(100), |status| {
+        .wait(job_id, wait, Duration::from_millis(500), |status| {
             if let Some(bar) = &progress {
                 bar.set_message(format!("job {job_id}: {}", status.map_or("unknown".to_owned(), |s| s.to_string())));
             }

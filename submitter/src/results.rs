@@ -10,10 +10,11 @@ use redis::aio::ConnectionManager;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobResult, JobStatus};
 
-/// Compare-and-set of a job's hash. KEYS[1] = job key; ARGV = status, result bytes, TTL in
-/// seconds. Returns 1 when written, 0 when the stored status ranks at least as high (a terminal
-/// status is final; `running` may be rewritten by a redelivery).
-const CAS_SCRIPT: &str = r"
+/// Compare-and-set of a job's hash. KEYS[1] = job key, KEYS[2] = its `:done` list; ARGV =
+/// status, result bytes, TTL in seconds. Returns 1 when written, 0 when the stored status ranks
+/// at least as high (a terminal status is final; `running` may be rewritten by a redelivery).
+/// A terminal write also pushes the status onto the `:done` list, which waiters block on.
+pub const CAS_SCRIPT: &str = r"
 local function rank(s)
   if not s then return 0 end
   if s == 'queued' then return 1 end
@@ -27,6 +28,10 @@ if cur == 3 or new < cur or (new == 1 and cur == 1) then
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+if new == 3 and KEYS[2] then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+end
 return 1
 ";
 
@@ -73,6 +78,7 @@ pub async fn write(
     let ttl_s = ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0);
     let written: i64 = redis::Script::new(CAS_SCRIPT)
         .key(names.job_key(&result.job_id))
+        .key(names.done_key(&result.job_id))
         .arg(result.status.as_str())
         .arg(bytes)
         .arg(ttl_s)
@@ -107,4 +113,40 @@ pub async fn status(
     job_id: &str,
 ) -> Result<Option<JobStatus>, ResultError> {
     Ok(read(redis, names, job_id).await?.map(|r| r.status))
+}
+
+/// Asks for a job to be cancelled: sets its cancel key (`<ns>:job:<id>:cancel`) for `ttl`. A
+/// worker skips a queued job whose key is set (status `cancelled`), and kills a running one
+/// within a second. Returns false when the job is unknown or already finished (nothing set).
+///
+/// # Errors
+/// [`ResultError::Redis`].
+pub async fn request_cancel(
+    redis: &mut ConnectionManager,
+    names: &Names,
+    job_id: &str,
+    ttl: Duration,
+) -> Result<bool, ResultError> {
+    match status(redis, names, job_id).await? {
+        Some(s) if !s.is_terminal() => {
+            let () = redis::cmd("SET")
+                .arg(names.cancel_key(job_id))
+                .arg(1)
+                .arg("EX")
+                .arg(ttl.as_secs().max(1))
+                .query_async(redis)
+                .await?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// True when a client asked for the job to be cancelled.
+///
+/// # Errors
+/// [`ResultError::Redis`].
+pub async fn cancel_requested(redis: &mut ConnectionManager, names: &Names, job_id: &str) -> Result<bool, ResultError> {
+    let exists: bool = redis::cmd("EXISTS").arg(names.cancel_key(job_id)).query_async(redis).await?;
+    Ok(exists)
 }

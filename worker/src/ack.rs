@@ -8,6 +8,7 @@
 //! | infrastructure failure, attempts left | `running` stays | nack + requeue |
 //! | infrastructure failure, last attempt | `internal_error` | reject, no requeue (dead-lettered) |
 //! | a terminal result already exists (duplicate delivery) | unchanged | ack |
+//! | killed by shutdown past its grace period | `running` stays | nack + requeue |
 //!
 //! The attempt counter is RabbitMQ's own `x-delivery-count` (quorum queues), so a worker that
 //! dies mid-job still counts as an attempt and there is only one counter.
@@ -34,6 +35,8 @@ pub enum Outcome {
     Stored,
     /// Bad input with no job id to store a result under.
     Unidentifiable,
+    /// The worker stopped the job because it is shutting down.
+    Interrupted,
     /// An infrastructure failure; `result_stored` when the final `internal_error` result was
     /// written.
     Infrastructure {
@@ -49,6 +52,7 @@ pub fn classify(outcome: &Outcome, max_attempts: u32) -> Disposition {
     match outcome {
         Outcome::Stored => Disposition::Ack,
         Outcome::Unidentifiable => Disposition::DeadLetter,
+        Outcome::Interrupted => Disposition::Requeue,
         Outcome::Infrastructure { attempt, final_result_stored } => {
             if *attempt >= max_attempts && *final_result_stored {
                 Disposition::DeadLetter

@@ -7,7 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, Consumer};
 use tokio::sync::watch;
@@ -53,12 +53,12 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
             let consumer = channel
                 .basic_consume(
                     settings.names.jobs_queue(*sku).into(),
-                    tag.into(),
+                    tag.clone().into(),
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
                 )
                 .await?;
-            slots.spawn(slot_loop(ctx.clone(), consumer, shutdown.clone(), channel));
+            slots.spawn(slot_loop(ctx.clone(), consumer, shutdown.clone(), channel, tag));
         }
     }
     info!(worker_id = %settings.worker_id, slots = slots.len(), "consuming");
@@ -88,7 +88,8 @@ async fn slot_loop(
     ctx: Context,
     mut consumer: Consumer,
     mut shutdown: watch::Receiver<bool>,
-    _channel: lapin::Channel,
+    channel: lapin::Channel,
+    tag: String,
 ) -> Result<(), lapin::Error> {
     loop {
         let delivery = tokio::select! {
@@ -98,6 +99,7 @@ async fn slot_loop(
         let delivery = match delivery {
             Some(Ok(d)) => d,
             Some(Err(e)) => return Err(e),
+            None if *shutdown.borrow() => return Ok(()),
             None => return Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
                 lapin::ChannelState::Closed,
                 "consumer cancelled",
@@ -109,6 +111,11 @@ async fn slot_loop(
             Outcome::Infrastructure { attempt: 0, final_result_stored: false }
         });
         let disposition = ack::classify(&outcome, ctx.settings.max_attempts);
+        if *shutdown.borrow() {
+            // Stop this consumer before settling, so that a requeued job is not handed straight
+            // back to a worker that is going away.
+            let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
+        }
         if let Err(e) = ack::settle(&delivery.acker, disposition).await {
             warn!(error = %e, ?disposition, "cannot settle delivery; the broker will redeliver it");
             return Err(e);

@@ -1,7 +1,9 @@
 //! One delivery through every stage: validate -> stage -> run -> collect -> publish, ending in
 //! an [`Outcome`] that [`crate::ack`] turns into ack, requeue or dead-letter.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use lapin::message::Delivery;
 use redis::aio::ConnectionManager;
@@ -26,7 +28,17 @@ pub struct Context {
     pub s3: aws_sdk_s3::Client,
     /// Redis (reconnects by itself).
     pub redis: ConnectionManager,
+    /// Becomes true when shutdown's grace period is over: running jobs are killed and requeued.
+    pub abort: tokio::sync::watch::Receiver<bool>,
 }
+
+/// How often a running job's cancel key is checked (a cancelled job dies within about this).
+pub const CANCEL_POLL: Duration = Duration::from_millis(250);
+
+/// Why a running container was stopped early.
+const STOP_NONE: u8 = 0;
+const STOP_CANCEL: u8 = 1;
+const STOP_SHUTDOWN: u8 = 2;
 
 /// Processes one delivery to its outcome. Never panics on bad input.
 pub async fn process(ctx: &Context, delivery: &Delivery) -> Outcome {
@@ -73,6 +85,8 @@ enum Failure {
     Rejected(String),
     /// sandq's fault; retried.
     Infrastructure(String),
+    /// Killed because the worker is shutting down; requeued without judging the job.
+    Interrupted,
 }
 
 async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
@@ -91,6 +105,27 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
     }
     let started_at_ms = now_ms();
     let who = Attempt { worker_id: ctx.settings.worker_id.clone(), number: attempt, started_at_ms };
+    if let Some(deadline) = job.spec.deadline_ms.filter(|d| *d < started_at_ms) {
+        let mut result = publish::base(&job, &who, JobStatus::Expired);
+        result.reason = Some(format!("its deadline passed {} ms before a worker took it", started_at_ms - deadline));
+        result.finished_at_ms = Some(now_ms());
+        info!("job expired in the queue");
+        return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
+    }
+    match results::cancel_requested(&mut redis, names, &job.spec.job_id).await {
+        Ok(true) => {
+            let mut result = publish::base(&job, &who, JobStatus::Cancelled);
+            result.reason = Some("cancelled before it started".into());
+            result.finished_at_ms = Some(now_ms());
+            info!("job cancelled while queued");
+            return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            error!(error = %e, "cannot read cancel key");
+            return Outcome::Infrastructure { attempt, final_result_stored: false };
+        }
+    }
     let mut running = publish::base(&job, &who, JobStatus::Running);
     running.started_at_ms = Some(started_at_ms);
     if let Err(e) = publish::publish(&mut redis, names, &running, job.result_ttl).await {
@@ -107,6 +142,10 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
             result.finished_at_ms = Some(now_ms());
             result
         }
+        Err(Failure::Interrupted) => {
+            info!("job interrupted by shutdown; requeueing");
+            return Outcome::Interrupted;
+        }
         Err(Failure::Infrastructure(reason)) => {
             error!(reason, "job failed on infrastructure");
             if attempt < ctx.settings.max_attempts {
@@ -120,9 +159,31 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
         }
     };
     info!(status = %result.status, exit_code = ?result.exit_code, artifacts = result.artifacts.len(), "job finished");
-    match store_terminal(ctx, &result, job.result_ttl).await {
+    store_or_retry(ctx, &result, job.result_ttl, attempt).await
+}
+
+async fn store_or_retry(ctx: &Context, result: &JobResult, ttl: Duration, attempt: u32) -> Outcome {
+    match store_terminal(ctx, result, ttl).await {
         Outcome::Stored => Outcome::Stored,
         _ => Outcome::Infrastructure { attempt, final_result_stored: false },
+    }
+}
+
+/// Resolves when the job's cancel key is set or the shutdown grace is over, recording which.
+async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
+    let mut redis = ctx.redis.clone();
+    let mut abort = ctx.abort.clone();
+    let cancelled = async {
+        loop {
+            tokio::time::sleep(CANCEL_POLL).await;
+            if results::cancel_requested(&mut redis, &ctx.settings.names, job_id).await.unwrap_or(false) {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = cancelled => reason.store(STOP_CANCEL, Ordering::SeqCst),
+        _ = abort.wait_for(|a| *a) => reason.store(STOP_SHUTDOWN, Ordering::SeqCst),
     }
 }
 
@@ -137,15 +198,24 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
             StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
             _ => Failure::Infrastructure(e.to_string()),
         })?;
+    let stop_reason = AtomicU8::new(STOP_NONE);
     let outcome = async {
-        let output = run::run(job, &dir, container_id, settings, sku.limits)
+        let stop = stop_signal(ctx, &job.spec.job_id, &stop_reason);
+        let output = run::run(job, &dir, container_id, settings, sku.limits, who.number, stop)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
         if let Exit::Failed { step, message } = &output.report.exit {
             return Err(Failure::Infrastructure(format!("sandbox {step} failed: {message}")));
         }
         if output.report.exit == Exit::Killed {
-            return Err(Failure::Infrastructure("sandbox killed by the worker".into()));
+            if stop_reason.load(Ordering::SeqCst) != STOP_CANCEL {
+                return Err(Failure::Interrupted);
+            }
+            let mut result = publish::finished(job, who, &output, collect::Collected::default(), sku.limits.memory_bytes);
+            result.status = JobStatus::Cancelled;
+            result.signal = Some("SIGKILL".into());
+            result.reason = Some("cancelled while running".into());
+            return Ok(result);
         }
         let r = &output.report;
         info!(create_us = r.create_us, start_us = r.start_us, delete_us = r.delete_us, wall_ms = r.wall_ms, "container cycle");

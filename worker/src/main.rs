@@ -75,12 +75,17 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
         .await
         .map_err(|e| anyhow::anyhow!("{:?}", e))
         .with_context(|| format!("cannot reach bucket {} at {}", settings.services.s3.bucket, settings.services.s3.endpoint))?;
-    let ctx = Context { settings: Arc::new(settings), s3, redis };
+    let (abort_tx, abort_rx) = tokio::sync::watch::channel(false);
+    let grace = settings.shutdown_grace;
+    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx };
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_shutdown_signal(exit_on_stdin_eof).await;
-        info!("shutting down: finishing in-flight jobs");
+        info!(grace = %humantime::format_duration(grace), "shutting down: no new jobs; finishing in-flight jobs");
         let _ = tx.send(true);
+        tokio::time::sleep(grace).await;
+        info!("shutdown grace over: killing and requeueing in-flight jobs");
+        let _ = abort_tx.send(true);
     });
     info!(worker_id = %ctx.settings.worker_id, rootfs = %ctx.settings.rootfs.display(), "worker started");
     sandq_worker::consume::run(ctx, rx).await;

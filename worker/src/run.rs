@@ -86,7 +86,7 @@ pub fn command(job: &ValidJob) -> Vec<String> {
 /// The program's environment: the sandbox's own variables, then the job's (validated not to
 /// override them). Nothing of the worker's environment (credentials, service addresses) is
 /// passed, except OpenBLAS's CPU-type overrides, which some hosts need for correct results.
-pub fn environment(job: &ValidJob, limits: &SandboxLimits) -> Vec<String> {
+pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32) -> Vec<String> {
     let threads = (limits.cpus.ceil() as u64).max(1);
     let mut env = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
@@ -100,6 +100,7 @@ pub fn environment(job: &ValidJob, limits: &SandboxLimits) -> Vec<String> {
         format!("OPENBLAS_NUM_THREADS={threads}"),
         format!("SANDQ_JOB_ID={}", job.spec.job_id),
         format!("SANDQ_SKU={}", job.spec.sku),
+        format!("SANDQ_ATTEMPT={attempt}"),
     ];
     for name in ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"] {
         if let Ok(value) = std::env::var(name) {
@@ -125,7 +126,9 @@ async fn capture(mut stream: impl AsyncRead + Unpin, cap: u64) -> Captured {
     }
 }
 
-/// Writes the bundle, runs the container to completion, and reads the helper's report.
+/// Writes the bundle, runs the container to completion, and reads the helper's report. When
+/// `stop` resolves first (cancellation, shutdown past its grace), the helper kills the container
+/// and the report's exit is [`crate::sandbox::Exit::Killed`].
 ///
 /// # Errors
 /// [`RunError`], all infrastructure failures; the program's own failures are in the report.
@@ -135,6 +138,8 @@ pub async fn run(
     container_id: &str,
     settings: &Settings,
     limits: SandboxLimits,
+    attempt: u32,
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<RunOutput, RunError> {
     let cgroups_path = format!("/sandq/{container_id}");
     let sandbox = JobSandbox {
@@ -143,7 +148,7 @@ pub async fn run(
         src_dir: &dir.src,
         cgroups_path: &cgroups_path,
         args: command(job),
-        env: environment(job, &limits),
+        env: environment(job, &limits, attempt),
         uid: settings.sandbox_uid,
         gid: settings.sandbox_uid,
         limits,
@@ -176,7 +181,20 @@ pub async fn run(
     let cap = settings.max_output_bytes;
     let stdout = tokio::spawn(capture(child.stdout.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdout pipe")))?, cap));
     let stderr = tokio::spawn(capture(child.stderr.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stderr pipe")))?, cap));
-    let status = match tokio::time::timeout(job.timeout + HELPER_GRACE, child.wait()).await {
+    let deadline = tokio::time::Instant::now() + job.timeout + HELPER_GRACE;
+    let exited = tokio::select! {
+        status = tokio::time::timeout_at(deadline, child.wait()) => Some(status),
+        () = stop => None,
+    };
+    let exited = match exited {
+        Some(exited) => exited,
+        None => {
+            // Cancelled or shutting down: the helper kills the container and reports `Killed`.
+            let _ = control.write_all(b"kill\n").await;
+            tokio::time::timeout_at(deadline, child.wait()).await
+        }
+    };
+    let status = match exited {
         Ok(status) => status.map_err(RunError::Helper)?,
         Err(_) => {
             let _ = child.kill().await;

@@ -72,6 +72,10 @@ pub struct RawWorker {
     pub userns_host_base: Option<u32>,
     /// Apply the seccomp allowlist (`oci-bundles/seccomp.json`); default true.
     pub seccomp: Option<bool>,
+    /// After SIGTERM, how long running jobs may go on before they are killed and requeued;
+    /// default `30s`. Keep it below the pod's `terminationGracePeriodSeconds`.
+    #[serde(default, with = "humantime_serde")]
+    pub shutdown_grace: Option<Duration>,
     /// Bytes of stdout and of stderr kept per job; default 1 MiB each.
     pub max_output_bytes: Option<u64>,
     /// Most artifacts per job; default 100.
@@ -167,6 +171,8 @@ pub struct Settings {
     pub id_map: Option<crate::sandbox::spec::IdMap>,
     /// Seccomp on.
     pub seccomp: bool,
+    /// Shutdown grace period.
+    pub shutdown_grace: Duration,
     /// Output cap per stream, bytes.
     pub max_output_bytes: u64,
     /// Artifact count cap.
@@ -285,6 +291,7 @@ impl RawConfig {
                 size: 65_536,
             }),
             seccomp: self.worker.seccomp.unwrap_or(true),
+            shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
             max_output_bytes: self.worker.max_output_bytes.unwrap_or(1 << 20),
             max_artifacts: self.worker.max_artifacts.unwrap_or(100),
             max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),

@@ -1,0 +1,153 @@
+//! Delivery guarantees with real workers that the tests start, stop and kill: cancellation,
+//! deadlines, unknown ids, graceful shutdown, and redelivery after a worker is SIGKILLed.
+
+use std::time::Duration;
+
+use sandq_schemas::{JobStatus, Sku};
+use sandq_submitter::client::now_ms;
+use sandq_tests::{exits_within, python_job, signal, wait, wait_for_status, Isolated};
+
+/// Sleeps `seconds` on the first delivery attempt, then prints its attempt number.
+fn sleeps_on_first_attempt(seconds: u32) -> String {
+    format!(
+        "import os, time\nprint('attempt', os.environ['SANDQ_ATTEMPT'], flush=True)\n\
+         if os.environ['SANDQ_ATTEMPT'] == '1':\n    time.sleep({seconds})\nprint('done')\n"
+    )
+}
+
+#[tokio::test]
+async fn a_running_job_is_cancelled_within_a_second() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[]);
+    let mut client = world.client().await;
+    let spec = python_job("import time\nprint('started', flush=True)\ntime.sleep(60)\n", Sku::S);
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = now_ms();
+    assert!(client.cancel(&spec.job_id).await.expect("cancel"));
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Cancelled, "{result:?}");
+    assert_eq!(result.stdout.text, "started\n", "output up to the kill is kept");
+    let took = result.finished_at_ms.expect("finished") - asked;
+    assert!(took < 5_000, "cancellation took {took} ms");
+    assert!(!client.cancel(&spec.job_id).await.expect("cancel"), "a finished job cannot be cancelled");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+#[tokio::test]
+async fn a_queued_job_is_cancelled_without_running() {
+    let world = Isolated::new().await;
+    // No worker yet: the job stays queued.
+    let mut client = world.client().await;
+    let spec = python_job("open('/work/ran', 'w').write('x')\nprint('ran')\n", Sku::S);
+    client.submit(&spec).await.expect("submit");
+    assert_eq!(client.status(&spec.job_id).await.expect("status").map(|r| r.status), Some(JobStatus::Queued));
+    assert!(client.cancel(&spec.job_id).await.expect("cancel"));
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[]);
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Cancelled);
+    assert!(result.usage.is_none() && result.stdout.text.is_empty() && result.artifacts.is_empty(), "it ran: {result:?}");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+#[tokio::test]
+async fn a_job_past_its_deadline_expires_unrun_and_unknown_ids_are_unknown() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[]);
+    let mut client = world.client().await;
+    let mut spec = python_job("print('ran')", Sku::S);
+    spec.deadline_ms = Some(now_ms() - 1);
+    client.submit(&spec).await.expect("submit");
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Expired);
+    assert!(result.stdout.text.is_empty());
+    let mut fresh = python_job("print('ran')", Sku::S);
+    fresh.deadline_ms = Some(now_ms() + 600_000);
+    let result = sandq_tests::run(&mut client, &fresh).await;
+    assert_eq!(result.status, JobStatus::Succeeded);
+    let unknown = uuid::Uuid::new_v4().to_string();
+    assert!(client.status(&unknown).await.expect("status").is_none(), "an unknown id must not look pending");
+    assert!(!client.cancel(&unknown).await.expect("cancel"));
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+#[tokio::test]
+async fn sigterm_finishes_the_job_in_flight_then_exits() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__SHUTDOWN_GRACE", "30s")]);
+    let mut client = world.client().await;
+    let spec = python_job("import time\ntime.sleep(2)\nprint('finished')\n", Sku::S);
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    signal(&worker, "TERM");
+    assert!(exits_within(&mut worker, Duration::from_secs(20)), "the worker did not exit after SIGTERM");
+    let result = client.status(&spec.job_id).await.expect("status").expect("result");
+    assert_eq!(result.status, JobStatus::Succeeded, "the in-flight job was not finished: {result:?}");
+    assert_eq!(result.stdout.text, "finished\n");
+    world.delete_queues().await;
+}
+
+#[tokio::test]
+async fn sigterm_past_the_grace_period_requeues_the_job() {
+    let world = Isolated::new().await;
+    let mut first = world.start_worker(&format!("{}-a", world.namespace), &[("SANDQ__WORKER__SHUTDOWN_GRACE", "1s")]);
+    let mut client = world.client().await;
+    let spec = python_job(&sleeps_on_first_attempt(60), Sku::S);
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    signal(&first, "TERM");
+    assert!(exits_within(&mut first, Duration::from_secs(20)), "the worker did not exit after its grace period");
+    let status = client.status(&spec.job_id).await.expect("status").map(|r| r.status);
+    assert_eq!(status, Some(JobStatus::Running), "an interrupted job has no terminal result");
+    let mut second = world.start_worker(&format!("{}-b", world.namespace), &[]);
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded);
+    assert_eq!(result.attempt, 2);
+    assert_eq!(result.stdout.text, "attempt 2\ndone\n");
+    assert_eq!(result.worker_id, Some(format!("{}-b", world.namespace)));
+    drop(second.stdin.take());
+    assert!(exits_within(&mut second, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+#[tokio::test]
+async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
+    let world = Isolated::new().await;
+    let mut first = world.start_worker(&format!("{}-a", world.namespace), &[]);
+    let mut client = world.client().await;
+    let spec = python_job(&sleeps_on_first_attempt(60), Sku::S);
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(&first, "KILL");
+    assert!(exits_within(&mut first, Duration::from_secs(5)));
+    // The orphaned helper sees its control pipe close and kills the container.
+    let started = std::time::Instant::now();
+    loop {
+        let left = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter(|e| std::fs::read_to_string(e.path().join("cgroup")).is_ok_and(|c| c.contains(&spec.job_id)))
+            .count();
+        if left == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{left} processes of the job outlived its worker");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut second = world.start_worker(&format!("{}-b", world.namespace), &[]);
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    assert_eq!(result.attempt, 2, "redelivered once");
+    assert_eq!(result.stdout.text, "attempt 2\ndone\n");
+    drop(second.stdin.take());
+    assert!(exits_within(&mut second, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
