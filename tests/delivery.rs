@@ -151,3 +151,70 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
     assert!(exits_within(&mut second, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// Random and mutated MessagePack bodies through the real broker: every message ends as a
+/// terminal result (when a job id can be read from the body or `message_id`) or in the
+/// dead-letter queue, the worker never crashes or stalls, and the next job runs.
+#[tokio::test]
+async fn fuzzed_messages_each_end_as_a_result_or_dead_letter() {
+    use rand::{Rng, SeedableRng};
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[]);
+    let mut client = world.client().await;
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let valid = sandq_schemas::encode(&python_job("print(1)", Sku::S)).expect("encode");
+    let mut expect_results = Vec::new();
+    let mut expect_dead = 0usize;
+    let publisher = sandq_tests::RawPublisher::new(&world.config).await;
+    const MESSAGES: usize = 2000;
+    for i in 0..MESSAGES {
+        let mut body: Vec<u8> = if i % 3 == 0 {
+            (0..rng.random_range(0..200)).map(|_| rng.random()).collect()
+        } else {
+            let mut b = valid.clone();
+            for _ in 0..rng.random_range(1..6) {
+                let at = rng.random_range(0..b.len());
+                match rng.random_range(0..3) {
+                    0 => b[at] = rng.random(),
+                    1 => b.truncate(at.max(1)),
+                    _ => b.insert(at, rng.random()),
+                }
+            }
+            b
+        };
+        if body.is_empty() {
+            body.push(0xc1);
+        }
+        let message_id = (i % 2 == 0).then(|| format!("fuzz-{seed:x}-{i}"));
+        // Where the result must land: the body's own job id if it has a readable one, else the
+        // message id, else nowhere (dead-lettered).
+        match sandq_schemas::peek_job_id(&body).or_else(|| message_id.clone()) {
+            Some(id) => expect_results.push(id),
+            None => expect_dead += 1,
+        }
+        publisher.publish(&body, Sku::S, message_id.as_deref()).await;
+    }
+    // Duplicate ids (the same valid body mutated twice) have one result: count distinct ids.
+    expect_results.sort();
+    expect_results.dedup();
+    let started = std::time::Instant::now();
+    for id in &expect_results {
+        loop {
+            let status = client.status(id).await.expect("status").map(|r| r.status);
+            if status.is_some_and(JobStatus::is_terminal) {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(300), "seed {seed:x}: no terminal result for {id} ({status:?})");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let dead = sandq_tests::dead_letter_count(&world.config, expect_dead, Duration::from_secs(60)).await;
+    assert_eq!(dead, expect_dead, "seed {seed:x}: dead-lettered messages");
+    assert!(matches!(worker.try_wait(), Ok(None)), "seed {seed:x}: the worker died");
+    let result = sandq_tests::run(&mut client, &python_job("print('still fine')", Sku::S)).await;
+    assert_eq!(result.stdout.text, "still fine\n");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}

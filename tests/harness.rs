@@ -155,29 +155,52 @@ pub async fn wait(client: &mut Client, job_id: &str) -> JobResult {
 
 /// Publishes raw bytes to a SKU's queue, bypassing the client's encoding and validation.
 pub async fn publish_raw(body: &[u8], sku: Sku, message_id: Option<&str>) {
-    let config = service_config();
-    let names = sandq_schemas::names::Names::new(namespace());
-    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
-    let channel = connection.create_channel().await.expect("channel");
-    channel.confirm_select(Default::default()).await.expect("confirms");
-    let mut properties = BasicProperties::default().with_delivery_mode(2);
-    if let Some(id) = message_id {
-        properties = properties.with_message_id(id.into());
+    publish_raw_to(&service_config(), body, sku, message_id).await;
+}
+
+/// [`publish_raw`] in the namespace of `config`.
+pub async fn publish_raw_to(config: &ServiceConfig, body: &[u8], sku: Sku, message_id: Option<&str>) {
+    RawPublisher::new(config).await.publish(body, sku, message_id).await;
+}
+
+/// Publishes raw bytes (with confirms) on one channel, bypassing the client's encoding and
+/// validation.
+pub struct RawPublisher {
+    _connection: Connection,
+    channel: lapin::Channel,
+    names: sandq_schemas::names::Names,
+}
+
+impl RawPublisher {
+    /// Connects in the namespace of `config`.
+    pub async fn new(config: &ServiceConfig) -> Self {
+        let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+        let channel = connection.create_channel().await.expect("channel");
+        channel.confirm_select(Default::default()).await.expect("confirms");
+        RawPublisher { _connection: connection, channel, names: sandq_schemas::names::Names::new(config.namespace.clone()) }
     }
-    let confirm = channel
-        .basic_publish(
-            names.jobs_exchange().into(),
-            names.routing_key(sku).into(),
-            BasicPublishOptions { mandatory: true, ..Default::default() },
-            body,
-            properties,
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
-    assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "broker refused raw message: {confirm:?}");
-    let _ = connection.close(200, "done".into()).await;
+
+    /// Publishes `body` to `sku`'s queue and waits for the broker's confirm.
+    pub async fn publish(&self, body: &[u8], sku: Sku, message_id: Option<&str>) {
+        let mut properties = BasicProperties::default().with_delivery_mode(2);
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(id.into());
+        }
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.names.jobs_exchange().into(),
+                self.names.routing_key(sku).into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                body,
+                properties,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
+        assert!(matches!(confirm, lapin::Confirmation::Ack(None)), "broker refused raw message: {confirm:?}");
+    }
 }
 
 /// A namespace of its own, for tests that start and kill their own workers.
@@ -264,4 +287,28 @@ pub fn exits_within(child: &mut Child, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     false
+}
+
+/// Waits (up to `limit`) until the dead-letter queue of `config`'s namespace holds `expected`
+/// messages, and returns how many it holds then.
+pub async fn dead_letter_count(config: &ServiceConfig, expected: usize, limit: Duration) -> usize {
+    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    let names = sandq_schemas::names::Names::new(config.namespace.clone());
+    let started = std::time::Instant::now();
+    loop {
+        let queue = channel
+            .queue_declare(
+                names.dead_letter_queue().into(),
+                lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+                Default::default(),
+            )
+            .await
+            .expect("dead-letter queue");
+        let count = queue.message_count() as usize;
+        if count >= expected || started.elapsed() > limit {
+            return count;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

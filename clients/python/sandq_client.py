@@ -35,6 +35,10 @@ if cur == 3 or new < cur or (new == 1 and cur == 1) then
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+if new == 3 and KEYS[2] then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+end
 return 1
 """
 
@@ -81,22 +85,25 @@ def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namesp
     queued = {"schema_version": SCHEMA_VERSION, "job_id": job_id, "status": "queued", "sku": sku,
               "queued_at_ms": now_ms, "attempt": 0}
     r = redis.Redis.from_url(redis_url)
-    r.eval(CAS_SCRIPT, 1, f"{namespace}:job:{job_id}", "queued", msgpack.packb(queued, use_bin_type=True), 86400)
+    key = f"{namespace}:job:{job_id}"
+    r.eval(CAS_SCRIPT, 2, key, key + ":done", "queued", msgpack.packb(queued, use_bin_type=True), 86400)
     return job_id
 
 
-def wait(job_id, *, namespace="sandq", redis_url="redis://127.0.0.1:6379/0", timeout_s=120.0, interval_s=0.1):
+def wait(job_id, *, namespace="sandq", redis_url="redis://127.0.0.1:6379/0", timeout_s=120.0, block_s=1.0):
+    """Reads the result; blocks on the job's done list (BLPOP) between reads."""
     r = redis.Redis.from_url(redis_url)
+    key = f"{namespace}:job:{job_id}"
     deadline = time.monotonic() + timeout_s
     while True:
-        raw = r.hget(f"{namespace}:job:{job_id}", "result")
+        raw = r.hget(key, "result")
         if raw is not None:
             result = msgpack.unpackb(raw, raw=False)
             if result["status"] in TERMINAL:
                 return result
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} did not finish within {timeout_s} s")
-        time.sleep(interval_s)
+        r.blpop([key + ":done"], timeout=block_s)
 
 
 def main():

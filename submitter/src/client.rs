@@ -133,27 +133,17 @@ impl Client {
     pub async fn submit(&mut self, spec: &JobSpec) -> Result<(), ClientError> {
         let valid = spec.clone().validate(&sandq_schemas::Limits::default())?;
         let body = sandq_schemas::encode(spec)?;
-        let mut headers = FieldTable::default();
-        headers.insert("schema_version".into(), AMQPValue::LongUInt(SCHEMA_VERSION));
-        let properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type(CONTENT_TYPE.into())
-            .with_message_id(spec.job_id.clone().into())
-            .with_timestamp(now_ms() / 1000)
-            .with_type("sandq.job".into())
-            .with_app_id("sandq-submitter".into())
-            .with_headers(headers);
-        let confirm = self
-            .channel
-            .basic_publish(
-                self.names.jobs_exchange().into(),
-                self.names.routing_key(spec.sku).into(),
-                BasicPublishOptions { mandatory: true, ..Default::default() },
-                &body,
-                properties,
-            )
-            .await?
-            .await?;
+        // One reconnect, for a broker that restarted since we connected. Should the first
+        // publish have reached the broker with only its confirm lost, the job is queued twice:
+        // at-least-once execution and the result's compare-and-set absorb that.
+        let confirm = match self.publish(spec, &body).await {
+            Err(ClientError::Broker(e)) => {
+                tracing::warn!(error = %e, "publish failed; reconnecting to the broker once");
+                self.reconnect().await?;
+                self.publish(spec, &body).await?
+            }
+            other => other?,
+        };
         match confirm {
             Confirmation::Ack(None) => {}
             Confirmation::Ack(Some(returned)) => {
@@ -176,6 +166,40 @@ impl Client {
         queued.sku = Some(spec.sku);
         queued.queued_at_ms = spec.submitted_at_ms;
         results::write(&mut self.redis, &self.names, &queued, valid.result_ttl).await?;
+        Ok(())
+    }
+
+    async fn publish(&self, spec: &JobSpec, body: &[u8]) -> Result<Confirmation, ClientError> {
+        let mut headers = FieldTable::default();
+        headers.insert("schema_version".into(), AMQPValue::LongUInt(SCHEMA_VERSION));
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type(CONTENT_TYPE.into())
+            .with_message_id(spec.job_id.clone().into())
+            .with_timestamp(now_ms() / 1000)
+            .with_type("sandq.job".into())
+            .with_app_id("sandq-submitter".into())
+            .with_headers(headers);
+        Ok(self
+            .channel
+            .basic_publish(
+                self.names.jobs_exchange().into(),
+                self.names.routing_key(spec.sku).into(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                body,
+                properties,
+            )
+            .await?
+            .await?)
+    }
+
+    async fn reconnect(&mut self) -> Result<(), ClientError> {
+        let connection = Connection::connect(&self.config.amqp.url, ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        topology::declare(&channel, &self.names, self.config.amqp.delivery_limit).await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        self._connection = connection;
+        self.channel = channel;
         Ok(())
     }
 
@@ -204,7 +228,16 @@ impl Client {
         let started = Instant::now();
         let mut last: Option<Option<JobStatus>> = None;
         loop {
-            let current = self.status(job_id).await?;
+            let current = match self.status(job_id).await {
+                Ok(current) => current,
+                // Redis restarting: the connection manager reconnects; keep waiting.
+                Err(e) if started.elapsed() < timeout => {
+                    tracing::warn!(error = %e, "cannot read the result yet; retrying");
+                    tokio::time::sleep(interval).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let status = current.as_ref().map(|r| r.status);
             if last != Some(status) {
                 on_change(status);
@@ -228,17 +261,23 @@ impl Client {
         if self.blocking.is_none() {
             let client = redis::Client::open(self.config.redis.url.as_str()).map_err(results::ResultError::from)?;
             let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-            let connection =
-                client.get_multiplexed_async_connection_with_config(&config).await.map_err(results::ResultError::from)?;
-            self.blocking = Some(connection);
+            match client.get_multiplexed_async_connection_with_config(&config).await {
+                Ok(connection) => self.blocking = Some(connection),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot connect to redis for BLPOP; retrying");
+                    tokio::time::sleep(block).await;
+                    return Ok(());
+                }
+            }
         }
         let Some(connection) = self.blocking.as_mut() else { return Ok(()) };
         let popped: redis::RedisResult<Option<(String, String)>> =
             redis::cmd("BLPOP").arg(self.names.done_key(job_id)).arg(block.as_secs_f64()).query_async(connection).await;
         if let Err(e) = popped {
             // Drop the connection; the next wait makes a new one.
+            tracing::warn!(error = %e, "BLPOP failed; reconnecting");
             self.blocking = None;
-            return Err(results::ResultError::from(e).into());
+            tokio::time::sleep(block).await;
         }
         Ok(())
     }

@@ -150,3 +150,14 @@ pub async fn cancel_requested(redis: &mut ConnectionManager, names: &Names, job_
     let exists: bool = redis::cmd("EXISTS").arg(names.cancel_key(job_id)).query_async(redis).await?;
     Ok(exists)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The script other languages copy (docs/protocol.md, the Python client) is this one.
+    #[test]
+    fn documented_script_is_the_one_in_use() {
+        let script = super::CAS_SCRIPT.trim();
+        assert!(include_str!("../../docs/protocol.md").contains(script), "docs/protocol.md has another CAS script");
+        assert!(include_str!("../../clients/python/sandq_client.py").contains(script), "the Python client has another CAS script");
+    }
+}

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-use crate::ack::{self, Outcome};
+use crate::ack::{self, Disposition, Outcome};
 use crate::job::{self, Context};
 
 /// Consumes until `shutdown` becomes true; then stops taking deliveries, lets every in-flight
@@ -25,9 +25,13 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
         if *shutdown.borrow() {
             return;
         }
+        let connected_at = std::time::Instant::now();
         match serve(&ctx, shutdown.clone()).await {
             Ok(()) => return,
             Err(e) => {
+                if connected_at.elapsed() > Duration::from_secs(30) {
+                    backoff = Duration::from_millis(200);
+                }
                 error!(error = %e, "broker connection lost; reconnecting in {backoff:?}");
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
@@ -111,6 +115,15 @@ async fn slot_loop(
             Outcome::Infrastructure { attempt: 0, final_result_stored: false }
         });
         let disposition = ack::classify(&outcome, ctx.settings.max_attempts);
+        if let (Disposition::Requeue, Outcome::Infrastructure { attempt, .. }) = (disposition, &outcome) {
+            // Back off before handing the job back: a storage outage must not burn its
+            // attempts in a tight loop (1 s, 2 s, 4 s ... at most 30 s).
+            let delay = Duration::from_secs(1u64 << attempt.saturating_sub(1).min(5)).min(Duration::from_secs(30));
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
         if *shutdown.borrow() {
             // Stop this consumer before settling, so that a requeued job is not handed straight
             // back to a worker that is going away.

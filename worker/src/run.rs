@@ -173,7 +173,10 @@ pub async fn run(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        // Not kill_on_drop: if this future is dropped (the job task aborted), closing the
+        // control pipe makes the helper kill, reap and delete the container; a SIGKILLed helper
+        // would leave it running.
+        .kill_on_drop(false)
         .spawn()
         .map_err(RunError::Helper)?;
     let mut control = child.stdin.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdin pipe")))?;
