@@ -88,6 +88,10 @@ EOF
 fi
 garage() { "$garage_bin" -c "$garage_conf" "$@"; }
 if ! wait_port 3900 0; then
+  # A garage without its S3 listener (still shutting down, or it lost the port to one that
+  # was) would hold the RPC port and never serve: kill it before starting a new one.
+  pkill -KILL -f "$garage_bin -c $garage_conf server" 2>/dev/null || true
+  for _ in $(seq 1 50); do pgrep -f "$garage_bin -c $garage_conf server" >/dev/null || break; sleep 0.1; done
   log "starting garage"
   nohup "$garage_bin" -c "$garage_conf" server >>"$garage_dir/garage.log" 2>&1 &
   wait_port 3900 60 || { log "garage did not start; see $garage_dir/garage.log"; exit 1; }

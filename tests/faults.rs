@@ -1,11 +1,15 @@
-//! Infrastructure faults: the broker restarted while jobs run. Its own test binary, because it
-//! restarts the machine's RabbitMQ (cargo runs test binaries one after another).
+//! Infrastructure faults: the broker restarted while jobs run, and a short chaos run. Its own
+//! test binary, because it restarts the machine's RabbitMQ (cargo runs test binaries one after
+//! another); its tests take turns.
 
 use std::process::Command;
 use std::time::Duration;
 
 use sandq_schemas::{JobStatus, Sku};
-use sandq_tests::{exits_within, python_job, wait, wait_for_status, Isolated};
+use sandq_tests::{bin_dir, exits_within, python_job, repo_root, wait, wait_for_status, Isolated};
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
 
 fn rabbitmqctl(args: &[&str]) {
     let status = Command::new("rabbitmqctl").args(args).status().expect("rabbitmqctl");
@@ -14,6 +18,7 @@ fn rabbitmqctl(args: &[&str]) {
 
 #[tokio::test]
 async fn a_broker_restart_loses_no_job() {
+    let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
     let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[]);
     let mut client = world.client().await;
@@ -39,6 +44,65 @@ async fn a_broker_restart_loses_no_job() {
     let spec = python_job("print('after the restart')", Sku::S);
     let result = sandq_tests::run(&mut client, &spec).await;
     assert_eq!(result.stdout.text, "after the restart\n");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+/// The CI-sized chaos run (`sandq-loadtest`; the full one is in docs/benchmarks.md): 60 jobs
+/// through 3 workers, one SIGKILLed and restarted every 3 s, RabbitMQ restarted once and the
+/// run's Redis restarted once. Every job must end with exactly one terminal result.
+#[tokio::test]
+async fn a_short_chaos_run_loses_no_job() {
+    let _serial = SERIAL.lock().await;
+    let output = tokio::process::Command::new(bin_dir().join("sandq-loadtest"))
+        .args(["--jobs", "60", "--workers", "3", "--rate", "10", "--kill-every", "3s"])
+        .args(["--broker-restart-at", "4s", "--redis-restart-at", "7s", "--timeout", "5m", "--json"])
+        .output()
+        .await
+        .expect("sandq-loadtest");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("no report ({e}): {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
+    assert_eq!(report["submitted"], 60, "{report}");
+    assert_eq!(report["lost"], 0, "{report}");
+    assert_eq!(report["wrong_output"], 0, "{report}");
+    assert_eq!(report["succeeded"], 60, "every job of this run should succeed: {report}");
+    assert!(report["worker_kills"].as_u64().unwrap_or(0) >= 1, "{report}");
+    assert_eq!(report["broker_restarts"], 1, "{report}");
+    assert_eq!(report["redis_restarts"], 1, "{report}");
+    assert!(output.status.success());
+}
+
+/// S3 (Garage) down while a job stages its input: the job waits out the outage (the S3
+/// client's retries, then requeues with backoff) and succeeds once S3 is back.
+#[tokio::test]
+async fn an_s3_outage_delays_jobs_but_loses_none() {
+    let _serial = SERIAL.lock().await;
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__MAX_ATTEMPTS", "4")]);
+    let mut client = world.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("numbers.txt");
+    std::fs::write(&data, format!("{}\n", uuid::Uuid::new_v4())).expect("write");
+    let input = client.upload(&data, "numbers.txt").await.expect("upload");
+    let expected = std::fs::read_to_string(&data).expect("read");
+    // SIGKILL: an outage as a crash (a SIGTERMed Garage lingers up to 10 s draining).
+    let stopped = Command::new("pkill").args(["-KILL", "-f", "garage -c .* server"]).status().expect("pkill");
+    assert!(stopped.success(), "garage was not running");
+    let mut spec = python_job("print(open('numbers.txt').read(), end='')", Sku::S);
+    spec.inputs = vec![input];
+    client.submit(&spec).await.expect("submit");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let restarting_ms = sandq_submitter::client::now_ms();
+    let restarted = Command::new(repo_root().join("scripts/services.sh")).stderr(std::process::Stdio::null()).status().expect("services.sh");
+    assert!(restarted.success(), "garage did not come back");
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    // Staging needed S3, so the job can only have finished after Garage came back (the S3
+    // client's own retries or a requeue with backoff bridged the outage).
+    assert!(result.finished_at_ms.expect("finished") > restarting_ms, "finished during the outage? {result:?}");
+    assert_eq!(result.stdout.text, expected);
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
