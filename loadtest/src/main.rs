@@ -128,7 +128,7 @@ impl Drop for OwnRedis {
 
 fn spawn_worker(bin_dir: &std::path::Path, config: &ServiceConfig, id: &str) -> anyhow::Result<Child> {
     let log = std::fs::File::create(std::env::temp_dir().join(format!("{id}.log")))?;
-    Ok(Command::new(bin_dir.join("sandq-worker"))
+    Command::new(bin_dir.join("sandq-worker"))
         .arg("--exit-on-stdin-eof")
         .env("SANDQ__NAMESPACE", &config.namespace)
         .env("SANDQ__REDIS__URL", &config.redis.url)
@@ -138,7 +138,7 @@ fn spawn_worker(bin_dir: &std::path::Path, config: &ServiceConfig, id: &str) -> 
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .context("sandq-worker")?)
+        .context("sandq-worker")
 }
 
 fn rabbitmqctl(args: &[&str]) -> anyhow::Result<()> {
