@@ -218,3 +218,40 @@ async fn fuzzed_messages_each_end_as_a_result_or_dead_letter() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// A job the broker cannot route (its SKU queue is gone) is not reported as queued: the client
+/// gets an error and the job id stays unknown.
+#[tokio::test]
+async fn an_unroutable_job_is_refused_not_queued() {
+    let world = Isolated::new().await;
+    let mut client = world.client().await;
+    world.delete_queues().await;
+    let spec = python_job("print(1)", Sku::M);
+    let err = client.submit(&spec).await.expect_err("an unroutable job must be refused");
+    assert!(matches!(err, sandq_submitter::ClientError::NotAccepted { .. }), "{err}");
+    assert!(client.status(&spec.job_id).await.expect("status").is_none(), "reported as queued");
+}
+
+/// A second delivery of a finished job (a duplicate publish) is acked without running again,
+/// and the terminal result does not change.
+#[tokio::test]
+async fn a_duplicate_delivery_does_not_run_again() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[]);
+    let mut client = world.client().await;
+    let spec = python_job("import uuid\nprint(uuid.uuid4())\n", Sku::S);
+    let first = sandq_tests::run(&mut client, &spec).await;
+    assert_eq!(first.status, JobStatus::Succeeded);
+    let publisher = sandq_tests::RawPublisher::new(&world.config).await;
+    publisher.publish(&sandq_schemas::encode(&spec).expect("encode"), Sku::S, Some(&spec.job_id)).await;
+    // A marker job behind it on the same queue: when it is done, the duplicate was handled.
+    let marker = sandq_tests::run(&mut client, &python_job("print('marker')", Sku::S)).await;
+    assert_eq!(marker.status, JobStatus::Succeeded);
+    let after = client.status(&spec.job_id).await.expect("status").expect("result");
+    assert_eq!(after, first, "the terminal result changed");
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!("sandq-{}-w-worker.log", world.namespace))).expect("log");
+    assert!(log.contains("already has a terminal result"), "the duplicate was not recognised");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
