@@ -241,3 +241,29 @@ async fn python_client_round_trip() {
     assert_eq!(result["stdout"]["text"], "55\n");
     assert_eq!(result["sku"], "S");
 }
+
+#[tokio::test]
+async fn node_jobs_report_output_stack_traces_and_exit_codes() {
+    let mut client = client().await;
+    let node = |code: &str| {
+        let mut spec = python_job(code, Sku::S);
+        spec.runtime = sandq_schemas::Runtime::Node;
+        spec
+    };
+    let result = run(
+        &mut client,
+        &node("const os = require('os');\nconsole.log(process.version.split('.')[0], os.platform());\nfunction boom() { throw new Error('kaboom'); }\nboom();\n"),
+    )
+    .await;
+    assert_eq!(result.status, JobStatus::Failed);
+    assert_eq!(result.exit_code, Some(1));
+    let major: u32 = result.stdout.text.trim_start_matches('v').split(' ').next().and_then(|v| v.parse().ok()).expect("node version");
+    assert!(major >= 20, "Node.js 20+ required, got {}", result.stdout.text);
+    assert!(result.stdout.text.ends_with(" linux\n"));
+    assert!(result.stderr.text.contains("Error: kaboom"), "{}", result.stderr.text);
+    assert!(result.stderr.text.contains("at boom (/sandq/main.js:3:"), "stack trace with the user's line: {}", result.stderr.text);
+    // An ES module, a built-in module, and an exit code.
+    let result = run(&mut client, &node("import { createHash } from 'node:crypto';\nconsole.log(createHash('sha256').update('abc').digest('hex'));\nprocess.exit(4);\n")).await;
+    assert_eq!(result.exit_code, Some(4));
+    assert_eq!(result.stdout.text, format!("{}\n", hex::encode(Sha256::digest(b"abc"))));
+}

@@ -2,8 +2,8 @@
 //! asserting what its header says, then that nothing of the job is left on the host and that the
 //! next ordinary job still runs. Run one at a time (they measure the host).
 //!
-//! Not here yet, because sandq does not meet them yet (issue 3): `disk_fill.py` (no per-job disk
-//! quota), `nonutf8_output.py` (output is decoded lossily), `leave_secret.py` (sessions).
+//! Not here yet, because sandq does not meet them yet: `disk_fill.py` (no per-job disk quota,
+//! issue 3), `leave_secret.py` (sessions, issue 5).
 
 use std::path::Path;
 
@@ -265,9 +265,13 @@ async fn stdout_flood_is_truncated_and_bounded() {
     assert_eq!(result.status, JobStatus::Succeeded);
     assert!(result.stdout.truncated);
     assert_eq!(result.stdout.total_bytes, 2 * 1024 * 1024 * 1024, "every byte is counted");
-    assert_eq!(result.stdout.text.len(), 1 << 20, "kept up to the 1 MiB cap");
+    assert_eq!(result.stdout.text.len(), 64 << 10, "inlined up to the 64 KiB cap");
+    assert_eq!(result.stdout.log_bytes, 8 << 20, "kept in S3 up to the 8 MiB cap");
+    let log = client.fetch_log(result.stdout.log_key.as_deref().expect("log key"), result.stdout.log_bytes).await.expect("log");
+    let line = format!("{}\n", "x".repeat(1023));
+    assert_eq!(log, line.repeat(8 * 1024).into_bytes(), "the stored log is the program's first 8 MiB");
     let stored = sandq_schemas::encode(&result).expect("encode").len();
-    assert!(stored < (1 << 20) + (64 << 10), "result in Redis is {stored} bytes");
+    assert!(stored < 128 << 10, "result in Redis is {stored} bytes");
 }
 
 #[tokio::test]
@@ -293,4 +297,17 @@ async fn many_files_are_capped_and_counted() {
     assert!(result.skipped_artifacts.iter().all(|s| s.reason == "too_many"));
     let stored = sandq_schemas::encode(&result).expect("encode").len();
     assert!(stored < 64 << 10, "result in Redis is {stored} bytes");
+}
+
+#[tokio::test]
+async fn non_utf8_output_is_kept_exactly() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let result = run_case(&mut client, "nonutf8_output.py", "30s", None).await;
+    assert_eq!(result.status, JobStatus::Succeeded);
+    for (stream, expected) in [(&result.stdout, &b"ok \xff\xfe\x00 end\n"[..]), (&result.stderr, &b"\x80\x81 err\n"[..])] {
+        assert!(stream.lossy, "invalid UTF-8 must be flagged");
+        let log = client.fetch_log(stream.log_key.as_deref().expect("log key"), stream.log_bytes).await.expect("log");
+        assert_eq!(log, expected, "the stored bytes are exact");
+    }
 }

@@ -84,3 +84,8 @@ pub fn input_key(sha256_hex: &str) -> String {
 pub fn artifact_key(job_id: &str, path: &str) -> String {
     format!("jobs/{job_id}/artifacts/{path}")
 }
+
+/// S3 key of a job's captured stream: `jobs/<job_id>/stdout` or `jobs/<job_id>/stderr`.
+pub fn log_key(job_id: &str, stream: &str) -> String {
+    format!("jobs/{job_id}/{stream}")
+}

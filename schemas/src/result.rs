@@ -148,16 +148,27 @@ impl JobResult {
     }
 }
 
-/// A captured output stream (stdout or stderr).
+/// A captured output stream (stdout or stderr): a small inline part for display, and the
+/// exact bytes (up to a larger cap) in S3.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapturedOutput {
-    /// The first bytes of the stream, at most the worker's `max_output_bytes`, decoded as UTF-8
-    /// with invalid sequences replaced by U+FFFD.
+    /// The first bytes of the stream, at most the worker's `max_inline_output_bytes` (64 KiB),
+    /// decoded as UTF-8; invalid sequences are replaced by U+FFFD (then `lossy` is true).
     pub text: String,
     /// Bytes the program wrote to the stream in all (may exceed what `text` holds).
     pub total_bytes: u64,
-    /// True when `text` holds less than `total_bytes` (the cap was reached).
+    /// True when `text` holds less than `total_bytes`.
     pub truncated: bool,
+    /// True when the stored bytes are not valid UTF-8, so `text` is not exact: read the log.
+    #[serde(default)]
+    pub lossy: bool,
+    /// S3 key of the stream's exact bytes (`jobs/<job_id>/stdout` or `stderr`), up to the
+    /// worker's `max_output_bytes` (8 MiB); `None` when the stream was empty.
+    #[serde(default)]
+    pub log_key: Option<String>,
+    /// Bytes stored at `log_key`.
+    #[serde(default)]
+    pub log_bytes: u64,
 }
 
 /// A file the program left under `/work`, stored in S3.

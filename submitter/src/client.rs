@@ -291,6 +291,30 @@ impl Client {
         Ok(results::request_cancel(&mut self.redis, &self.names, job_id, Duration::from_secs(7 * 24 * 3600)).await?)
     }
 
+    /// Reads a stored stream (`CapturedOutput::log_key`) of at most `log_bytes` bytes.
+    ///
+    /// # Errors
+    /// [`ClientError::Transfer`].
+    pub async fn fetch_log(&self, key: &str, log_bytes: u64) -> Result<Vec<u8>, ClientError> {
+        let response = self
+            .s3
+            .get_object()
+            .bucket(&self.config.s3.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| storage::TransferError::Request { key: key.to_owned(), message: e.to_string() })?;
+        let mut body = response.body;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.try_next().await.map_err(|e| storage::TransferError::Request { key: key.to_owned(), message: e.to_string() })? {
+            if (bytes.len() + chunk.len()) as u64 > log_bytes {
+                return Err(storage::TransferError::Size { key: key.to_owned(), found: (bytes.len() + chunk.len()) as u64, expected: log_bytes }.into());
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    }
+
     /// Downloads an artifact into `dir`, at its path relative to `/work`, checking its size
     /// and SHA-256. Returns the local path.
     ///

@@ -151,6 +151,22 @@ pub async fn put_file(
     Ok(())
 }
 
+/// Uploads `bytes` to `key` with `content_type`.
+///
+/// # Errors
+/// [`TransferError::Request`].
+pub async fn put_bytes(s3: &Client, bucket: &str, key: &str, bytes: Vec<u8>, content_type: &str) -> Result<(), TransferError> {
+    s3.put_object()
+        .bucket(bucket)
+        .key(key)
+        .content_type(content_type)
+        .body(ByteStream::from(bytes))
+        .send()
+        .await
+        .map_err(|e| request_error(key, e))?;
+    Ok(())
+}
+
 /// True when `key` exists in `bucket`.
 ///
 /// # Errors

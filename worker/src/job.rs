@@ -211,7 +211,9 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
             if stop_reason.load(Ordering::SeqCst) != STOP_CANCEL {
                 return Err(Failure::Interrupted);
             }
-            let mut result = publish::finished(job, who, &output, collect::Collected::default(), sku.limits.memory_bytes);
+            let logs = store_logs(ctx, job, &output).await?;
+            let mut result =
+                publish::finished(job, who, &output, collect::Collected::default(), sku.limits.memory_bytes, &logs);
             result.status = JobStatus::Cancelled;
             result.signal = Some("SIGKILL".into());
             result.reason = Some("cancelled while running".into());
@@ -222,9 +224,31 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
         let collected = collect::collect(job, &dir.work, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
-        Ok(publish::finished(job, who, &output, collected, sku.limits.memory_bytes))
+        let logs = store_logs(ctx, job, &output).await?;
+        Ok(publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs))
     }
     .await;
     dir.remove();
     outcome
+}
+
+/// Stores the captured streams' exact bytes in S3 (`jobs/<id>/stdout`, `jobs/<id>/stderr`).
+async fn store_logs(ctx: &Context, job: &ValidJob, output: &run::RunOutput) -> Result<publish::Logs, Failure> {
+    let bucket = &ctx.settings.services.s3.bucket;
+    let mut logs = publish::Logs { inline_cap: ctx.settings.max_inline_output_bytes, ..Default::default() };
+    for (stream, captured) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+        if captured.bytes.is_empty() {
+            continue;
+        }
+        let key = sandq_schemas::names::log_key(&job.spec.job_id, stream);
+        sandq_submitter::storage::put_bytes(&ctx.s3, bucket, &key, captured.bytes.clone(), "application/octet-stream")
+            .await
+            .map_err(|e| Failure::Infrastructure(format!("cannot store {stream}: {e}")))?;
+        if stream == "stdout" {
+            logs.stdout_key = Some(key);
+        } else {
+            logs.stderr_key = Some(key);
+        }
+    }
+    Ok(logs)
 }

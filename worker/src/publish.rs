@@ -12,12 +12,36 @@ use crate::collect::Collected;
 use crate::run::{Captured, RunOutput};
 use crate::sandbox::Exit;
 
-fn output(captured: &Captured) -> CapturedOutput {
-    CapturedOutput {
-        text: String::from_utf8_lossy(&captured.bytes).into_owned(),
-        total_bytes: captured.total,
-        truncated: captured.truncated(),
+/// The inline part of a stream: at most `inline_cap` bytes, cut back to a character boundary
+/// when the bytes are valid UTF-8 (so a cut never invents a U+FFFD).
+pub fn output(captured: &Captured, inline_cap: u64, log_key: Option<String>) -> CapturedOutput {
+    let bytes = &captured.bytes;
+    let valid = std::str::from_utf8(bytes).is_ok();
+    let mut cut = bytes.len().min(usize::try_from(inline_cap).unwrap_or(usize::MAX));
+    if valid {
+        while cut > 0 && cut < bytes.len() && (bytes[cut] & 0xC0) == 0x80 {
+            cut -= 1;
+        }
     }
+    CapturedOutput {
+        text: String::from_utf8_lossy(&bytes[..cut]).into_owned(),
+        total_bytes: captured.total,
+        truncated: (cut as u64) < captured.total,
+        lossy: !valid,
+        log_bytes: if log_key.is_some() { bytes.len() as u64 } else { 0 },
+        log_key,
+    }
+}
+
+/// Where the captured streams went, and how much of them is inlined.
+#[derive(Debug, Clone, Default)]
+pub struct Logs {
+    /// Inline cap per stream, bytes.
+    pub inline_cap: u64,
+    /// S3 key of stdout, if it was stored.
+    pub stdout_key: Option<String>,
+    /// S3 key of stderr, if it was stored.
+    pub stderr_key: Option<String>,
 }
 
 /// Identity of the attempt that writes a result.
@@ -44,7 +68,14 @@ pub fn base(job: &ValidJob, attempt: &Attempt, status: JobStatus) -> JobResult {
 /// The terminal result of a job whose container ran. Status precedence: an OOM kill seen in
 /// the cgroup wins over everything (the exit code may be 0 when a child was the victim), then
 /// the timeout, then the exit status.
-pub fn finished(job: &ValidJob, attempt: &Attempt, run: &RunOutput, collected: Collected, memory_limit: u64) -> JobResult {
+pub fn finished(
+    job: &ValidJob,
+    attempt: &Attempt,
+    run: &RunOutput,
+    collected: Collected,
+    memory_limit: u64,
+    logs: &Logs,
+) -> JobResult {
     let report = &run.report;
     let mut result = base(job, attempt, JobStatus::Succeeded);
     match &report.exit {
@@ -78,8 +109,8 @@ pub fn finished(job: &ValidJob, attempt: &Attempt, run: &RunOutput, collected: C
             report.stats.oom_kills
         ));
     }
-    result.stdout = output(&run.stdout);
-    result.stderr = output(&run.stderr);
+    result.stdout = output(&run.stdout, logs.inline_cap, logs.stdout_key.clone());
+    result.stderr = output(&run.stderr, logs.inline_cap, logs.stderr_key.clone());
     result.artifacts = collected.artifacts;
     result.skipped_artifacts = collected.skipped;
     result.skipped_artifacts_total = collected.skipped_total;
@@ -104,4 +135,30 @@ pub async fn publish(
     ttl: Duration,
 ) -> Result<bool, ResultError> {
     results::write(redis, names, result, ttl).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn captured(bytes: &[u8], total: u64) -> Captured {
+        Captured { bytes: bytes.to_vec(), total }
+    }
+
+    #[test]
+    fn inline_text_is_cut_on_a_character_boundary() {
+        let text = "aé€"; // 1 + 2 + 3 bytes
+        let out = output(&captured(text.as_bytes(), 6), 4, None);
+        assert_eq!(out.text, "aé");
+        assert!(out.truncated && !out.lossy);
+    }
+
+    #[test]
+    fn invalid_utf8_is_flagged_lossy() {
+        let out = output(&captured(b"ok \xff\xfe\x00 end\n", 11), 1024, Some("k".into()));
+        assert!(out.lossy);
+        assert_eq!(out.text, "ok \u{fffd}\u{fffd}\0 end\n");
+        assert_eq!(out.log_bytes, 11);
+        assert!(!out.truncated);
+    }
 }

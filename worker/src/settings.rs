@@ -76,8 +76,10 @@ pub struct RawWorker {
     /// default `30s`. Keep it below the pod's `terminationGracePeriodSeconds`.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_grace: Option<Duration>,
-    /// Bytes of stdout and of stderr kept per job; default 1 MiB each.
+    /// Bytes of stdout and of stderr kept per job (stored in S3); default 8 MiB each.
     pub max_output_bytes: Option<u64>,
+    /// Bytes of stdout and of stderr inlined in the result in Redis; default 64 KiB each.
+    pub max_inline_output_bytes: Option<u64>,
     /// Most artifacts per job; default 100.
     pub max_artifacts: Option<usize>,
     /// Most artifact bytes per job, in all; default 512 MiB.
@@ -175,6 +177,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Output cap per stream, bytes.
     pub max_output_bytes: u64,
+    /// Inline output cap per stream, bytes.
+    pub max_inline_output_bytes: u64,
     /// Artifact count cap.
     pub max_artifacts: usize,
     /// Artifact bytes cap.
@@ -292,7 +296,8 @@ impl RawConfig {
             }),
             seccomp: self.worker.seccomp.unwrap_or(true),
             shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
-            max_output_bytes: self.worker.max_output_bytes.unwrap_or(1 << 20),
+            max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),
+            max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),
             max_artifacts: self.worker.max_artifacts.unwrap_or(100),
             max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
             max_attempts,
