@@ -57,7 +57,7 @@ pub fn service_config() -> ServiceConfig {
 static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
 
 /// Starts the shared worker once per test binary (purging the test queues first). SKU S is
-/// served with 512 MiB of memory so that memory tests are quick.
+/// served with 512 MiB of memory so that memory tests are quick, and a 1.5 GiB `/work`.
 pub fn ensure_worker() {
     WORKER.get_or_init(|| {
         // Tests call this from inside their own runtime: purge on a thread of our own.
@@ -74,6 +74,7 @@ pub fn ensure_worker() {
             .env("SANDQ__SKUS__S__CPUS", "1")
             .env("SANDQ__SKUS__S__MEMORY_BYTES", (512u64 << 20).to_string())
             .env("SANDQ__SKUS__S__SLOTS", "1")
+            .env("SANDQ__SKUS__S__DISK_BYTES", (1536u64 << 20).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log)

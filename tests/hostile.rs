@@ -2,8 +2,7 @@
 //! asserting what its header says, then that nothing of the job is left on the host and that the
 //! next ordinary job still runs. Run one at a time (they measure the host).
 //!
-//! Not here yet, because sandq does not meet them yet: `disk_fill.py` (no per-job disk quota,
-//! issue 3), `leave_secret.py` (sessions, issue 5).
+//! Not here yet: `leave_secret.py` (sessions, issue 5).
 
 use std::path::Path;
 
@@ -310,4 +309,21 @@ async fn non_utf8_output_is_kept_exactly() {
         let log = client.fetch_log(stream.log_key.as_deref().expect("log key"), stream.log_bytes).await.expect("log");
         assert_eq!(log, expected, "the stored bytes are exact");
     }
+}
+
+#[tokio::test]
+async fn disk_fill_stops_at_the_job_quota() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let free_before = free_bytes("/var/lib/sandq");
+    let result = run_case(&mut client, "disk_fill.py", "60s", None).await;
+    assert!(result.stderr.text.contains("No space left on device"), "no ENOSPC: {}", result.stderr.text);
+    assert_eq!(result.status, JobStatus::Failed, "{result:?}");
+    let free_after = free_bytes("/var/lib/sandq");
+    assert!(free_after + (64 << 20) >= free_before, "the host lost {} bytes", free_before.saturating_sub(free_after));
+}
+
+fn free_bytes(path: &str) -> u64 {
+    let out = std::process::Command::new("df").args(["--output=avail", "-B1", path]).output().expect("df");
+    String::from_utf8_lossy(&out.stdout).lines().nth(1).and_then(|l| l.trim().parse().ok()).expect("df output")
 }

@@ -192,10 +192,11 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
     let sku = settings.skus.get(&job.spec.sku).copied().ok_or_else(|| Failure::Rejected(format!("sku {} not served", job.spec.sku)))?;
-    let dir = stage::stage(job, &settings.jobs_dir, container_id, settings.host_sandbox_uid(), &ctx.s3, bucket)
+    let dir = stage::stage(job, &settings.jobs_dir, container_id, settings.host_sandbox_uid(), sku.disk_bytes, &ctx.s3, bucket)
         .await
         .map_err(|e| match &e {
             StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
+            StageError::OverQuota { .. } => Failure::Rejected(e.to_string()),
             _ => Failure::Infrastructure(e.to_string()),
         })?;
     let stop_reason = AtomicU8::new(STOP_NONE);

@@ -55,7 +55,8 @@ fn main() -> anyhow::Result<()> {
         .context("cannot run sandq-container cleanup")?;
     anyhow::ensure!(status.success(), "sandq-container cleanup failed: {status}");
     for entry in std::fs::read_dir(&settings.jobs_dir)?.flatten() {
-        std::fs::remove_dir_all(entry.path()).with_context(|| format!("cannot remove {}", entry.path().display()))?;
+        sandq_worker::stage::remove_job_dir(&entry.path());
+        anyhow::ensure!(!entry.path().exists(), "cannot remove {}", entry.path().display());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(async_main(settings, args.exit_on_stdin_eof));

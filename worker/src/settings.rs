@@ -121,6 +121,9 @@ pub struct RawSku {
     /// Jobs of this SKU this worker runs at once (0: it does not serve the SKU); default 1.
     #[serde(default = "default_slots")]
     pub slots: usize,
+    /// Size of the job's `/work` filesystem (its disk quota, inputs included), bytes; 0: no
+    /// quota (a plain directory on the host's disk). Defaults: S 1 GiB, M 2, L 4, XL 8.
+    pub disk_bytes: Option<u64>,
 }
 
 fn default_pids() -> i64 {
@@ -138,7 +141,7 @@ pub fn default_sku(sku: Sku) -> RawSku {
         Sku::L => (4.0, 8),
         Sku::XL => (8.0, 16),
     };
-    RawSku { cpus, memory_bytes: gib << 30, pids: default_pids(), slots: default_slots() }
+    RawSku { cpus, memory_bytes: gib << 30, pids: default_pids(), slots: default_slots(), disk_bytes: Some(gib << 29) }
 }
 
 /// One SKU as this worker serves it.
@@ -148,6 +151,8 @@ pub struct SkuSettings {
     pub limits: SandboxLimits,
     /// Jobs at once.
     pub slots: usize,
+    /// `/work` quota, bytes; 0: none.
+    pub disk_bytes: u64,
 }
 
 /// Validated settings.
@@ -246,7 +251,11 @@ impl RawConfig {
             }
             if raw.slots > 0 {
                 let limits = SandboxLimits { cpus: raw.cpus, memory_bytes: raw.memory_bytes, pids: raw.pids };
-                skus.insert(sku, SkuSettings { limits, slots: raw.slots });
+                let disk_bytes = raw.disk_bytes.unwrap_or_else(|| default_sku(sku).disk_bytes.unwrap_or(0));
+                if disk_bytes != 0 && disk_bytes < (16 << 20) {
+                    return bad(format!("skus.{sku}.disk_bytes: at least 16 MiB, or 0 for no quota"));
+                }
+                skus.insert(sku, SkuSettings { limits, slots: raw.slots, disk_bytes });
             }
         }
         if skus.is_empty() {
