@@ -149,6 +149,27 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
     assert_eq!(result.stdout.text, "attempt 2\ndone\n");
     drop(second.stdin.take());
     assert!(exits_within(&mut second, Duration::from_secs(30)));
+    // The killed worker, restarted under its id, removes what it left: the job dir with its
+    // mounted work filesystem, container state, cgroups.
+    let first_id = format!("{}-a", world.namespace);
+    assert!(std::fs::read_dir(format!("/var/lib/sandq/{first_id}")).expect("job dirs").next().is_some(), "nothing was left to clean");
+    let mut restarted = world.start_worker(&first_id, &[]);
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(std::env::temp_dir().join(format!("sandq-{first_id}-worker.log"))).unwrap_or_default().contains("consuming") {
+        assert!(started.elapsed() < Duration::from_secs(30), "the restarted worker did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for dir in [format!("/var/lib/sandq/{first_id}"), format!("/run/sandq/{first_id}")] {
+        assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0, "{dir} not cleaned");
+    }
+    for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/sandq"] {
+        let left = std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(&spec.job_id)).count()).unwrap_or(0);
+        assert_eq!(left, 0, "cgroup of the job left in {dir}");
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!mounts.contains(&first_id), "a mount of the killed worker is left");
+    drop(restarted.stdin.take());
+    assert!(exits_within(&mut restarted, Duration::from_secs(30)));
     world.delete_queues().await;
 }
 
