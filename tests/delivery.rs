@@ -276,3 +276,30 @@ async fn a_duplicate_delivery_does_not_run_again() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// Slots never oversubscribe the declared capacity: with 1 core declared and two SKU S slots,
+/// two S jobs (1 core each) run one after the other.
+#[tokio::test]
+async fn jobs_never_exceed_the_declared_capacity() {
+    let world = Isolated::new().await;
+    let env = [("SANDQ__WORKER__CAPACITY_CPUS", "1"), ("SANDQ__SKUS__S__SLOTS", "2"), ("SANDQ__SKUS__S__CPUS", "1"), ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912")];
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &env);
+    let mut client = world.client().await;
+    let specs: Vec<_> = (0..2).map(|_| python_job("import time\ntime.sleep(1)\n", Sku::S)).collect();
+    for spec in &specs {
+        client.submit(spec).await.expect("submit");
+    }
+    let mut results = Vec::new();
+    for spec in &specs {
+        results.push(wait(&mut client, &spec.job_id).await);
+    }
+    results.sort_by_key(|r| r.started_at_ms);
+    let (first, second) = (&results[0], &results[1]);
+    assert!(
+        second.started_at_ms.expect("started") >= first.finished_at_ms.expect("finished"),
+        "two 1-core jobs overlapped on a 1-core capacity: {first:?} {second:?}"
+    );
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}

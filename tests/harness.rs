@@ -75,6 +75,9 @@ pub fn ensure_worker() {
             .env("SANDQ__SKUS__S__MEMORY_BYTES", (512u64 << 20).to_string())
             .env("SANDQ__SKUS__S__SLOTS", "1")
             .env("SANDQ__SKUS__S__DISK_BYTES", (1536u64 << 20).to_string())
+            // Declared capacity above this 2-core machine's, so that every SKU is served.
+            .env("SANDQ__WORKER__CAPACITY_CPUS", "16")
+            .env("SANDQ__WORKER__CAPACITY_MEMORY_BYTES", (64u64 << 30).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log)
@@ -234,6 +237,8 @@ impl Isolated {
             .arg("--exit-on-stdin-eof")
             .env("SANDQ__NAMESPACE", &self.namespace)
             .env("SANDQ__WORKER__ID", id)
+            .env("SANDQ__WORKER__CAPACITY_CPUS", "16")
+            .env("SANDQ__WORKER__CAPACITY_MEMORY_BYTES", (64u64 << 30).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log);

@@ -30,6 +30,8 @@ pub struct Context {
     pub redis: ConnectionManager,
     /// Becomes true when shutdown's grace period is over: running jobs are killed and requeued.
     pub abort: tokio::sync::watch::Receiver<bool>,
+    /// Cores and memory left for running jobs.
+    pub capacity: Arc<crate::capacity::Capacity>,
 }
 
 /// How often a running job's cancel key is checked (a cancelled job dies within about this).
@@ -103,6 +105,11 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
             return Outcome::Infrastructure { attempt, final_result_stored: false };
         }
     }
+    // Wait (still `queued`) until this SKU's share of the worker's capacity is free.
+    let Some(sku) = ctx.settings.skus.get(&job.spec.sku).copied() else {
+        return Outcome::Stored; // unreachable: validation rejects SKUs this worker does not serve
+    };
+    let _reservation = ctx.capacity.reserve(sku.limits.cpus, sku.limits.memory_bytes).await;
     let started_at_ms = now_ms();
     let who = Attempt { worker_id: ctx.settings.worker_id.clone(), number: attempt, started_at_ms };
     if let Some(deadline) = job.spec.deadline_ms.filter(|d| *d < started_at_ms) {

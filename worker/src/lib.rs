@@ -10,6 +10,7 @@
 //! or dead-letter for every outcome. [`job`] strings the stages together for one delivery.
 
 pub mod ack;
+pub mod capacity;
 pub mod collect;
 pub mod consume;
 pub mod job;

@@ -78,7 +78,9 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
         .with_context(|| format!("cannot reach bucket {} at {}", settings.services.s3.bucket, settings.services.s3.endpoint))?;
     let (abort_tx, abort_rx) = tokio::sync::watch::channel(false);
     let grace = settings.shutdown_grace;
-    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx };
+    let capacity = Arc::new(sandq_worker::capacity::Capacity::new(settings.capacity_cpus, settings.capacity_memory_bytes));
+    info!(cpus = settings.capacity_cpus, memory_bytes = settings.capacity_memory_bytes, skus = ?settings.skus.keys().collect::<Vec<_>>(), "capacity");
+    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity };
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_shutdown_signal(exit_on_stdin_eof).await;

@@ -84,6 +84,12 @@ pub struct RawWorker {
     pub max_artifacts: Option<usize>,
     /// Most artifact bytes per job, in all; default 512 MiB.
     pub max_artifact_bytes: Option<u64>,
+    /// Cores this worker may hand out to running jobs in all (sum of their SKUs' `cpus`);
+    /// default: the host's online CPUs. A SKU bigger than this is not served.
+    pub capacity_cpus: Option<f64>,
+    /// Memory this worker may hand out to running jobs in all (sum of their SKUs'
+    /// `memory_bytes`), bytes; default: the host's MemTotal.
+    pub capacity_memory_bytes: Option<u64>,
     /// Infrastructure failures of one job before it gets `internal_error` and is acked;
     /// default 3 (below the queues' delivery limit, so the result is written before RabbitMQ
     /// dead-letters the message).
@@ -194,6 +200,18 @@ pub struct Settings {
     pub limits: Limits,
     /// Served SKUs.
     pub skus: BTreeMap<Sku, SkuSettings>,
+    /// Declared capacity: cores.
+    pub capacity_cpus: f64,
+    /// Declared capacity: memory, bytes.
+    pub capacity_memory_bytes: u64,
+}
+
+fn host_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().trim_end_matches("kB").trim().to_owned())))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Why the configuration is unusable.
@@ -238,6 +256,11 @@ impl RawConfig {
         if !container_helper.exists() {
             return bad(format!("worker.container_helper {} does not exist", container_helper.display()));
         }
+        let capacity_cpus = self
+            .worker
+            .capacity_cpus
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
+        let capacity_memory_bytes = self.worker.capacity_memory_bytes.unwrap_or_else(host_memory_bytes);
         let mut skus = BTreeMap::new();
         for key in self.skus.keys() {
             if key.parse::<Sku>().is_err() || key.to_ascii_lowercase() != *key {
@@ -249,7 +272,14 @@ impl RawConfig {
             if !raw.cpus.is_finite() || raw.cpus <= 0.0 || raw.memory_bytes < (64 << 20) || raw.pids < 16 {
                 return bad(format!("skus.{sku}: cpus > 0, memory_bytes >= 64 MiB and pids >= 16 are required"));
             }
-            if raw.slots > 0 {
+            let fits = raw.cpus <= capacity_cpus && raw.memory_bytes <= capacity_memory_bytes;
+            if raw.slots > 0 && !fits {
+                tracing::warn!(
+                    %sku, cpus = raw.cpus, memory_bytes = raw.memory_bytes, capacity_cpus, capacity_memory_bytes,
+                    "SKU is larger than this worker's capacity; not serving it"
+                );
+            }
+            if raw.slots > 0 && fits {
                 let limits = SandboxLimits { cpus: raw.cpus, memory_bytes: raw.memory_bytes, pids: raw.pids };
                 let disk_bytes = raw.disk_bytes.unwrap_or_else(|| default_sku(sku).disk_bytes.unwrap_or(0));
                 if disk_bytes != 0 && disk_bytes < (16 << 20) {
@@ -259,7 +289,7 @@ impl RawConfig {
             }
         }
         if skus.is_empty() {
-            return bad("no SKU has slots > 0".into());
+            return bad("no SKU has slots > 0 and fits worker.capacity_cpus / capacity_memory_bytes".into());
         }
         let mut limits = Limits::default();
         if let Some(t) = self.limits.default_timeout {
@@ -312,6 +342,8 @@ impl RawConfig {
             max_attempts,
             limits,
             skus,
+            capacity_cpus,
+            capacity_memory_bytes,
         })
     }
 }
