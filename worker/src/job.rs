@@ -105,16 +105,10 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
             return Outcome::Infrastructure { attempt, final_result_stored: false };
         }
     }
-    // Wait (still `queued`) until this SKU's share of the worker's capacity is free.
-    let Some(sku) = ctx.settings.skus.get(&job.spec.sku).copied() else {
-        return Outcome::Stored; // unreachable: validation rejects SKUs this worker does not serve
-    };
-    let _reservation = ctx.capacity.reserve(sku.limits.cpus, sku.limits.memory_bytes).await;
-    let started_at_ms = now_ms();
-    let who = Attempt { worker_id: ctx.settings.worker_id.clone(), number: attempt, started_at_ms };
-    if let Some(deadline) = job.spec.deadline_ms.filter(|d| *d < started_at_ms) {
+    let mut who = Attempt { worker_id: ctx.settings.worker_id.clone(), number: attempt, started_at_ms: now_ms() };
+    if let Some(deadline) = job.spec.deadline_ms.filter(|d| *d < who.started_at_ms) {
         let mut result = publish::base(&job, &who, JobStatus::Expired);
-        result.reason = Some(format!("its deadline passed {} ms before a worker took it", started_at_ms - deadline));
+        result.reason = Some(format!("its deadline passed {} ms before a worker took it", who.started_at_ms - deadline));
         result.finished_at_ms = Some(now_ms());
         info!("job expired in the queue");
         return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
@@ -133,6 +127,16 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
             return Outcome::Infrastructure { attempt, final_result_stored: false };
         }
     }
+    // Validation only lets through SKUs this worker serves.
+    let Some(sku) = ctx.settings.skus.get(&job.spec.sku).copied() else {
+        let mut result = publish::base(&job, &who, JobStatus::Rejected);
+        result.reason = Some(format!("sku {} is not served by this worker", job.spec.sku));
+        return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
+    };
+    // Wait (still `queued`) until this SKU's share of the worker's capacity is free.
+    let _reservation = ctx.capacity.reserve(sku.limits.cpus, sku.limits.memory_bytes).await;
+    who.started_at_ms = now_ms();
+    let started_at_ms = who.started_at_ms;
     let mut running = publish::base(&job, &who, JobStatus::Running);
     running.started_at_ms = Some(started_at_ms);
     if let Err(e) = publish::publish(&mut redis, names, &running, job.result_ttl).await {
