@@ -125,6 +125,12 @@ impl Default for S3Config {
 /// Failure to read the configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file does not exist.
+    #[error("config file {path} does not exist (scripts/services.sh writes one; or pass --config / SANDQ_CONFIG)")]
+    Missing {
+        /// The path tried.
+        path: PathBuf,
+    },
     /// The file or an environment variable could not be read or has a wrong value.
     #[error("cannot load configuration from {path}: {source}")]
     Load {
@@ -144,15 +150,18 @@ pub fn config_path(explicit: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
 }
 
-/// Reads `T` from the TOML file at `path` (which may be missing) overlaid with `SANDQ__*`
-/// environment variables.
+/// Reads `T` from the TOML file at `path` overlaid with `SANDQ__*` environment variables.
 ///
 /// # Errors
-/// [`ConfigError::Load`] when the file is unreadable or a value has the wrong type.
+/// [`ConfigError::Missing`] when the file does not exist; [`ConfigError::Load`] when it is
+/// unreadable or a value has the wrong type.
 pub fn load<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    if !path.exists() {
+        return Err(ConfigError::Missing { path: path.to_path_buf() });
+    }
     let err = |source| ConfigError::Load { path: path.to_path_buf(), source };
     config::Config::builder()
-        .add_source(config::File::from(path).format(config::FileFormat::Toml).required(false))
+        .add_source(config::File::from(path).format(config::FileFormat::Toml).required(true))
         .add_source(config::Environment::with_prefix("SANDQ").prefix_separator("__").separator("__"))
         .build()
         .map_err(err)?

@@ -104,14 +104,23 @@ struct JobArgs {
     args: Vec<String>,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Exit code when sandq itself (or the command line) failed, as `docker run` does.
+const EXIT_SANDQ_FAILED: i32 = 125;
+
+fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Runtime::new()?;
-    let code = runtime.block_on(async_main(cli))?;
+    let code = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(async_main(cli)))
+        .unwrap_or_else(|e| {
+            eprintln!("sandq: {e:#}");
+            EXIT_SANDQ_FAILED
+        });
     std::process::exit(code)
 }
 
@@ -141,20 +150,29 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
                 Ok(2)
             }
         }
-        Command::Status { id } => match client.status(&id).await? {
-            None => {
-                eprintln!("job {id} is unknown (never submitted, or its result expired)");
-                Ok(2)
+        Command::Status { id } => {
+            if let Err(e) = sandq_schemas::validate::check_job_id(&id) {
+                bail!("{e}");
             }
-            Some(result) => {
-                if cli.json {
-                    println!("{}", serde_json::to_string_pretty(&result)?);
-                } else {
-                    println!("{} {}", result.job_id, result.status);
+            match client.status(&id).await? {
+                None => {
+                    eprintln!("job {id} is unknown (never submitted, or its result expired)");
+                    Ok(2)
                 }
-                Ok(0)
+                Some(result) if cli.json => {
+                    println!("{}", serde_json::to_string_pretty(&result)?);
+                    Ok(0)
+                }
+                Some(result) if result.status.is_terminal() => {
+                    print_result(&result, &[])?;
+                    Ok(0)
+                }
+                Some(result) => {
+                    println!("{} {}", result.job_id, result.status);
+                    Ok(0)
+                }
             }
-        },
+        }
     }
 }
 
@@ -251,14 +269,15 @@ async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, j
     Ok(exit_code(&result))
 }
 
-/// The CLI's exit code: the program's own when it exited, 128 + signal number style 137 for a
-/// kill, 124 for a timeout (as `timeout(1)`), 125 for sandq's own failures.
+/// The CLI's exit code: the program's own when it exited, 137 when it was killed or ran out of
+/// memory, 124 for a timeout (as `timeout(1)`), 125 for everything else (sandq failed, the job
+/// was rejected, cancelled or expired).
 fn exit_code(result: &JobResult) -> i32 {
     match result.status {
         JobStatus::Succeeded | JobStatus::Failed if result.exit_code.is_some() => result.exit_code.unwrap_or(1),
         JobStatus::Failed | JobStatus::OomKilled => 137,
         JobStatus::TimedOut => 124,
-        _ => 125,
+        _ => EXIT_SANDQ_FAILED,
     }
 }
 

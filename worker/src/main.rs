@@ -38,7 +38,9 @@ fn main() -> anyhow::Result<()> {
     if args.json_logs {
         tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+        use std::io::IsTerminal;
+        let ansi = std::io::stderr().is_terminal();
+        tracing_subscriber::fmt().with_ansi(ansi).with_env_filter(filter).with_writer(std::io::stderr).init();
     }
     let path = sandq_submitter::config::config_path(args.config.as_deref());
     let raw: RawConfig = sandq_submitter::config::load(&path)?;
