@@ -15,8 +15,8 @@
 //!
 //! With a disk quota, `work/` is the mount point of a per-job ext4 filesystem in a sparse file
 //! (`work.img`, the SKU's `disk_bytes` large, loop-mounted `nosuid,nodev`): the program gets
-//! ENOSPC at the quota, and the host's disk holds only what was written. Making and mounting
-//! it costs about 30 ms a job (mkfs 23 ms, mount 23 ms, measured on this machine).
+//! ENOSPC at the quota, and the host's disk holds only what was written. Copying a template and
+//! mounting it costs about 30 ms a job (cp 5 ms, mount 23 ms, measured on this machine).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -192,22 +192,48 @@ async fn stage_into(
     Ok(())
 }
 
-/// Makes a `size`-byte ext4 filesystem in the sparse file `<root>/work.img` and loop-mounts it
-/// on `work` (`nosuid,nodev`). One inode per 4 KiB, no journal, no reserved blocks.
+/// Puts a `size`-byte ext4 filesystem in the sparse file `<root>/work.img` and loop-mounts it on
+/// `work` (`nosuid,nodev`). The filesystem is a sparse copy of a template formatted once per
+/// size (`<data_dir>/templates/`; no journal, no reserved blocks, one inode per 4 KiB): copying
+/// takes ~5 ms where mkfs.ext4 takes ~23 ms.
 async fn mount_work_fs(root: &Path, work: &Path, size: u64) -> Result<(), StageError> {
-    let image = root.join("work.img");
-    let file = open_new(&image, 0o600)?;
-    file.set_len(size).map_err(prepare(&image))?;
-    drop(file);
     let fs_error = |what: &str, e: String| StageError::Filesystem(format!("{what}: {e}"));
-    let mkfs = tokio::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-i", "4096", "-E", "lazy_itable_init=1,nodiscard"])
+    let templates = root
+        .parent()
+        .and_then(Path::parent)
+        .map(|data_dir| data_dir.join("templates"))
+        .ok_or_else(|| fs_error("templates", "job dir has no data dir".into()))?;
+    let template = templates.join(format!("ext4-{size}-i4096.img"));
+    if !template.exists() {
+        std::fs::create_dir_all(&templates).map_err(prepare(&templates))?;
+        // Made under a unique name and renamed, so that workers sharing the data dir never
+        // copy a half-formatted template.
+        let partial = templates.join(format!(".ext4-{size}-{}-{:08x}.img", std::process::id(), rand::random::<u32>()));
+        let file = open_new(&partial, 0o600)?;
+        file.set_len(size).map_err(prepare(&partial))?;
+        drop(file);
+        let mkfs = tokio::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-i", "4096", "-E", "lazy_itable_init=1,nodiscard"])
+            .arg(&partial)
+            .output()
+            .await
+            .map_err(|e| fs_error("mkfs.ext4", e.to_string()))?;
+        if !mkfs.status.success() {
+            let _ = std::fs::remove_file(&partial);
+            return Err(fs_error("mkfs.ext4", String::from_utf8_lossy(&mkfs.stderr).into_owned()));
+        }
+        std::fs::rename(&partial, &template).map_err(prepare(&template))?;
+    }
+    let image = root.join("work.img");
+    let copy = tokio::process::Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&template)
         .arg(&image)
         .output()
         .await
-        .map_err(|e| fs_error("mkfs.ext4", e.to_string()))?;
-    if !mkfs.status.success() {
-        return Err(fs_error("mkfs.ext4", String::from_utf8_lossy(&mkfs.stderr).into_owned()));
+        .map_err(|e| fs_error("cp", e.to_string()))?;
+    if !copy.status.success() {
+        return Err(fs_error("cp", String::from_utf8_lossy(&copy.stderr).into_owned()));
     }
     let mount = tokio::process::Command::new("mount")
         .args(["-t", "ext4", "-o", "loop,nosuid,nodev"])
