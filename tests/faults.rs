@@ -107,3 +107,34 @@ async fn an_s3_outage_delays_jobs_but_loses_none() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// S3 down for longer than every attempt: the job gets `internal_error` with the reason and is
+/// dead-lettered, after `worker.max_attempts` attempts with backoff; never an endless loop.
+#[tokio::test]
+async fn a_job_that_keeps_failing_on_infrastructure_is_dead_lettered_with_internal_error() {
+    let _serial = SERIAL.lock().await;
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__MAX_ATTEMPTS", "2")]);
+    let mut client = world.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data.txt");
+    std::fs::write(&data, "x").expect("write");
+    let input = client.upload(&data, "data.txt").await.expect("upload");
+    let stopped = Command::new("pkill").args(["-KILL", "-f", "garage -c .* server"]).status().expect("pkill");
+    assert!(stopped.success(), "garage was not running");
+    let mut spec = python_job("print(1)", Sku::S);
+    spec.inputs = vec![input];
+    client.submit(&spec).await.expect("submit");
+    let result = tokio::time::timeout(Duration::from_secs(240), wait(&mut client, &spec.job_id)).await;
+    let restarted = Command::new(repo_root().join("scripts/services.sh")).stderr(std::process::Stdio::null()).status().expect("services.sh");
+    assert!(restarted.success(), "garage did not come back");
+    let result = result.expect("no result within 4 minutes");
+    assert_eq!(result.status, JobStatus::InternalError, "{result:?}");
+    assert_eq!(result.attempt, 2);
+    assert!(result.reason.as_deref().unwrap_or_default().contains("gave up after 2 attempts"), "{result:?}");
+    let dead = sandq_tests::dead_letter_count(&world.config, 1, Duration::from_secs(30)).await;
+    assert_eq!(dead, 1, "the job was not dead-lettered");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
