@@ -253,14 +253,20 @@ impl Isolated {
         Client::connect(self.config.clone()).await.expect("client connect")
     }
 
-    /// Deletes this namespace's queues (best effort).
+    /// Deletes this namespace's queues and the (empty) private dirs of its workers, whose ids
+    /// all start with the namespace (best effort).
     pub async fn delete_queues(&self) {
+        for root in ["/var/lib/sandq", "/run/sandq"] {
+            for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&self.namespace) {
+                    let _ = std::fs::remove_dir(entry.path());
+                }
+            }
+        }
         let Ok(connection) = Connection::connect(&self.config.amqp.url, ConnectionProperties::default()).await else { return };
         let Ok(channel) = connection.create_channel().await else { return };
         let names = sandq_schemas::names::Names::new(self.namespace.clone());
-        for queue in Sku::ALL.iter().map(|s| names.jobs_queue(*s)).chain([names.dead_letter_queue()]) {
-            let _ = channel.queue_delete(queue.into(), Default::default()).await;
-        }
+        let _ = sandq_submitter::topology::delete_queues(&channel, &names).await;
     }
 }
 
@@ -303,15 +309,7 @@ pub async fn dead_letter_count(config: &ServiceConfig, expected: usize, limit: D
     let names = sandq_schemas::names::Names::new(config.namespace.clone());
     let started = std::time::Instant::now();
     loop {
-        let queue = channel
-            .queue_declare(
-                names.dead_letter_queue().into(),
-                lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
-                Default::default(),
-            )
-            .await
-            .expect("dead-letter queue");
-        let count = queue.message_count() as usize;
+        let count = sandq_submitter::topology::dead_letter_count(&channel, &names).await.expect("dead-letter queue") as usize;
         if count >= expected || started.elapsed() > limit {
             return count;
         }

@@ -174,23 +174,13 @@ fn job(n: usize, namespace: &str) -> JobSpec {
 async fn dead_letter_count(config: &ServiceConfig) -> anyhow::Result<usize> {
     let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await?;
     let channel = connection.create_channel().await?;
-    let queue = channel
-        .queue_declare(
-            Names::new(config.namespace.clone()).dead_letter_queue().into(),
-            lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
-            Default::default(),
-        )
-        .await?;
-    Ok(queue.message_count() as usize)
+    Ok(sandq_submitter::topology::dead_letter_count(&channel, &Names::new(config.namespace.clone())).await? as usize)
 }
 
 async fn delete_queues(config: &ServiceConfig) {
     let Ok(connection) = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await else { return };
     let Ok(channel) = connection.create_channel().await else { return };
-    let names = Names::new(config.namespace.clone());
-    for queue in Sku::ALL.iter().map(|s| names.jobs_queue(*s)).chain([names.dead_letter_queue()]) {
-        let _ = channel.queue_delete(queue.into(), Default::default()).await;
-    }
+    let _ = sandq_submitter::topology::delete_queues(&channel, &Names::new(config.namespace.clone())).await;
 }
 
 #[tokio::main]

@@ -60,3 +60,30 @@ pub async fn declare(channel: &Channel, names: &Names, delivery_limit: u32) -> R
     }
     Ok(())
 }
+
+/// Messages waiting in the dead-letter queue (a passive declare: nothing is created).
+///
+/// # Errors
+/// The broker's error (`NOT_FOUND` when the topology was never declared).
+pub async fn dead_letter_count(channel: &Channel, names: &Names) -> Result<u32, lapin::Error> {
+    let queue = channel
+        .queue_declare(
+            names.dead_letter_queue().into(),
+            QueueDeclareOptions { passive: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(queue.message_count())
+}
+
+/// Deletes the namespace's queues (jobs of every SKU and the dead-letter queue), with whatever
+/// they hold; the exchanges stay. For test and load-test namespaces, never a live deployment.
+///
+/// # Errors
+/// The broker's error.
+pub async fn delete_queues(channel: &Channel, names: &Names) -> Result<(), lapin::Error> {
+    for queue in Sku::ALL.iter().map(|s| names.jobs_queue(*s)).chain([names.dead_letter_queue()]) {
+        channel.queue_delete(queue.into(), Default::default()).await?;
+    }
+    Ok(())
+}
