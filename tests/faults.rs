@@ -46,6 +46,12 @@ async fn a_broker_restart_loses_no_job() {
     assert_eq!(result.stdout.text, "after the restart\n");
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    // Jobs aborted when the connection dropped left no job dir or mount behind.
+    let jobs_dir = format!("/var/lib/sandq/{}-w", world.namespace);
+    let left: Vec<_> = std::fs::read_dir(&jobs_dir).expect("jobs dir").flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "job dirs left after the broker restart: {left:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(!mounts.contains(&jobs_dir), "a work filesystem is still mounted");
     world.delete_queues().await;
 }
 

@@ -198,7 +198,8 @@ async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
     }
 }
 
-/// stage -> run -> collect; the job dir is removed whatever happens.
+/// stage -> run -> collect; the job dir is removed whatever happens (also when this future is
+/// dropped: [`stage::JobDir`] cleans up on drop).
 async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &str) -> Result<JobResult, Failure> {
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
@@ -240,7 +241,7 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
         Ok(publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs))
     }
     .await;
-    dir.remove();
+    drop(dir);
     outcome
 }
 

@@ -24,8 +24,9 @@ use std::path::{Path, PathBuf};
 use sandq_schemas::ValidJob;
 use sandq_submitter::storage::{self, TransferError};
 
-/// The directories and files of one job on the host.
-#[derive(Debug, Clone)]
+/// The directories and files of one job on the host. Dropping it unmounts and removes the
+/// directory, so that a job task aborted mid-run (the broker connection lost) leaks nothing.
+#[derive(Debug)]
 pub struct JobDir {
     /// `<jobs_dir>/<container id>`.
     pub root: PathBuf,
@@ -41,10 +42,8 @@ pub struct JobDir {
     pub report: PathBuf,
 }
 
-impl JobDir {
-    /// Unmounts the work filesystem, if any, and removes the whole job directory. Never
-    /// follows symlinks (`remove_dir_all` does not).
-    pub fn remove(&self) {
+impl Drop for JobDir {
+    fn drop(&mut self) {
         remove_job_dir(&self.root);
     }
 }
@@ -110,6 +109,8 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), StageError> {
 ///
 /// # Errors
 /// [`StageError`]; the partly made directory is removed.
+///
+/// The returned [`JobDir`] removes the directory when dropped.
 pub async fn stage(
     job: &ValidJob,
     jobs_dir: &Path,
@@ -132,11 +133,8 @@ pub async fn stage(
         report: root.join("report.json"),
         root,
     };
-    let result = stage_into(job, &dir, sandbox_uid, disk_bytes, s3, bucket).await;
-    if result.is_err() {
-        dir.remove();
-    }
-    result.map(|()| dir)
+    // On error `dir` is dropped here, which removes the partly made directory.
+    stage_into(job, &dir, sandbox_uid, disk_bytes, s3, bucket).await.map(|()| dir)
 }
 
 async fn stage_into(
