@@ -40,6 +40,8 @@ wait_port() { # wait_port PORT SECONDS
 need_pkg pkg-config pkg-config
 dpkg -s libseccomp-dev >/dev/null 2>&1 || { apt-get update -qq >&2; apt_updated=1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev >&2; }
 need_pkg curl curl
+need_pkg ip iproute2
+need_pkg iptables iptables   # the outbound network mode's NAT and firewall
 
 # --- Redis ---------------------------------------------------------------------------------
 need_pkg redis-server redis-server

@@ -157,7 +157,7 @@ pub enum NetworkMode {
     /// Own network namespace with loopback only (default).
     #[default]
     None,
-    /// Outbound connections allowed, nothing inbound. Not served yet: a worker rejects it
-    /// (`rejected`) until the outbound network lands (issue 3).
+    /// Outbound connections allowed (through NAT), nothing inbound, no private or link-local
+    /// destination, not the worker's host. A worker with `outbound_network = false` rejects it.
     Outbound,
 }

@@ -31,6 +31,8 @@ pub struct Limits {
     pub max_env: usize,
     /// Most `args`: 1,024.
     pub max_args: usize,
+    /// Whether `network: "outbound"` is served (the worker's `outbound_network`).
+    pub outbound_network: bool,
 }
 
 impl Default for Limits {
@@ -46,6 +48,7 @@ impl Default for Limits {
             max_input_bytes: 1 << 30,
             max_env: 128,
             max_args: 1024,
+            outbound_network: true,
         }
     }
 }
@@ -349,7 +352,7 @@ impl JobSpec {
                 return Err(ValidationError::Env { name: name.clone(), reason: "the value contains a NUL byte" });
             }
         }
-        if self.network != NetworkMode::None {
+        if self.network == NetworkMode::Outbound && !limits.outbound_network {
             return Err(ValidationError::Network { mode: self.network });
         }
         let timeout = parse_duration("timeout", self.timeout.as_deref(), limits.default_timeout, limits.max_timeout)?;

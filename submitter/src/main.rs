@@ -85,6 +85,10 @@ struct JobArgs {
     /// Extra environment variable NAME=VALUE. Repeatable.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     env: Vec<String>,
+    /// Network of the sandbox: none (loopback only) or outbound (outbound connections, nothing
+    /// inbound).
+    #[arg(long, value_parser = ["none", "outbound"], default_value = "none")]
+    network: String,
     /// Job id; default a random UUID.
     #[arg(long)]
     id: Option<String>,
@@ -229,7 +233,7 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
         env,
         timeout: Some(args.timeout.clone()),
         result_ttl: None,
-        network: NetworkMode::None,
+        network: if args.network == "outbound" { NetworkMode::Outbound } else { NetworkMode::None },
         submitted_at_ms: Some(now_ms()),
         deadline_ms: None,
     })

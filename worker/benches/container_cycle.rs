@@ -40,6 +40,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         limits: SandboxLimits { cpus: 1.0, memory_bytes: 512 << 20, pids: 64 },
         id_map,
         seccomp,
+        resolv_conf: None,
     };
     spec::write(&spec::build(&sandbox).expect("spec"), &bundle).expect("write spec");
     let request = SandboxRequest {
@@ -50,6 +51,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         timeout_ms: 10_000,
         report_path: dir.join("report.json"),
         cgroups_path,
+        outbound: false,
     };
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandq-container"))
         .arg("run")

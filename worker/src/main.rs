@@ -60,6 +60,12 @@ fn main() -> anyhow::Result<()> {
         sandq_worker::stage::remove_job_dir(&entry.path());
         anyhow::ensure!(!entry.path().exists(), "cannot remove {}", entry.path().display());
     }
+    if settings.outbound_network {
+        sandq_worker::sandbox::network::write_resolv_conf(&settings.resolv_conf(), &settings.nameservers)
+            .context("cannot write the sandboxes' resolv.conf")?;
+        sandq_worker::sandbox::network::setup_host(&settings.nameservers)
+            .map_err(|e| anyhow::anyhow!("cannot set up the outbound network (set worker.outbound_network = false to run without it): {e}"))?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(async_main(settings, args.exit_on_stdin_eof));
     // A blocking stdin read (--exit-on-stdin-eof) must not keep the process alive after SIGTERM.

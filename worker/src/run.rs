@@ -142,6 +142,7 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<RunOutput, RunError> {
     let cgroups_path = format!("/sandq/{container_id}");
+    let resolv_conf = settings.resolv_conf();
     let sandbox = JobSandbox {
         rootfs: &settings.rootfs,
         work_dir: &dir.work,
@@ -154,6 +155,7 @@ pub async fn run(
         limits,
         id_map: settings.id_map,
         seccomp: settings.seccomp,
+        resolv_conf: (job.spec.network == sandq_schemas::NetworkMode::Outbound).then(|| resolv_conf.as_path()),
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
     let request = SandboxRequest {
@@ -164,6 +166,7 @@ pub async fn run(
         timeout_ms: job.timeout.as_millis() as u64,
         report_path: dir.report.clone(),
         cgroups_path,
+        outbound: job.spec.network == sandq_schemas::NetworkMode::Outbound,
     };
     let mut line = serde_json::to_vec(&request).map_err(|e| RunError::Helper(e.into()))?;
     line.push(b'\n');

@@ -72,6 +72,12 @@ pub struct RawWorker {
     pub userns_host_base: Option<u32>,
     /// Apply the seccomp allowlist (`oci-bundles/seccomp.json`); default true.
     pub seccomp: Option<bool>,
+    /// Serve `network: "outbound"` jobs (bridge `sandq0`, NAT, firewall rules set up at start;
+    /// needs `ip` and `iptables`); default true.
+    pub outbound_network: Option<bool>,
+    /// Nameservers of outbound sandboxes (their `/etc/resolv.conf`), IPv4 addresses separated
+    /// by commas; default: the host's non-loopback nameservers.
+    pub nameservers: Option<String>,
     /// After SIGTERM, how long running jobs may go on before they are killed and requeued;
     /// default `30s`. Keep it below the pod's `terminationGracePeriodSeconds`.
     #[serde(default, with = "humantime_serde")]
@@ -184,6 +190,10 @@ pub struct Settings {
     pub id_map: Option<crate::sandbox::spec::IdMap>,
     /// Seccomp on.
     pub seccomp: bool,
+    /// Outbound network mode served.
+    pub outbound_network: bool,
+    /// Nameservers of outbound sandboxes.
+    pub nameservers: Vec<std::net::Ipv4Addr>,
     /// Shutdown grace period.
     pub shutdown_grace: Duration,
     /// Output cap per stream, bytes.
@@ -304,6 +314,7 @@ impl RawConfig {
         if let Some(b) = self.limits.max_input_bytes {
             limits.max_input_bytes = b;
         }
+        limits.outbound_network = self.worker.outbound_network.unwrap_or(true);
         if limits.default_timeout > limits.max_timeout {
             return bad("limits.default_timeout is above limits.max_timeout".into());
         }
@@ -314,6 +325,19 @@ impl RawConfig {
                 self.amqp.delivery_limit
             ));
         }
+        let nameservers = match &self.worker.nameservers {
+            None => crate::sandbox::network::host_nameservers(),
+            Some(list) => {
+                let mut parsed = Vec::new();
+                for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+                    match item.parse::<std::net::Ipv4Addr>() {
+                        Ok(a) => parsed.push(a),
+                        Err(_) => return bad(format!("worker.nameservers: {item:?} is not an IPv4 address")),
+                    }
+                }
+                parsed
+            }
+        };
         let sandbox_uid = self.worker.sandbox_uid.unwrap_or(1000);
         if sandbox_uid >= 65_536 {
             return bad(format!("worker.sandbox_uid {sandbox_uid} must be below 65536 (the mapped range)"));
@@ -334,6 +358,8 @@ impl RawConfig {
                 size: 65_536,
             }),
             seccomp: self.worker.seccomp.unwrap_or(true),
+            outbound_network: self.worker.outbound_network.unwrap_or(true),
+            nameservers,
             shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
             max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),
             max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),
@@ -349,6 +375,11 @@ impl RawConfig {
 }
 
 impl Settings {
+    /// The `resolv.conf` bind-mounted into outbound sandboxes (written at start).
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.state_root.join("resolv.conf")
+    }
+
     /// The host uid (and gid) that owns files the program writes: the sandbox uid, shifted by
     /// the user namespace mapping when there is one.
     pub fn host_sandbox_uid(&self) -> u32 {

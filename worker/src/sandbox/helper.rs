@@ -18,7 +18,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal as NixSignal;
 use nix::sys::wait::{waitpid, WaitStatus};
 
-use super::{cgroup, CgroupStats, Exit, SandboxReport, SandboxRequest};
+use super::{cgroup, network, CgroupStats, Exit, SandboxReport, SandboxRequest};
 use crate::sys;
 
 /// Largest request line the helper reads, bytes.
@@ -62,6 +62,7 @@ pub fn main() -> i32 {
         }
         Some("cleanup") if args.len() == 3 => {
             let removed = cleanup(Path::new(&args[2]));
+            network::release_stale();
             eprintln!("removed {removed} leftover containers");
             0
         }
@@ -144,18 +145,29 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
             return report;
         }
     };
-    report.exit = supervise(&mut container, request, control, &mut report);
+    let mut address = None;
+    report.exit = supervise(&mut container, request, control, &mut report, &mut address);
     report.stats = cgroup::read(&request.cgroups_path);
     let t2 = Instant::now();
     if let Err(e) = container.delete(true) {
         report.delete_error = Some(chain(&e));
     }
     report.delete_us = t2.elapsed().as_micros() as u64;
+    // The veth pair went with the container's network namespace; the address is free again.
+    if let Some(address) = address {
+        network::release_address(address);
+    }
     report
 }
 
 /// Starts the container and waits for its init, enforcing the timeout and the control channel.
-fn supervise(container: &mut Container, request: &SandboxRequest, control: &File, report: &mut SandboxReport) -> Exit {
+fn supervise(
+    container: &mut Container,
+    request: &SandboxRequest,
+    control: &File,
+    report: &mut SandboxReport,
+    address: &mut Option<std::net::Ipv4Addr>,
+) -> Exit {
     let Some(pid) = container.pid() else {
         return failed("create", "container has no pid after create".into());
     };
@@ -164,10 +176,10 @@ fn supervise(container: &mut Container, request: &SandboxRequest, control: &File
         Ok(fd) => fd,
         Err(e) => return failed("start", format!("pidfd_open: {e}")),
     };
-    if let Err(e) = loopback_up(pid.as_raw()) {
+    if let Err(e) = setup_network(pid.as_raw(), request, address) {
         kill_all(container);
         let _ = waitpid(pid, None);
-        return failed("start", format!("cannot bring up the sandbox's loopback: {e}"));
+        return failed("start", format!("cannot set up the sandbox's network: {e}"));
     }
     let t1 = Instant::now();
     if let Err(e) = container.start() {
@@ -241,16 +253,28 @@ fn poll_two(pidfd: BorrowedFd<'_>, control: BorrowedFd<'_>, timeout_ms: i32) -> 
     Ok((exited, control_ready))
 }
 
-/// Brings `lo` up in the network namespace of `pid` (the created, not yet started init): the
-/// helper is single-threaded, so `setns` moves the whole helper there and back.
-fn loopback_up(pid: i32) -> Result<(), String> {
+/// Sets up the network namespace of `pid` (the created, not yet started init): `lo` up, and
+/// for an outbound job a veth on the host bridge with a reserved address. The helper is
+/// single-threaded, so `setns` moves the whole helper (and the `ip` commands it runs) there
+/// and back.
+fn setup_network(pid: i32, request: &SandboxRequest, address: &mut Option<std::net::Ipv4Addr>) -> Result<(), String> {
     use nix::sched::{setns, CloneFlags};
+    let mut device = None;
+    if request.outbound {
+        let owner = request.state_root.join(&request.container_id);
+        let reserved = network::reserve_address(&owner)?;
+        *address = Some(reserved);
+        device = Some((network::attach(pid, &owner)?, reserved));
+    }
     let own = File::open("/proc/self/ns/net").map_err(|e| format!("own netns: {e}"))?;
     let target = File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("sandbox netns: {e}"))?;
     setns(&target, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
-    let up = sys::loopback_up().map_err(|e| format!("SIOCSIFFLAGS: {e}"));
+    let inside = sys::loopback_up().map_err(|e| format!("SIOCSIFFLAGS: {e}")).and_then(|()| match &device {
+        Some((name, reserved)) => network::configure_inside(name, *reserved),
+        None => Ok(()),
+    });
     setns(&own, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns back: {e}"))?;
-    up
+    inside
 }
 
 fn kill_all(container: &mut Container) {

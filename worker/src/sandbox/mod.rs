@@ -14,6 +14,7 @@
 
 pub mod cgroup;
 pub mod helper;
+pub mod network;
 pub mod spec;
 
 use std::path::PathBuf;
@@ -39,6 +40,9 @@ pub struct SandboxRequest {
     pub report_path: PathBuf,
     /// The spec's `linux.cgroupsPath`, to read usage before delete.
     pub cgroups_path: String,
+    /// Attach the sandbox to the outbound network ([`network`]); otherwise loopback only.
+    #[serde(default)]
+    pub outbound: bool,
 }
 
 /// How the program ended.

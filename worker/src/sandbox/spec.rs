@@ -68,6 +68,8 @@ pub struct JobSandbox<'a> {
     pub id_map: Option<IdMap>,
     /// Apply [`SECCOMP`].
     pub seccomp: bool,
+    /// For outbound sandboxes: a file bind-mounted read-only at `/etc/resolv.conf`.
+    pub resolv_conf: Option<&'a Path>,
 }
 
 /// Failure to make a job's spec.
@@ -107,6 +109,16 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
         } else if mount.destination() == Path::new("/sandq") {
             mount.set_source(Some(job.src_dir.to_path_buf()));
         }
+    }
+    if let Some(resolv_conf) = job.resolv_conf {
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination("/etc/resolv.conf")
+            .typ("bind")
+            .source(resolv_conf)
+            .options(vec!["rbind".to_owned(), "ro".to_owned(), "nosuid".to_owned(), "nodev".to_owned()])
+            .build()
+            .map_err(|_| SpecError::Missing("a valid resolv.conf mount"))?;
+        spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
     let linux = spec.linux_mut().as_mut().ok_or(SpecError::Missing("linux"))?;
     linux.set_cgroups_path(Some(PathBuf::from(job.cgroups_path)));
@@ -171,6 +183,7 @@ mod tests {
             limits: SandboxLimits { cpus: 2.0, memory_bytes: 4 << 30, pids: 512 },
             id_map: Some(IdMap { host_base: 100_000, size: 65_536 }),
             seccomp: true,
+            resolv_conf: None,
         };
         let spec = build(&job).expect("spec");
         let json = serde_json::to_value(&spec).expect("json");

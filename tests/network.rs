@@ -1,0 +1,179 @@
+//! The `outbound` network mode against a server the test starts in a network namespace it
+//! creates (`sandqt-ext`, 198.18.0.2, the benchmarking range; reached from the host through a
+//! veth pair): outbound connections work, nothing connects in, the worker's host is out of
+//! reach, and `none` still reaches nothing. Names resolve through the worker's configured
+//! nameserver (here a DNS server in that netns). No traffic leaves this machine.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sandq_schemas::{JobStatus, NetworkMode, Sku};
+use sandq_tests::{exits_within, python_job, wait, wait_for_status, Isolated};
+
+const NETNS: &str = "sandqt-ext";
+const SERVER: &str = "198.18.0.2";
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().expect("ip");
+    assert!(status.success(), "ip {args:?}");
+}
+
+/// A DNS server for the test's netns: answers every A query with 198.18.0.2, AAAA with nothing.
+const DNS_SERVER: &str = r"
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('198.18.0.2', 53))
+while True:
+    data, addr = s.recvfrom(512)
+    i = 12
+    while data[i] != 0:
+        i += data[i] + 1
+    question = data[12:i + 5]
+    qtype = struct.unpack('>H', data[i + 1:i + 3])[0]
+    answer = b'\xc0\x0c' + struct.pack('>HHIH', 1, 1, 60, 4) + socket.inet_aton('198.18.0.2') if qtype == 1 else b''
+    s.sendto(data[:2] + b'\x81\x80\x00\x01' + struct.pack('>H', 1 if answer else 0) + b'\x00\x00\x00\x00' + question + answer, addr)
+";
+
+/// The test's external host: a netns with a veth to the host, an HTTP server serving
+/// `token.txt` and a DNS server. Removed on drop.
+struct External {
+    server: Child,
+    dns: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl External {
+    fn start(token: &str) -> Self {
+        let _ = Command::new("ip").args(["netns", "del", NETNS]).status();
+        let _ = Command::new("ip").args(["link", "del", "sqtx0"]).status();
+        ip(&["netns", "add", NETNS]);
+        ip(&["link", "add", "sqtx0", "type", "veth", "peer", "name", "sqtx1"]);
+        ip(&["link", "set", "sqtx1", "netns", NETNS]);
+        ip(&["addr", "add", "198.18.0.1/24", "dev", "sqtx0"]);
+        ip(&["link", "set", "sqtx0", "up"]);
+        ip(&["-n", NETNS, "addr", "add", "198.18.0.2/24", "dev", "sqtx1"]);
+        ip(&["-n", NETNS, "link", "set", "sqtx1", "up"]);
+        ip(&["-n", NETNS, "link", "set", "lo", "up"]);
+        ip(&["-n", NETNS, "route", "add", "default", "via", "198.18.0.1"]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("token.txt"), token).expect("token");
+        let server = Command::new("ip")
+            .args(["netns", "exec", NETNS, "python3", "-m", "http.server", "8080", "--bind", SERVER])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("http server");
+        let dns = Command::new("ip")
+            .args(["netns", "exec", NETNS, "python3", "-c", DNS_SERVER])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dns server");
+        // Wait until it listens.
+        for _ in 0..100 {
+            let probe = Command::new("ip")
+                .args(["netns", "exec", NETNS, "python3", "-c", &format!("import socket; socket.create_connection(('{SERVER}', 8080), timeout=0.2)")])
+                .stderr(Stdio::null())
+                .status()
+                .expect("probe");
+            if probe.success() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        External { server, dns, _dir: dir }
+    }
+
+    /// Tries to connect from the external host to `address:port`; true when it connected.
+    fn connects_to(&self, address: &str, port: u16) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", NETNS, "python3", "-c", &format!("import socket; socket.create_connection(('{address}', {port}), timeout=2)")])
+            .stderr(Stdio::null())
+            .status()
+            .expect("connect")
+            .success()
+    }
+}
+
+impl Drop for External {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = self.dns.kill();
+        let _ = self.dns.wait();
+        let _ = Command::new("ip").args(["netns", "del", NETNS]).status();
+        let _ = Command::new("ip").args(["link", "del", "sqtx0"]).status();
+    }
+}
+
+/// The address the worker reserved for the job (the reservation file names it).
+fn sandbox_address(job_id: &str) -> Option<String> {
+    std::fs::read_dir("/run/sandq/net").ok()?.flatten().find_map(|e| {
+        let owner = std::fs::read_to_string(e.path()).ok()?;
+        owner.contains(job_id).then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
+#[tokio::test]
+async fn outbound_works_inbound_and_the_host_do_not() {
+    let token = uuid::Uuid::new_v4().to_string();
+    let external = External::start(&token);
+    let world = Isolated::new().await;
+    // The sandboxes' resolver is the test's own DNS server.
+    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__NAMESERVERS", SERVER)]);
+    let mut client = world.client().await;
+
+    let code = format!(
+        "import socket, time, urllib.request\n\
+         print(urllib.request.urlopen('http://files.sandq.test:8080/token.txt', timeout=5).read().decode())\n\
+         for port in (5672, 6379, 3900):\n\
+         \x20   s = socket.socket(); s.settimeout(1)\n\
+         \x20   try:\n\
+         \x20       s.connect(('10.213.0.1', port)); print('host', port, 'reached')\n\
+         \x20   except OSError:\n\
+         \x20       print('host', port, 'blocked')\n\
+         srv = socket.socket(); srv.bind(('0.0.0.0', 9000)); srv.listen(1); srv.settimeout(6)\n\
+         open('/tmp/listening', 'w').close()\n\
+         try:\n\
+         \x20   srv.accept(); print('inbound accepted')\n\
+         except OSError:\n\
+         \x20   print('no inbound')\n"
+    );
+    let mut spec = python_job(&code, Sku::S);
+    spec.network = NetworkMode::Outbound;
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    let address = {
+        let mut found = None;
+        for _ in 0..50 {
+            found = sandbox_address(&spec.job_id);
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        found.expect("the job has no reserved address")
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!external.connects_to(&address, 9000), "an outside host connected into the sandbox at {address}");
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let lines: Vec<&str> = result.stdout.text.lines().collect();
+    assert_eq!(lines[0], token, "the outbound request did not fetch the token");
+    assert_eq!(&lines[1..4], ["host 5672 blocked", "host 6379 blocked", "host 3900 blocked"]);
+    assert_eq!(lines[4], "no inbound");
+    assert!(sandbox_address(&spec.job_id).is_none(), "the address was not released");
+
+    // Without `outbound`, the same server is out of reach.
+    let none = python_job(
+        &format!("import socket\ntry:\n    socket.create_connection(('{SERVER}', 8080), timeout=2); print('reached')\nexcept OSError as e:\n    print('unreachable', e.errno)\n"),
+        Sku::S,
+    );
+    let result = sandq_tests::run(&mut client, &none).await;
+    assert!(result.stdout.text.starts_with("unreachable"), "{}", result.stdout.text);
+
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+    drop(external);
+}
