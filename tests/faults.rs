@@ -86,7 +86,7 @@ async fn a_short_chaos_run_loses_no_job() {
 async fn an_s3_outage_delays_jobs_but_loses_none() {
     let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
-    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__MAX_ATTEMPTS", "4")]);
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__MAX_ATTEMPTS", "4")]);
     let mut client = world.client().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("numbers.txt");
@@ -120,7 +120,7 @@ async fn an_s3_outage_delays_jobs_but_loses_none() {
 async fn a_job_that_keeps_failing_on_infrastructure_is_dead_lettered_with_internal_error() {
     let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
-    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__MAX_ATTEMPTS", "2")]);
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__MAX_ATTEMPTS", "2")]);
     let mut client = world.client().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data.txt");
@@ -131,7 +131,8 @@ async fn a_job_that_keeps_failing_on_infrastructure_is_dead_lettered_with_intern
     let mut spec = python_job("print(1)", Sku::S);
     spec.inputs = vec![input];
     client.submit(&spec).await.expect("submit");
-    let result = tokio::time::timeout(Duration::from_secs(240), wait(&mut client, &spec.job_id)).await;
+    // Not the panicking harness wait: Garage must come back whatever happens.
+    let result = client.wait(&spec.job_id, Duration::from_secs(240), Duration::from_secs(1), |_| {}).await;
     let restarted = Command::new(repo_root().join("scripts/services.sh")).stderr(std::process::Stdio::null()).status().expect("services.sh");
     assert!(restarted.success(), "garage did not come back");
     let result = result.expect("no result within 4 minutes");

@@ -248,6 +248,18 @@ impl Isolated {
         command.spawn().expect("start sandq-worker")
     }
 
+    /// [`Isolated::start_worker`], then waits (up to 60 s) until the worker consumes.
+    pub fn start_worker_ready(&self, id: &str, env: &[(&str, &str)]) -> Child {
+        let child = self.start_worker(id, env);
+        let log = std::env::temp_dir().join(format!("sandq-{id}-worker.log"));
+        let started = std::time::Instant::now();
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("consuming") {
+            assert!(started.elapsed() < Duration::from_secs(60), "worker {id} did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child
+    }
+
     /// A client in this namespace.
     pub async fn client(&self) -> Client {
         Client::connect(self.config.clone()).await.expect("client connect")

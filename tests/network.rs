@@ -123,7 +123,7 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__NAMESERVERS", SERVER)]);
     let mut client = world.client().await;
 
-    let code = format!(
+    let code = String::from(
         "import socket, time, urllib.request\n\
          print(urllib.request.urlopen('http://files.sandq.test:8080/token.txt', timeout=5).read().decode())\n\
          for port in (5672, 6379, 3900):\n\

@@ -155,7 +155,7 @@ pub async fn run(
         limits,
         id_map: settings.id_map,
         seccomp: settings.seccomp,
-        resolv_conf: (job.spec.network == sandq_schemas::NetworkMode::Outbound).then(|| resolv_conf.as_path()),
+        resolv_conf: (job.spec.network == sandq_schemas::NetworkMode::Outbound).then_some(resolv_conf.as_path()),
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
     let request = SandboxRequest {

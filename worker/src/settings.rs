@@ -375,9 +375,10 @@ impl RawConfig {
 }
 
 impl Settings {
-    /// The `resolv.conf` bind-mounted into outbound sandboxes (written at start).
+    /// The `resolv.conf` bind-mounted into outbound sandboxes (written at start), beside the
+    /// state root (which holds only container state dirs): `<state_dir>/<worker id>.resolv.conf`.
     pub fn resolv_conf(&self) -> PathBuf {
-        self.state_root.join("resolv.conf")
+        self.state_root.with_file_name(format!("{}.resolv.conf", self.worker_id))
     }
 
     /// The host uid (and gid) that owns files the program writes: the sandbox uid, shifted by
