@@ -182,6 +182,10 @@ pub async fn run(
         .kill_on_drop(false)
         .spawn()
         .map_err(RunError::Helper)?;
+    // Until its status is collected below, a dropped job dir waits for this helper.
+    if let Some(pidfd) = child.id().and_then(|pid| i32::try_from(pid).ok()).and_then(|pid| crate::sys::pidfd_open(pid).ok()) {
+        dir.helper_started(pidfd);
+    }
     let mut control = child.stdin.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdin pipe")))?;
     control.write_all(&line).await.map_err(RunError::Helper)?;
     let cap = settings.max_output_bytes;
@@ -201,9 +205,13 @@ pub async fn run(
         }
     };
     let status = match exited {
-        Ok(status) => status.map_err(RunError::Helper)?,
+        Ok(status) => {
+            dir.helper_exited();
+            status.map_err(RunError::Helper)?
+        }
         Err(_) => {
             let _ = child.kill().await;
+            dir.helper_exited();
             delete_container(settings, container_id).await;
             return Err(RunError::HelperHung);
         }

@@ -40,11 +40,72 @@ pub struct JobDir {
     pub stdin: Option<PathBuf>,
     /// Helper's report.
     pub report: PathBuf,
+    /// A pidfd of the `sandq-container` helper while it runs on this dir (see
+    /// [`JobDir::helper_started`]).
+    helper: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
+}
+
+/// How long a dropped [`JobDir`] waits for a still-running helper (which, its control pipe
+/// closed, kills, reaps and deletes the container, then writes its report) before removing the
+/// directory anyway. The helper needs well under a second for that; the startup cleanup of the
+/// next worker run removes whatever is still left.
+const HELPER_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl JobDir {
+    /// Records that a helper (pidfd `pidfd`) now works on this dir, so that dropping the dir
+    /// while it runs (the job task aborted) waits for it to finish before removing anything:
+    /// otherwise the helper's last writes race the removal and leave a directory behind.
+    pub fn helper_started(&self, pidfd: std::os::fd::OwnedFd) {
+        if let Ok(mut slot) = self.helper.lock() {
+            *slot = Some(pidfd);
+        }
+    }
+
+    /// Records that the helper has exited (its status was collected).
+    pub fn helper_exited(&self) {
+        if let Ok(mut slot) = self.helper.lock() {
+            *slot = None;
+        }
+    }
 }
 
 impl Drop for JobDir {
     fn drop(&mut self) {
-        remove_job_dir(&self.root);
+        let helper = self.helper.get_mut().ok().and_then(Option::take);
+        match helper {
+            None => remove_job_dir(&self.root),
+            Some(pidfd) => {
+                // Dropped mid-run: wait for the helper off the async runtime, then clean up.
+                let root = self.root.clone();
+                let spawned = std::thread::Builder::new().name("jobdir-cleanup".into()).spawn(move || {
+                    wait_for_exit(&pidfd, HELPER_EXIT_WAIT);
+                    remove_job_dir(&root);
+                });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "cannot start a cleanup thread; removing the job dir now");
+                    remove_job_dir(&self.root);
+                }
+            }
+        }
+    }
+}
+
+/// Waits up to `limit` for the process behind `pidfd` to exit (the pidfd turns readable).
+fn wait_for_exit(pidfd: &std::os::fd::OwnedFd, limit: std::time::Duration) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        let timeout = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Err(nix::errno::Errno::EINTR) => {}
+            _ => return,
+        }
     }
 }
 
@@ -132,6 +193,7 @@ pub async fn stage(
         stdin: job.spec.stdin.as_ref().map(|_| root.join("stdin")),
         report: root.join("report.json"),
         root,
+        helper: std::sync::Mutex::new(None),
     };
     // On error `dir` is dropped here, which removes the partly made directory.
     stage_into(job, &dir, sandbox_uid, disk_bytes, s3, bucket).await.map(|()| dir)
