@@ -240,6 +240,17 @@ async fn python_client_round_trip() {
     assert_eq!(result["exit_code"], 0);
     assert_eq!(result["stdout"]["text"], "55\n");
     assert_eq!(result["sku"], "S");
+    // A notebook cell's value, read from the plain maps of the result by another language.
+    let output = tokio::process::Command::new("python3")
+        .arg(repo_root().join("clients/python/sandq_client.py"))
+        .args(["--namespace", &namespace(), "--amqp-url", &config.amqp.url, "--redis-url", &config.redis.url, "--sku", "S"])
+        .args(["--code", "x = 6\nx * 7"])
+        .output()
+        .await
+        .expect("python3 clients/python/sandq_client.py");
+    let result: serde_json::Value = serde_json::from_slice(&output.stdout).expect("client prints JSON");
+    assert_eq!(result["outputs"][0]["output_type"], "execute_result", "{result}");
+    assert_eq!(result["outputs"][0]["data"]["text/plain"]["text"], "42", "{result}");
 }
 
 #[tokio::test]

@@ -140,6 +140,8 @@ pub fn python_job(code: &str, sku: Sku) -> JobSpec {
         network: NetworkMode::None,
         submitted_at_ms: Some(sandq_submitter::client::now_ms()),
         deadline_ms: None,
+        mode: None,
+        session: None,
     }
 }
 

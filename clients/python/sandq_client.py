@@ -47,8 +47,8 @@ class SubmitError(Exception):
     """The broker did not accept the job: it is not queued."""
 
 
-def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namespace="sandq",
-           amqp_url="amqp://guest:guest@127.0.0.1:5672/%2f", redis_url="redis://127.0.0.1:6379/0"):
+def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namespace="sandq", mode=None,
+           session=None, amqp_url="amqp://guest:guest@127.0.0.1:5672/%2f", redis_url="redis://127.0.0.1:6379/0"):
     job_id = str(uuid.uuid4())
     now_ms = int(time.time() * 1000)
     job = {
@@ -60,6 +60,10 @@ def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namesp
         "timeout": timeout,
         "submitted_at_ms": now_ms,
     }
+    if mode is not None:
+        job["mode"] = mode  # "notebook" (Python's default) or "script"
+    if session is not None:
+        job["session"] = session
     if stdin is not None:
         job["stdin"] = stdin.encode() if isinstance(stdin, str) else stdin
     body = msgpack.packb(job, use_bin_type=True)
@@ -111,11 +115,14 @@ def main():
     parser.add_argument("--code", required=True)
     parser.add_argument("--sku", default="M")
     parser.add_argument("--stdin")
+    parser.add_argument("--mode", choices=["notebook", "script"])
+    parser.add_argument("--session")
     parser.add_argument("--namespace", default="sandq")
     parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2f")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
-    job_id = submit(args.code, sku=args.sku, stdin=args.stdin, namespace=args.namespace,
+    job_id = submit(args.code, sku=args.sku, stdin=args.stdin, namespace=args.namespace, mode=args.mode,
+                    session=args.session,
                     amqp_url=args.amqp_url, redis_url=args.redis_url)
     result = wait(job_id, namespace=args.namespace, redis_url=args.redis_url)
     print(json.dumps(result, indent=2, default=lambda b: b.decode("utf-8", "replace")))

@@ -168,6 +168,8 @@ fn job(n: usize, namespace: &str) -> JobSpec {
         network: NetworkMode::None,
         submitted_at_ms: Some(now_ms()),
         deadline_ms: None,
+        mode: None,
+        session: None,
     }
 }
 

@@ -57,6 +57,39 @@ pub struct JobSpec {
     /// `expired`). `None`: no deadline.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// How a Python program runs: `notebook` (default for Python: one IPython cell whose
+    /// last expression, `display()` calls and figures come back as MIME bundles in
+    /// `JobResult::outputs`) or `script` (`python3 main.py`). Node.js runs as a script only.
+    #[serde(default)]
+    pub mode: Option<RunMode>,
+    /// Session whose files are restored into `/work` before the program runs and saved from
+    /// it afterwards: 1 to 64 of `[A-Za-z0-9_.-]`, not starting with `.`. Anyone who knows a
+    /// session's name can use its files: choose unguessable names (a UUID). `None`: no session.
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+/// How a program runs (`JobSpec::mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunMode {
+    /// Python only: the code runs as one notebook cell in IPython's `InteractiveShell`; the
+    /// result's `outputs` holds its rich outputs.
+    Notebook,
+    /// `python3 main.py` / `node main.js`: stdout, stderr and the exit code only.
+    Script,
+}
+
+impl JobSpec {
+    /// The mode this job runs in: the one it names, else `notebook` for Python and `script`
+    /// for Node.js.
+    pub fn run_mode(&self) -> RunMode {
+        match (self.mode, self.runtime) {
+            (Some(mode), _) => mode,
+            (None, Runtime::Python) => RunMode::Notebook,
+            (None, Runtime::Node) => RunMode::Script,
+        }
+    }
 }
 
 /// An input file: an S3 object the client uploaded, and where it appears in the sandbox.

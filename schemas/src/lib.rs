@@ -15,8 +15,11 @@ pub mod names;
 pub mod result;
 pub mod validate;
 
-pub use job::{InputFile, JobSpec, NetworkMode, Runtime, Sku};
-pub use result::{Artifact, CapturedOutput, JobResult, JobStatus, ResourceUsage, SkippedArtifact};
+pub use job::{InputFile, JobSpec, NetworkMode, RunMode, Runtime, Sku};
+pub use result::{
+    Artifact, CapturedOutput, ErrorInfo, ImageSize, JobResult, JobStatus, MimeValue, Output, OutputType, ResourceUsage, SessionInfo,
+    SkippedArtifact, TableShape,
+};
 pub use validate::{Limits, ValidJob, ValidationError};
 
 /// Version of the wire format written in `schema_version` of every [`JobSpec`] and [`JobResult`].

@@ -73,6 +73,39 @@ impl Names {
     pub fn cancel_key(&self, job_id: &str) -> String {
         format!("{}:job:{}:cancel", self.namespace, job_id)
     }
+
+    /// Redis sorted set `<ns>:sessions`: session name -> expiry (Unix epoch ms) as the score.
+    /// Workers reap members whose score has passed.
+    pub fn sessions_index(&self) -> String {
+        format!("{}:sessions", self.namespace)
+    }
+
+    /// Redis string `<ns>:session:<name>:lock`: the id of the job using the session (`SET NX
+    /// PX`, lease = the job's timeout + 5 min); one job of a session runs at a time.
+    pub fn session_lock_key(&self, session: &str) -> String {
+        format!("{}:session:{}:lock", self.namespace, session)
+    }
+
+    /// Redis string `<ns>:session:<name>:expired`: set (for 7 days) when an expired session
+    /// is deleted, so that the next job naming it is told the session expired.
+    pub fn session_tombstone_key(&self, session: &str) -> String {
+        format!("{}:session:{}:expired", self.namespace, session)
+    }
+
+    /// S3 prefix of a session's objects: `sessions/<ns>/<name>/`.
+    pub fn session_prefix(&self, session: &str) -> String {
+        format!("sessions/{}/{}/", self.namespace, session)
+    }
+
+    /// S3 key of a session's manifest (JSON: path -> sha256, size): `sessions/<ns>/<name>/manifest.json`.
+    pub fn session_manifest_key(&self, session: &str) -> String {
+        format!("{}manifest.json", self.session_prefix(session))
+    }
+
+    /// Content-addressed S3 key of a session file: `sessions/<ns>/<name>/blobs/<sha256>`.
+    pub fn session_blob_key(&self, session: &str, sha256_hex: &str) -> String {
+        format!("{}blobs/{sha256_hex}", self.session_prefix(session))
+    }
 }
 
 /// Content-addressed S3 key of an uploaded input: `inputs/sha256/<hex>`.
@@ -83,6 +116,12 @@ pub fn input_key(sha256_hex: &str) -> String {
 /// S3 key of a job's artifact: `jobs/<job_id>/artifacts/<path>` (path relative to `/work`).
 pub fn artifact_key(job_id: &str, path: &str) -> String {
     format!("jobs/{job_id}/artifacts/{path}")
+}
+
+/// S3 key of a job's rich-output representation: `jobs/<job_id>/outputs/<file>`
+/// (`<file>` = `output-<output index>-<n>.<ext>`, e.g. `output-0-1.png`).
+pub fn output_key(job_id: &str, file: &str) -> String {
+    format!("jobs/{job_id}/outputs/{file}")
 }
 
 /// S3 key of a job's captured stream: `jobs/<job_id>/stdout` or `jobs/<job_id>/stderr`.

@@ -120,6 +120,20 @@ pub struct JobResult {
     /// Delivery attempt that wrote this result, 1 for the first delivery.
     #[serde(default)]
     pub attempt: u32,
+    /// Rich outputs of a notebook-mode job, in order of appearance (see [`Output`]); empty in
+    /// script mode.
+    #[serde(default)]
+    pub outputs: Vec<Output>,
+    /// Outputs left out because the job produced more than the worker's caps (count
+    /// `max_outputs`, 100; bytes `max_outputs_bytes`, 32 MiB).
+    #[serde(default)]
+    pub outputs_dropped: u64,
+    /// The uncaught exception of a notebook-mode job (also the last entry of `outputs`).
+    #[serde(default)]
+    pub error: Option<ErrorInfo>,
+    /// The job's session, when it named one.
+    #[serde(default)]
+    pub session: Option<SessionInfo>,
 }
 
 impl JobResult {
@@ -144,6 +158,10 @@ impl JobResult {
             finished_at_ms: None,
             worker_id: None,
             attempt: 0,
+            outputs: Vec::new(),
+            outputs_dropped: 0,
+            error: None,
+            session: None,
         }
     }
 }
@@ -183,8 +201,119 @@ pub struct Artifact {
     /// SHA-256 of the content, 64 lower-case hex digits (of the whole file, also for multipart
     /// uploads).
     pub sha256: String,
-    /// MIME type guessed from the file's first bytes and name (`image/png`, `text/csv`...).
+    /// MIME type guessed from the file's name (`image/png`, `text/csv`...).
     pub content_type: String,
+    /// Presigned HTTP GET URL of the object (S3 SigV4, through the worker's S3 endpoint),
+    /// valid until `url_expires_at_ms`; `None` when the worker does not presign
+    /// (`artifact_url_ttl = "0s"`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// When `url` stops working, Unix epoch milliseconds (the worker's `artifact_url_ttl`,
+    /// default 24 h, at most 7 days: the SigV4 limit).
+    #[serde(default)]
+    pub url_expires_at_ms: Option<u64>,
+}
+
+/// Kind of a rich output (Jupyter's `output_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputType {
+    /// The value of the cell's last expression.
+    ExecuteResult,
+    /// A `display(...)` call, `plt.show()`, or a figure still open when the cell ended.
+    DisplayData,
+    /// An uncaught exception (`error` is set, `data` holds `text/plain` with the traceback).
+    Error,
+}
+
+/// One rich output of a notebook-mode job: a MIME bundle, one representation of the same
+/// object per MIME type, as in Jupyter (`text/plain` is always there).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Output {
+    /// Kind of output.
+    pub output_type: OutputType,
+    /// MIME type -> representation: `text/plain`, `text/html`, `text/markdown`, `image/png`,
+    /// `image/jpeg`, `image/svg+xml`, `application/json`, `application/vnd.plotly.v1+json`...
+    pub data: std::collections::BTreeMap<String, MimeValue>,
+    /// Rows and columns of a pandas DataFrame or Series (the whole object; the HTML and
+    /// markdown forms show at most 60 and 50 rows).
+    #[serde(default)]
+    pub table: Option<TableShape>,
+    /// Pixel size of the `image/png` (or other image) representation, read from its header.
+    #[serde(default)]
+    pub image: Option<ImageSize>,
+    /// The exception of an `error` output.
+    #[serde(default)]
+    pub error: Option<ErrorInfo>,
+}
+
+/// One representation in a MIME bundle: inline text, or an S3 object. Images are always
+/// stored in S3; text (JSON as its serialization) is inline up to the worker's
+/// `max_inline_output_bytes` (64 KiB) per value and 256 KiB per job, in S3 beyond.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MimeValue {
+    /// The representation as UTF-8 text (JSON types: their JSON serialization).
+    #[serde(default)]
+    pub text: Option<String>,
+    /// The representation in S3 (`jobs/<job_id>/outputs/<n>.<ext>`), with its URL.
+    #[serde(default)]
+    pub artifact: Option<Artifact>,
+    /// Size of the representation, bytes (decoded, for images).
+    pub size: u64,
+}
+
+/// Shape of a table output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableShape {
+    /// Rows of the whole DataFrame or Series.
+    pub rows: u64,
+    /// Columns (1 for a Series).
+    pub columns: u64,
+}
+
+/// Pixel size of an image output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSize {
+    /// Width, pixels.
+    pub width: u32,
+    /// Height, pixels.
+    pub height: u32,
+}
+
+/// An uncaught exception of a notebook-mode job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// Exception class name (`ZeroDivisionError`).
+    pub name: String,
+    /// Its message (`division by zero`).
+    pub value: String,
+    /// Plain-text lines as Python prints them, innermost frame last; frames of the user's code
+    /// name `/sandq/main.py` (or the entry point) with the user's line numbers; no ANSI colour.
+    pub traceback: Vec<String>,
+}
+
+/// What happened to the job's session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// The session's name.
+    pub name: String,
+    /// True when the job started with an empty session: first use, or the session had expired
+    /// (then `expired` is true too) or been removed.
+    pub fresh: bool,
+    /// True when the session existed but had expired: its files were deleted before this job.
+    pub expired: bool,
+    /// Files restored into `/work` before the program ran.
+    pub restored_files: u64,
+    /// Files saved to the session afterwards (new or changed content).
+    pub saved_files: u64,
+    /// Files removed from the session because the program deleted them.
+    pub deleted_files: u64,
+    /// Files in the session after the job.
+    pub files: u64,
+    /// Their total size, bytes.
+    pub bytes: u64,
+    /// When the session expires unless another job uses it, Unix epoch milliseconds.
+    pub expires_at_ms: u64,
 }
 
 /// A file the worker did not collect.

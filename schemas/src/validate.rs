@@ -189,6 +189,15 @@ pub enum ValidationError {
         /// The mode as sent.
         mode: NetworkMode,
     },
+    /// `mode: notebook` with a runtime that has no notebook mode (Node.js).
+    #[error("mode \"notebook\" needs runtime \"python\"; Node.js jobs run as scripts")]
+    Mode,
+    /// The session name is not 1 to 64 of `[A-Za-z0-9_.-]` or starts with `.`.
+    #[error("session name {name:?} is not 1 to 64 of [A-Za-z0-9_.-] not starting with '.'")]
+    Session {
+        /// The name as sent.
+        name: String,
+    },
 }
 
 /// Environment variables the sandbox sets itself; a job cannot override them.
@@ -352,6 +361,18 @@ impl JobSpec {
                 return Err(ValidationError::Env { name: name.clone(), reason: "the value contains a NUL byte" });
             }
         }
+        if self.mode == Some(crate::RunMode::Notebook) && self.runtime == crate::Runtime::Node {
+            return Err(ValidationError::Mode);
+        }
+        if let Some(session) = &self.session {
+            let valid = !session.is_empty()
+                && session.len() <= 64
+                && !session.starts_with('.')
+                && session.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            if !valid {
+                return Err(ValidationError::Session { name: session.clone() });
+            }
+        }
         if self.network == NetworkMode::Outbound && !limits.outbound_network {
             return Err(ValidationError::Network { mode: self.network });
         }
@@ -384,6 +405,8 @@ mod tests {
             network: NetworkMode::None,
             submitted_at_ms: None,
             deadline_ms: None,
+            mode: None,
+            session: None,
         }
     }
 

@@ -56,6 +56,9 @@ pub enum ClientError {
         /// The path.
         path: String,
     },
+    /// A session operation failed.
+    #[error(transparent)]
+    Session(#[from] crate::sessions::SessionError),
 }
 
 /// A connected client.
@@ -341,5 +344,27 @@ impl Client {
         )
         .await?;
         Ok(dest)
+    }
+
+    /// The sessions of this deployment, soonest expiry first (at most `max`).
+    ///
+    /// # Errors
+    /// [`ClientError::Session`].
+    pub async fn sessions(&mut self, max: usize) -> Result<Vec<crate::sessions::Listed>, ClientError> {
+        Ok(crate::sessions::list(&self.s3, &self.config.s3.bucket, &mut self.redis, &self.names, max).await?)
+    }
+
+    /// Deletes a session's files now (waiting up to `wait` for a running job of it to end);
+    /// returns the S3 objects deleted. The next job naming it starts fresh.
+    ///
+    /// # Errors
+    /// [`ClientError::Session`] ([`crate::sessions::SessionError::Busy`] when a job kept it).
+    pub async fn remove_session(&mut self, name: &str, wait: Duration) -> Result<usize, ClientError> {
+        let holder = format!("cli-{}", uuid::Uuid::new_v4());
+        let (s3, bucket, names) = (&self.s3, &self.config.s3.bucket, &self.names);
+        crate::sessions::lock(&mut self.redis, names, name, &holder, Duration::from_secs(60), wait).await?;
+        let deleted = crate::sessions::delete(s3, bucket, &mut self.redis, names, name).await;
+        crate::sessions::unlock(&mut self.redis, names, name, &holder).await?;
+        Ok(deleted?)
     }
 }

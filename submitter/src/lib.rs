@@ -7,6 +7,7 @@
 pub mod client;
 pub mod config;
 pub mod results;
+pub mod sessions;
 pub mod storage;
 pub mod topology;
 

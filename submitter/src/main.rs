@@ -6,6 +6,8 @@
 //! sandq status ID
 //! sandq wait ID
 //! sandq cancel ID
+//! sandq session ls
+//! sandq session rm NAME
 //! ```
 
 use std::collections::BTreeMap;
@@ -16,7 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Runtime, Sku, SCHEMA_VERSION};
+use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Output, OutputType, RunMode, Runtime, Sku, SCHEMA_VERSION};
 use sandq_submitter::client::now_ms;
 use sandq_submitter::config::{self, ServiceConfig};
 use sandq_submitter::Client;
@@ -52,6 +54,11 @@ enum Command {
         /// Job id.
         id: String,
     },
+    /// List or remove sessions.
+    Session {
+        #[command(subcommand)]
+        command: SessionCommand,
+    },
     /// Wait for a job to finish, then print it like `run`.
     Wait {
         /// Job id.
@@ -61,6 +68,20 @@ enum Command {
         out: PathBuf,
         /// Give up waiting after this long.
         #[arg(long, default_value = "15m")]
+        wait: humantime::Duration,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionCommand {
+    /// List sessions: name, files, bytes, expiry, the job using it.
+    Ls,
+    /// Delete a session's files now; the next job naming it starts fresh.
+    Rm {
+        /// Session name.
+        name: String,
+        /// Wait this long for a running job of the session to end.
+        #[arg(long, default_value = "60s")]
         wait: humantime::Duration,
     },
 }
@@ -92,6 +113,15 @@ struct JobArgs {
     /// Job id; default a random UUID.
     #[arg(long)]
     id: Option<String>,
+    /// How Python runs: notebook (one IPython cell: the last expression, display(), tables and
+    /// charts come back as rich outputs) or script (python3 main.py). Default notebook for
+    /// Python, script for Node.js.
+    #[arg(long, value_parser = ["notebook", "script"])]
+    mode: Option<String>,
+    /// Session: files left in /work are saved and restored into the next job of the same
+    /// session (expires after 30 min without jobs). Use an unguessable name.
+    #[arg(long)]
+    session: Option<String>,
     /// Artifacts go to OUT/<job id>/.
     #[arg(long, default_value = "sandq-out")]
     out: PathBuf,
@@ -145,6 +175,32 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json).await
         }
         Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json).await,
+        Command::Session { command: SessionCommand::Ls } => {
+            let sessions = client.sessions(1000).await?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&sessions)?);
+                return Ok(0);
+            }
+            println!("{:<40} {:>6} {:>12} {:>12}  IN USE BY", "SESSION", "FILES", "BYTES", "EXPIRES IN");
+            let now = now_ms();
+            for s in sessions {
+                let left = Duration::from_secs(s.expires_at_ms.saturating_sub(now) / 1000);
+                println!(
+                    "{:<40} {:>6} {:>12} {:>12}  {}",
+                    s.name,
+                    s.files.map_or("-".into(), |f| f.to_string()),
+                    s.bytes.map_or("-".into(), |b| b.to_string()),
+                    humantime::format_duration(left).to_string(),
+                    s.in_use_by.unwrap_or_default()
+                );
+            }
+            Ok(0)
+        }
+        Command::Session { command: SessionCommand::Rm { name, wait } } => {
+            let deleted = client.remove_session(&name, wait.into()).await?;
+            eprintln!("session {name}: {deleted} objects deleted");
+            Ok(0)
+        }
         Command::Cancel { id } => {
             if client.cancel(&id).await? {
                 eprintln!("cancellation of {id} requested");
@@ -168,7 +224,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
                     Ok(0)
                 }
                 Some(result) if result.status.is_terminal() => {
-                    print_result(&result, &[])?;
+                    print_result(&result, &[], &BTreeMap::new())?;
                     Ok(0)
                 }
                 Some(result) => {
@@ -236,6 +292,12 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
         network: if args.network == "outbound" { NetworkMode::Outbound } else { NetworkMode::None },
         submitted_at_ms: Some(now_ms()),
         deadline_ms: None,
+        mode: match args.mode.as_deref() {
+            Some("script") => Some(RunMode::Script),
+            Some(_) => Some(RunMode::Notebook),
+            None => None,
+        },
+        session: args.session.clone(),
     })
 }
 
@@ -265,10 +327,17 @@ async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, j
         let path = client.download_artifact(artifact, &dir).await?;
         downloaded.push((artifact, path));
     }
+    let outputs_dir = dir.join("outputs");
+    let mut saved_outputs = BTreeMap::new();
+    for (index, output) in result.outputs.iter().enumerate() {
+        if let Some(saved) = save_output(client, output, index, &outputs_dir).await? {
+            saved_outputs.insert(index, saved);
+        }
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
-        print_result(&result, &downloaded)?;
+        print_result(&result, &downloaded, &saved_outputs)?;
     }
     Ok(exit_code(&result))
 }
@@ -285,9 +354,63 @@ fn exit_code(result: &JobResult) -> i32 {
     }
 }
 
-fn print_result(result: &JobResult, downloaded: &[(&sandq_schemas::Artifact, PathBuf)]) -> anyhow::Result<()> {
+/// Saves the representation of a rich output a person wants as a file: an image, or the HTML
+/// of a plotly figure, or any representation stored only in S3 (too large to inline). Returns
+/// the local path.
+async fn save_output(client: &Client, output: &Output, index: usize, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let image = output.data.iter().find(|(mime, _)| mime.starts_with("image/"));
+    let plotly_html = output.data.contains_key("application/vnd.plotly.v1+json").then(|| output.data.get("text/html")).flatten();
+    let chosen = image.map(|(_, v)| v).or(plotly_html).or_else(|| {
+        let shown = output.data.get("text/markdown").or_else(|| output.data.get("text/plain"));
+        shown.filter(|v| v.text.is_none())
+    });
+    let Some(value) = chosen else { return Ok(None) };
+    if let Some(artifact) = &value.artifact {
+        return Ok(Some(client.download_artifact(artifact, dir).await?));
+    }
+    let Some(text) = &value.text else { return Ok(None) };
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("output-{index}.html"));
+    std::fs::write(&path, text)?;
+    Ok(Some(path))
+}
+
+/// Prints rich outputs for a person: tables as markdown tables, text as text, files for the
+/// rest (images, figures), each with where it was saved.
+fn print_outputs(result: &JobResult, saved: &BTreeMap<usize, PathBuf>, out: &mut impl Write) -> std::io::Result<()> {
+    for (index, output) in result.outputs.iter().enumerate() {
+        if output.output_type == OutputType::Error {
+            continue; // its traceback is on stderr already
+        }
+        let label = if output.output_type == OutputType::ExecuteResult { "result" } else { "display" };
+        if let Some(path) = saved.get(&index) {
+            let what = output.data.keys().find(|m| m.starts_with("image/") || m.contains("plotly")).cloned().unwrap_or_default();
+            let size = output.image.map(|i| format!(" {}x{}", i.width, i.height)).unwrap_or_default();
+            writeln!(out, "[{label} {index}: {what}{size} saved to {}]", path.display())?;
+            continue;
+        }
+        let text = output.data.get("text/markdown").and_then(|v| v.text.as_ref()).or_else(|| output.data.get("text/plain").and_then(|v| v.text.as_ref()));
+        if let Some(text) = text {
+            writeln!(out, "{}", text.trim_end())?;
+        }
+        if let Some(table) = output.table {
+            writeln!(out, "[{label} {index}: table, {} rows x {} columns]", table.rows, table.columns)?;
+        }
+    }
+    if result.outputs_dropped > 0 {
+        writeln!(out, "[sandq: {} outputs dropped over the caps]", result.outputs_dropped)?;
+    }
+    Ok(())
+}
+
+fn print_result(
+    result: &JobResult,
+    downloaded: &[(&sandq_schemas::Artifact, PathBuf)],
+    saved_outputs: &BTreeMap<usize, PathBuf>,
+) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(result.stdout.text.as_bytes())?;
+    print_outputs(result, saved_outputs, &mut stdout)?;
     stdout.flush()?;
     let mut stderr = std::io::stderr().lock();
     stderr.write_all(result.stderr.text.as_bytes())?;
@@ -319,8 +442,19 @@ fn print_result(result: &JobResult, downloaded: &[(&sandq_schemas::Artifact, Pat
     if let (Some(q), Some(s), Some(f)) = (result.queued_at_ms, result.started_at_ms, result.finished_at_ms) {
         writeln!(stderr, "    queued -> started {} ms, started -> finished {} ms, end to end {} ms", s.saturating_sub(q), f.saturating_sub(s), now_ms().saturating_sub(q))?;
     }
+    if let Some(error) = &result.error {
+        writeln!(stderr, "    error: {}: {}", error.name, error.value)?;
+    }
     for (artifact, path) in downloaded {
         writeln!(stderr, "    artifact {} ({}, {} bytes) -> {}", artifact.path, artifact.content_type, artifact.size, path.display())?;
+    }
+    if let Some(session) = &result.session {
+        let state = if session.expired { " (fresh: the session had expired)" } else if session.fresh { " (fresh)" } else { "" };
+        writeln!(
+            stderr,
+            "    session {}{state}: {} files restored, {} saved, {} deleted; now {} files, {} bytes",
+            session.name, session.restored_files, session.saved_files, session.deleted_files, session.files, session.bytes
+        )?;
     }
     for skipped in &result.skipped_artifacts {
         writeln!(stderr, "    skipped {} ({})", skipped.path, skipped.reason)?;

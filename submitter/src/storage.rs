@@ -229,3 +229,114 @@ pub async fn get_to_file(
     }
     Ok(written)
 }
+
+/// Downloads `key` into memory, at most `max` bytes.
+///
+/// # Errors
+/// [`TransferError::Missing`], [`TransferError::Request`], or [`TransferError::Size`] when the
+/// object is larger than `max`.
+pub async fn get_bytes(s3: &Client, bucket: &str, key: &str, max: u64) -> Result<Vec<u8>, TransferError> {
+    let response = match s3.get_object().bucket(bucket).key(key).send().await {
+        Ok(r) => r,
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => {
+            return Err(TransferError::Missing { key: key.to_owned() })
+        }
+        Err(e) => return Err(request_error(key, e)),
+    };
+    let mut body = response.body;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.try_next().await.map_err(|e| request_error(key, e))? {
+        if (bytes.len() + chunk.len()) as u64 > max {
+            return Err(TransferError::Size { key: key.to_owned(), found: (bytes.len() + chunk.len()) as u64, expected: max });
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// Server-side copy of `from` to `to` in `bucket` (S3 CopyObject: no bytes pass through here).
+///
+/// # Errors
+/// [`TransferError::Request`].
+pub async fn copy(s3: &Client, bucket: &str, from: &str, to: &str) -> Result<(), TransferError> {
+    s3.copy_object()
+        .bucket(bucket)
+        .key(to)
+        .copy_source(format!("{bucket}/{from}"))
+        .send()
+        .await
+        .map_err(|e| request_error(from, e))?;
+    Ok(())
+}
+
+/// Deletes `keys` (a missing key is not an error), 1,000 per DeleteObjects request.
+///
+/// # Errors
+/// [`TransferError::Request`].
+pub async fn delete_keys(s3: &Client, bucket: &str, keys: &[String]) -> Result<(), TransferError> {
+    use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+    for chunk in keys.chunks(1000) {
+        let objects = chunk
+            .iter()
+            .map(|k| ObjectIdentifier::builder().key(k).build().map_err(|e| request_error(k, e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let delete = Delete::builder().set_objects(Some(objects)).quiet(true).build().map_err(|e| request_error(&chunk[0], e))?;
+        s3.delete_objects().bucket(bucket).delete(delete).send().await.map_err(|e| request_error(&chunk[0], e))?;
+    }
+    Ok(())
+}
+
+/// Keys under `prefix`, in key order, at most `max`.
+///
+/// # Errors
+/// [`TransferError::Request`].
+pub async fn list(s3: &Client, bucket: &str, prefix: &str, max: usize) -> Result<Vec<String>, TransferError> {
+    let mut keys = Vec::new();
+    let mut token = None;
+    loop {
+        let page = s3
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(prefix)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .map_err(|e| request_error(prefix, e))?;
+        keys.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_owned)));
+        if keys.len() >= max {
+            keys.truncate(max);
+            return Ok(keys);
+        }
+        match page.next_continuation_token() {
+            Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
+            _ => return Ok(keys),
+        }
+    }
+}
+
+/// Deletes every object under `prefix`; returns how many.
+///
+/// # Errors
+/// [`TransferError::Request`].
+pub async fn delete_prefix(s3: &Client, bucket: &str, prefix: &str) -> Result<usize, TransferError> {
+    let mut deleted = 0;
+    loop {
+        let keys = list(s3, bucket, prefix, 1000).await?;
+        if keys.is_empty() {
+            return Ok(deleted);
+        }
+        delete_keys(s3, bucket, &keys).await?;
+        deleted += keys.len();
+    }
+}
+
+/// A presigned GET URL of `key`, valid for `expires_in` (at most 7 days: the SigV4 limit).
+/// Signing happens locally; no request is made.
+///
+/// # Errors
+/// [`TransferError::Request`] when the duration is out of range or signing fails.
+pub async fn presign_get(s3: &Client, bucket: &str, key: &str, expires_in: std::time::Duration) -> Result<String, TransferError> {
+    let config = aws_sdk_s3::presigning::PresigningConfig::expires_in(expires_in).map_err(|e| request_error(key, e))?;
+    let request = s3.get_object().bucket(bucket).key(key).presigned(config).await.map_err(|e| request_error(key, e))?;
+    Ok(request.uri().to_owned())
+}

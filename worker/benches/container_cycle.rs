@@ -41,6 +41,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         id_map,
         seccomp,
         resolv_conf: None,
+        out_dir: None,
     };
     spec::write(&spec::build(&sandbox).expect("spec"), &bundle).expect("write spec");
     let request = SandboxRequest {

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use sandq_schemas::names::artifact_key;
 use sandq_schemas::{Artifact, SkippedArtifact, ValidJob};
+
 use sandq_submitter::storage::{self, TransferError};
 
 /// Deepest directory level walked under `/work`.
@@ -32,6 +33,32 @@ pub struct Collected {
     pub skipped: Vec<SkippedArtifact>,
     /// Files left out, in all.
     pub skipped_total: u64,
+    /// Every regular file under `/work` after the run that is in S3 now: the uploaded ones and
+    /// the unchanged baseline ones, with the key holding its content. What a session saves.
+    pub files: Vec<WorkFile>,
+}
+
+/// A file under `/work` whose content is in S3.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkFile {
+    /// Path relative to `/work`.
+    pub path: String,
+    /// SHA-256, hex.
+    pub sha256: String,
+    /// Size, bytes.
+    pub size: u64,
+    /// S3 key holding the content (an artifact, input or session blob).
+    pub key: String,
+}
+
+/// A file that was in `/work` before the program ran (an input, or a file restored from the
+/// session), with the S3 key of its content: unchanged, it is not uploaded again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Baseline {
+    /// SHA-256, hex.
+    pub sha256: String,
+    /// S3 key of the content.
+    pub key: String,
 }
 
 impl Collected {
@@ -108,13 +135,15 @@ pub fn content_type(path: &str) -> String {
     mime_guess::from_path(path).first_or_octet_stream().essence_str().to_owned()
 }
 
-/// Walks `work` and uploads every new or changed regular file, within the caps.
+/// Walks `work` and uploads every new or changed regular file (not in `baseline` with the same
+/// content), within the caps.
 ///
 /// # Errors
 /// [`CollectError::Upload`] when S3 fails.
 pub async fn collect(
     job: &ValidJob,
     work: &Path,
+    baseline: &BTreeMap<String, Baseline>,
     s3: &aws_sdk_s3::Client,
     bucket: &str,
     max_artifacts: usize,
@@ -124,11 +153,10 @@ pub async fn collect(
     let mut collected = Collected::default();
     let mut seen = 0;
     walk(work, "", 0, &mut seen, &mut candidates, &mut collected);
-    let inputs: BTreeMap<&str, &str> = job.spec.inputs.iter().map(|i| (i.path.as_str(), i.sha256.as_str())).collect();
     let mut budget = max_artifact_bytes;
     for candidate in candidates {
         let skip = |collected: &mut Collected, reason: &str| collected.skip(&candidate.rel, reason);
-        let staged = inputs.get(candidate.rel.as_str()).copied();
+        let staged = baseline.get(candidate.rel.as_str());
         if staged.is_none() && collected.artifacts.len() >= max_artifacts {
             skip(&mut collected, "too_many");
             continue;
@@ -159,8 +187,10 @@ pub async fn collect(
             skip(&mut collected, "unreadable");
             continue;
         };
-        if staged == Some(sha256.as_str()) {
-            continue; // an input, unchanged
+        if let Some(before) = staged.filter(|b| b.sha256 == sha256) {
+            // An input or session file, unchanged: its content is in S3 already.
+            collected.files.push(WorkFile { path: candidate.rel, sha256, size, key: before.key.clone() });
+            continue;
         }
         if collected.artifacts.len() >= max_artifacts {
             skip(&mut collected, "too_many");
@@ -181,7 +211,16 @@ pub async fn collect(
             .await
             .map_err(|source| CollectError::Upload { path: candidate.rel.clone(), source })?;
         budget -= size;
-        collected.artifacts.push(Artifact { path: candidate.rel, key, size, sha256, content_type: mime });
+        collected.files.push(WorkFile { path: candidate.rel.clone(), sha256: sha256.clone(), size, key: key.clone() });
+        collected.artifacts.push(Artifact {
+            path: candidate.rel,
+            key,
+            size,
+            sha256,
+            content_type: mime,
+            url: None,
+            url_expires_at_ms: None,
+        });
     }
     Ok(collected)
 }

@@ -17,7 +17,8 @@ use crate::publish::Attempt;
 use crate::sandbox::Exit;
 use crate::settings::Settings;
 use crate::stage::StageError;
-use crate::{collect, publish, run, stage, validate};
+use crate::{collect, outputs, publish, run, session, stage, validate};
+use sandq_submitter::sessions;
 
 /// What every job of a worker shares.
 #[derive(Clone)]
@@ -198,19 +199,48 @@ async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
     }
 }
 
-/// stage -> run -> collect; the job dir is removed whatever happens (also when this future is
-/// dropped: [`stage::JobDir`] cleans up on drop).
+/// (session open) -> stage -> run -> collect -> (session save); the job dir is removed and the
+/// session lock released whatever happens (the dir also when this future is dropped:
+/// [`stage::JobDir`] cleans up on drop; the lock then ends with its lease).
 async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &str) -> Result<JobResult, Failure> {
+    let opened = match &job.spec.session {
+        None => None,
+        Some(name) => Some(session::open(ctx, job, name).await.map_err(|e| match e {
+            sessions::SessionError::Busy { .. } => Failure::Rejected(format!("{e} (waited {:?})", ctx.settings.session_lock_wait)),
+            _ => Failure::Infrastructure(e.to_string()),
+        })?),
+    };
+    let outcome = execute_in(ctx, job, who, container_id, opened.as_ref()).await;
+    if let Some(opened) = &opened {
+        session::close(ctx, &opened.name, &job.spec.job_id).await;
+    }
+    outcome
+}
+
+async fn execute_in(
+    ctx: &Context,
+    job: &ValidJob,
+    who: &Attempt,
+    container_id: &str,
+    opened: Option<&session::Opened>,
+) -> Result<JobResult, Failure> {
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
     let sku = settings.skus.get(&job.spec.sku).copied().ok_or_else(|| Failure::Rejected(format!("sku {} not served", job.spec.sku)))?;
-    let dir = stage::stage(job, &settings.jobs_dir, container_id, settings.host_sandbox_uid(), sku.disk_bytes, &ctx.s3, bucket)
-        .await
-        .map_err(|e| match &e {
-            StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
-            StageError::OverQuota { .. } => Failure::Rejected(e.to_string()),
-            _ => Failure::Infrastructure(e.to_string()),
-        })?;
+    let restore = opened.map(|o| o.restore(ctx)).unwrap_or_default();
+    let place = stage::Placement {
+        jobs_dir: &settings.jobs_dir,
+        container_id,
+        sandbox_uid: settings.host_sandbox_uid(),
+        disk_bytes: sku.disk_bytes,
+        outputs_bytes: settings.max_outputs_bytes,
+        restore: &restore,
+    };
+    let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(|e| match &e {
+        StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
+        StageError::OverQuota { .. } => Failure::Rejected(e.to_string()),
+        _ => Failure::Infrastructure(e.to_string()),
+    })?;
     let stop_reason = AtomicU8::new(STOP_NONE);
     let outcome = async {
         let stop = stop_signal(ctx, &job.spec.job_id, &stop_reason);
@@ -230,15 +260,37 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
             result.status = JobStatus::Cancelled;
             result.signal = Some("SIGKILL".into());
             result.reason = Some("cancelled while running".into());
+            result.session = opened.map(session::unchanged);
             return Ok(result);
         }
         let r = &output.report;
         info!(create_us = r.create_us, start_us = r.start_us, delete_us = r.delete_us, wall_ms = r.wall_ms, "container cycle");
-        let collected = collect::collect(job, &dir.work, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
+        let baseline = session::Opened::baseline(&restore, job);
+        let collected = collect::collect(job, &dir.work, &baseline, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
+        let caps = outputs::Caps {
+            max_outputs: settings.max_outputs,
+            max_bytes: settings.max_outputs_bytes,
+            max_inline_value: settings.max_inline_output_bytes,
+        };
+        let rich = outputs::collect(&job.spec.job_id, &dir.out, caps, &ctx.s3, bucket)
+            .await
+            .map_err(|e| Failure::Infrastructure(e.to_string()))?;
+        let session_info = match opened {
+            Some(opened) => Some(
+                session::save(ctx, job, opened, &collected.files).await.map_err(|e| Failure::Infrastructure(e.to_string()))?,
+            ),
+            None => None,
+        };
         let logs = store_logs(ctx, job, &output).await?;
-        Ok(publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs))
+        let mut result = publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs);
+        result.outputs = rich.outputs;
+        result.outputs_dropped = rich.dropped;
+        result.error = rich.error;
+        result.session = session_info;
+        publish::presign(&mut result, &ctx.s3, bucket, settings.artifact_url_ttl).await;
+        Ok(result)
     }
     .await;
     drop(dir);

@@ -98,6 +98,7 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
         info!("shutdown grace over: killing and requeueing in-flight jobs");
         let _ = abort_tx.send(true);
     });
+    tokio::spawn(sandq_worker::session::reaper(ctx.clone(), rx.clone()));
     info!(worker_id = %ctx.settings.worker_id, rootfs = %ctx.settings.rootfs.display(), "worker started");
     sandq_worker::consume::run(ctx, rx).await;
     info!("worker stopped");

@@ -124,6 +124,26 @@ pub fn finished(
     result
 }
 
+/// Fills in a presigned GET URL valid for `ttl` on every artifact and every S3-stored output
+/// representation (nothing when `ttl` is zero). Signing is local; a failure leaves `url` empty
+/// and is logged.
+pub async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &str, ttl: Duration) {
+    if ttl.is_zero() {
+        return;
+    }
+    let expires_at_ms = sandq_submitter::client::now_ms() + ttl.as_millis() as u64;
+    let from_outputs = result.outputs.iter_mut().flat_map(|o| o.data.values_mut()).filter_map(|v| v.artifact.as_mut());
+    for artifact in result.artifacts.iter_mut().chain(from_outputs) {
+        match sandq_submitter::storage::presign_get(s3, bucket, &artifact.key, ttl).await {
+            Ok(url) => {
+                artifact.url = Some(url);
+                artifact.url_expires_at_ms = Some(expires_at_ms);
+            }
+            Err(e) => tracing::warn!(key = artifact.key, error = %e, "cannot presign"),
+        }
+    }
+}
+
 /// Writes `result` with `ttl`; true when written (false: a terminal result was already there).
 ///
 /// # Errors

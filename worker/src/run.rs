@@ -68,7 +68,12 @@ pub enum RunError {
     HelperHung,
 }
 
-/// The program's argv inside the sandbox.
+/// Where the notebook runner writes its outputs inside the sandbox (one JSON object a line;
+/// `oci-bundles/runner/README.md`).
+pub const OUTPUTS_FILE: &str = "/sandq/out/outputs.jsonl";
+
+/// The program's argv inside the sandbox: `python3 /sandq/sandq_runner.py <script> args...`
+/// in notebook mode, `python3 <script> args...` or `node <script> args...` in script mode.
 pub fn command(job: &ValidJob) -> Vec<String> {
     let interpreter = match job.spec.runtime {
         Runtime::Python => "python3",
@@ -78,7 +83,11 @@ pub fn command(job: &ValidJob) -> Vec<String> {
         Some(entry) => format!("/work/{entry}"),
         None => format!("/sandq/{}", job.spec.runtime.main_file()),
     };
-    let mut argv = vec![interpreter.to_owned(), script];
+    let mut argv = vec![interpreter.to_owned()];
+    if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
+        argv.push("/sandq/sandq_runner.py".to_owned());
+    }
+    argv.push(script);
     argv.extend(job.spec.args.iter().cloned());
     argv
 }
@@ -86,7 +95,10 @@ pub fn command(job: &ValidJob) -> Vec<String> {
 /// The program's environment: the sandbox's own variables, then the job's (validated not to
 /// override them). Nothing of the worker's environment (credentials, service addresses) is
 /// passed, except OpenBLAS's CPU-type overrides, which some hosts need for correct results.
-pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32) -> Vec<String> {
+///
+/// Notebook mode adds `SANDQ_OUTPUTS` ([`OUTPUTS_FILE`]) and `SANDQ_OUTPUT_LIMIT` (bytes the
+/// runner may write there: `outputs_bytes` less 64 KiB of slack for the tmpfs's own use).
+pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs_bytes: u64) -> Vec<String> {
     let threads = (limits.cpus.ceil() as u64).max(1);
     let mut env = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
@@ -102,6 +114,10 @@ pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32) -> Vec<
         format!("SANDQ_SKU={}", job.spec.sku),
         format!("SANDQ_ATTEMPT={attempt}"),
     ];
+    if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
+        env.push(format!("SANDQ_OUTPUTS={OUTPUTS_FILE}"));
+        env.push(format!("SANDQ_OUTPUT_LIMIT={}", outputs_bytes.saturating_sub(64 << 10)));
+    }
     for name in ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"] {
         if let Ok(value) = std::env::var(name) {
             env.push(format!("{name}={value}"));
@@ -149,13 +165,14 @@ pub async fn run(
         src_dir: &dir.src,
         cgroups_path: &cgroups_path,
         args: command(job),
-        env: environment(job, &limits, attempt),
+        env: environment(job, &limits, attempt, settings.max_outputs_bytes),
         uid: settings.sandbox_uid,
         gid: settings.sandbox_uid,
         limits,
         id_map: settings.id_map,
         seccomp: settings.seccomp,
         resolv_conf: (job.spec.network == sandq_schemas::NetworkMode::Outbound).then_some(resolv_conf.as_path()),
+        out_dir: Some(&dir.out),
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
     let request = SandboxRequest {

@@ -41,6 +41,26 @@ pub struct RawConfig {
     /// [`default_sku`].
     #[serde(default)]
     pub skus: BTreeMap<String, RawSku>,
+    /// Sessions.
+    #[serde(default)]
+    pub sessions: RawSessions,
+}
+
+/// `[sessions]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSessions {
+    /// A session expires this long after its last job ended; default `30m` (the product
+    /// brief's "deleted when it expires", E2B's default sandbox lifetime is of the same order).
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    /// How long a job waits for another job of its session to finish before it is rejected
+    /// (`session busy`); default `10m`.
+    #[serde(default, with = "humantime_serde")]
+    pub lock_wait: Option<Duration>,
+    /// How often this worker deletes expired sessions; default `60s`.
+    #[serde(default, with = "humantime_serde")]
+    pub reap_interval: Option<Duration>,
 }
 
 fn default_namespace() -> String {
@@ -90,6 +110,15 @@ pub struct RawWorker {
     pub max_artifacts: Option<usize>,
     /// Most artifact bytes per job, in all; default 512 MiB.
     pub max_artifact_bytes: Option<u64>,
+    /// Validity of the presigned download URL of each artifact and image output; default
+    /// `24h`, at most `7days` (the SigV4 limit); `0s` presigns nothing.
+    #[serde(default, with = "humantime_serde")]
+    pub artifact_url_ttl: Option<Duration>,
+    /// Most rich outputs (MIME bundles) per notebook-mode job; default 100.
+    pub max_outputs: Option<usize>,
+    /// Bytes the notebook runner may write in all (its outputs file lives on a tmpfs of this
+    /// size, charged to the job's memory); default 32 MiB.
+    pub max_outputs_bytes: Option<u64>,
     /// Cores this worker may hand out to running jobs in all (sum of their SKUs' `cpus`);
     /// default: the host's online CPUs. A SKU bigger than this is not served.
     pub capacity_cpus: Option<f64>,
@@ -204,6 +233,18 @@ pub struct Settings {
     pub max_artifacts: usize,
     /// Artifact bytes cap.
     pub max_artifact_bytes: u64,
+    /// Presigned URL validity; zero: no URLs.
+    pub artifact_url_ttl: Duration,
+    /// Rich outputs per job.
+    pub max_outputs: usize,
+    /// Rich output bytes per job (the outputs tmpfs size).
+    pub max_outputs_bytes: u64,
+    /// Session inactivity timeout.
+    pub session_idle_timeout: Duration,
+    /// Session lock wait.
+    pub session_lock_wait: Duration,
+    /// Session reaper period.
+    pub session_reap_interval: Duration,
     /// Infrastructure attempts per job.
     pub max_attempts: u32,
     /// Job limits.
@@ -342,6 +383,10 @@ impl RawConfig {
         if sandbox_uid >= 65_536 {
             return bad(format!("worker.sandbox_uid {sandbox_uid} must be below 65536 (the mapped range)"));
         }
+        let artifact_url_ttl = self.worker.artifact_url_ttl.unwrap_or(Duration::from_secs(24 * 3600));
+        if artifact_url_ttl > Duration::from_secs(7 * 24 * 3600) {
+            return bad("worker.artifact_url_ttl: at most 7days (the SigV4 presigning limit)".into());
+        }
         let data_dir = self.worker.data_dir.unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
         let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
         Ok(Settings {
@@ -365,6 +410,12 @@ impl RawConfig {
             max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),
             max_artifacts: self.worker.max_artifacts.unwrap_or(100),
             max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
+            artifact_url_ttl,
+            max_outputs: self.worker.max_outputs.unwrap_or(100),
+            max_outputs_bytes: self.worker.max_outputs_bytes.unwrap_or(32 << 20).max(1 << 20),
+            session_idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
+            session_lock_wait: self.sessions.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
+            session_reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
             max_attempts,
             limits,
             skus,

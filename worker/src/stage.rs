@@ -6,6 +6,8 @@
 //!   src/main.py                  source code, mounted read-only at /sandq
 //!   work/                        mounted read-write at /work, owned by the sandbox uid
 //!   work.img                     the work filesystem, when the SKU has a disk quota
+//!   out/                         tmpfs (`max_outputs_bytes`), mounted at /sandq/out: the
+//!                                notebook runner's outputs.jsonl
 //!   stdin                        fed to the program's stdin
 //!   report.json                  the helper's SandboxReport
 //! ```
@@ -40,6 +42,8 @@ pub struct JobDir {
     pub stdin: Option<PathBuf>,
     /// Helper's report.
     pub report: PathBuf,
+    /// The outputs tmpfs, mounted at `/sandq/out` (notebook mode's `outputs.jsonl`).
+    pub out: PathBuf,
     /// A pidfd of the `sandq-container` helper while it runs on this dir (see
     /// [`JobDir::helper_started`]).
     helper: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
@@ -112,11 +116,12 @@ fn wait_for_exit(pidfd: &std::os::fd::OwnedFd, limit: std::time::Duration) {
 /// Unmounts `<root>/work` (if a filesystem is mounted there) and removes `root`: for this run's
 /// job dirs and for those a killed worker left behind.
 pub fn remove_job_dir(root: &Path) {
-    let work = root.join("work");
-    // MNT_DETACH: a leftover process holding the mount must not keep the directory.
-    match nix::mount::umount2(&work, nix::mount::MntFlags::MNT_DETACH) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
-        Err(e) => tracing::warn!(dir = %work.display(), error = %e, "cannot unmount work dir"),
+    for mounted in [root.join("work"), root.join("out")] {
+        // MNT_DETACH: a leftover process holding the mount must not keep the directory.
+        match nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+            Err(e) => tracing::warn!(dir = %mounted.display(), error = %e, "cannot unmount"),
+        }
     }
     if let Err(e) = std::fs::remove_dir_all(root) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -172,16 +177,10 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), StageError> {
 /// [`StageError`]; the partly made directory is removed.
 ///
 /// The returned [`JobDir`] removes the directory when dropped.
-pub async fn stage(
-    job: &ValidJob,
-    jobs_dir: &Path,
-    container_id: &str,
-    sandbox_uid: u32,
-    disk_bytes: u64,
-    s3: &aws_sdk_s3::Client,
-    bucket: &str,
-) -> Result<JobDir, StageError> {
-    let input_bytes: u64 = job.spec.inputs.iter().map(|i| i.size).sum();
+pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<JobDir, StageError> {
+    let Placement { jobs_dir, container_id, disk_bytes, .. } = *place;
+    let input_bytes: u64 =
+        job.spec.inputs.iter().map(|i| i.size).chain(place.restore.iter().map(|r| r.size)).sum();
     if disk_bytes != 0 && input_bytes > disk_bytes {
         return Err(StageError::OverQuota { bytes: input_bytes, quota: disk_bytes });
     }
@@ -192,21 +191,54 @@ pub async fn stage(
         work: root.join("work"),
         stdin: job.spec.stdin.as_ref().map(|_| root.join("stdin")),
         report: root.join("report.json"),
+        out: root.join("out"),
         root,
         helper: std::sync::Mutex::new(None),
     };
     // On error `dir` is dropped here, which removes the partly made directory.
-    stage_into(job, &dir, sandbox_uid, disk_bytes, s3, bucket).await.map(|()| dir)
+    stage_into(job, &dir, place, s3, bucket).await.map(|()| dir)
 }
 
-async fn stage_into(
-    job: &ValidJob,
-    dir: &JobDir,
-    uid: u32,
-    disk_bytes: u64,
-    s3: &aws_sdk_s3::Client,
-    bucket: &str,
-) -> Result<(), StageError> {
+/// Where and how a job is staged.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    /// This worker's job dirs.
+    pub jobs_dir: &'a Path,
+    /// The container id (the job dir's name).
+    pub container_id: &'a str,
+    /// Host uid owning `/work` (the sandbox uid, shifted by the user namespace).
+    pub sandbox_uid: u32,
+    /// `/work` quota, bytes; 0: none.
+    pub disk_bytes: u64,
+    /// Size of the outputs tmpfs, bytes.
+    pub outputs_bytes: u64,
+    /// Session files to restore into `/work` before the inputs (an input of the same path
+    /// wins).
+    pub restore: &'a [Restore],
+}
+
+/// A session file to restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restore {
+    /// Path relative to `/work` (checked again like an input path).
+    pub path: String,
+    /// S3 key of the content.
+    pub key: String,
+    /// Size, bytes.
+    pub size: u64,
+    /// SHA-256, hex.
+    pub sha256: String,
+}
+
+/// The notebook runner and its matplotlib backend, written next to the user's code (the image
+/// stays as built; see `oci-bundles/runner/README.md`).
+const RUNNER_FILES: [(&str, &str); 2] = [
+    ("sandq_runner.py", include_str!("../../oci-bundles/runner/sandq_runner.py")),
+    ("sandq_mpl.py", include_str!("../../oci-bundles/runner/sandq_mpl.py")),
+];
+
+async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), StageError> {
+    let (uid, disk_bytes) = (place.sandbox_uid, place.disk_bytes);
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root.parent().unwrap_or(Path::new("/")))
         .map_err(prepare(&dir.root))?;
     // 0711: the container's init, an unprivileged host uid under a user namespace, must
@@ -226,29 +258,63 @@ async fn stage_into(
         let path = dir.src.join(job.spec.runtime.main_file());
         write_new(&path, code.as_bytes(), 0o644)?;
     }
+    mkdir(&dir.out, 0o700)?;
+    mkdir(&dir.src.join("out"), 0o755)?;
+    if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
+        for (name, text) in RUNNER_FILES {
+            write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
+        }
+    }
+    let options = format!("size={},mode=0755,uid={uid},gid={uid}", place.outputs_bytes);
+    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
+    nix::mount::mount(Some("tmpfs"), &dir.out, Some("tmpfs"), flags, Some(options.as_str()))
+        .map_err(|e| StageError::Filesystem(format!("outputs tmpfs: {e}")))?;
+    let inputs: std::collections::BTreeSet<&str> = job.spec.inputs.iter().map(|i| i.path.as_str()).collect();
+    for file in place.restore.iter().filter(|r| !inputs.contains(r.path.as_str())) {
+        sandq_schemas::validate::check_relative_path(&file.path)
+            .map_err(|e| StageError::Filesystem(format!("session path {:?}: {e}", file.path)))?;
+        place_file(dir, uid, &file.path, &file.key, file.size, &file.sha256, s3, bucket).await?;
+    }
     if let (Some(path), Some(bytes)) = (&dir.stdin, &job.spec.stdin) {
         write_new(path, bytes, 0o600)?;
     }
     for input in &job.spec.inputs {
         // Paths were validated: relative, no '.', '..' or empty components.
-        let dest = dir.work.join(&input.path);
-        let mut parent = dir.work.clone();
-        let components: Vec<&str> = input.path.split('/').collect();
-        for component in &components[..components.len() - 1] {
-            parent.push(component);
-            match std::fs::DirBuilder::new().mode(0o755).create(&parent) {
-                Ok(()) => std::os::unix::fs::chown(&parent, Some(uid), Some(uid)).map_err(prepare(&parent))?,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(StageError::Prepare { path: parent.clone(), source: e }),
-            }
-        }
-        let file = open_new(&dest, 0o644)?;
-        let mut file = tokio::fs::File::from_std(file);
-        storage::get_to_file(s3, bucket, &input.key, &mut file, &input.path, Some(input.size), Some(&input.sha256))
-            .await
-            .map_err(|source| StageError::Download { path: input.path.clone(), source })?;
-        std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare(&dest))?;
+        place_file(dir, uid, &input.path, &input.key, input.size, &input.sha256, s3, bucket).await?;
     }
+    Ok(())
+}
+
+/// Downloads `key` to `/work/<rel>` (parents made as needed, owned by `uid`), checking size
+/// and digest.
+#[allow(clippy::too_many_arguments)]
+async fn place_file(
+    dir: &JobDir,
+    uid: u32,
+    rel: &str,
+    key: &str,
+    size: u64,
+    sha256: &str,
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+) -> Result<(), StageError> {
+    let dest = dir.work.join(rel);
+    let mut parent = dir.work.clone();
+    let components: Vec<&str> = rel.split('/').collect();
+    for component in &components[..components.len() - 1] {
+        parent.push(component);
+        match std::fs::DirBuilder::new().mode(0o755).create(&parent) {
+            Ok(()) => std::os::unix::fs::chown(&parent, Some(uid), Some(uid)).map_err(prepare(&parent))?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(StageError::Prepare { path: parent.clone(), source: e }),
+        }
+    }
+    let file = open_new(&dest, 0o644)?;
+    let mut file = tokio::fs::File::from_std(file);
+    storage::get_to_file(s3, bucket, key, &mut file, rel, Some(size), Some(sha256))
+        .await
+        .map_err(|source| StageError::Download { path: rel.to_owned(), source })?;
+    std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare(&dest))?;
     Ok(())
 }
 

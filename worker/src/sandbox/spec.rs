@@ -70,6 +70,9 @@ pub struct JobSandbox<'a> {
     pub seccomp: bool,
     /// For outbound sandboxes: a file bind-mounted read-only at `/etc/resolv.conf`.
     pub resolv_conf: Option<&'a Path>,
+    /// A host directory (the job's outputs tmpfs) bind-mounted read-write at `/sandq/out`,
+    /// where the notebook runner writes its outputs; `src_dir` must hold an `out` directory.
+    pub out_dir: Option<&'a Path>,
 }
 
 /// Failure to make a job's spec.
@@ -109,6 +112,16 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
         } else if mount.destination() == Path::new("/sandq") {
             mount.set_source(Some(job.src_dir.to_path_buf()));
         }
+    }
+    if let Some(out_dir) = job.out_dir {
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination("/sandq/out")
+            .typ("bind")
+            .source(out_dir)
+            .options(["rbind", "rw", "nosuid", "nodev", "noexec"].map(str::to_owned).to_vec())
+            .build()
+            .map_err(|_| SpecError::Missing("a valid outputs mount"))?;
+        spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
     if let Some(resolv_conf) = job.resolv_conf {
         let mount = oci_spec::runtime::MountBuilder::default()
@@ -184,6 +197,7 @@ mod tests {
             id_map: Some(IdMap { host_base: 100_000, size: 65_536 }),
             seccomp: true,
             resolv_conf: None,
+            out_dir: None,
         };
         let spec = build(&job).expect("spec");
         let json = serde_json::to_value(&spec).expect("json");

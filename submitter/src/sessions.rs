@@ -1,0 +1,311 @@
+//! Sessions: files that persist in S3 from one job to the next of the same session.
+//!
+//! ```text
+//! S3     sessions/<ns>/<name>/manifest.json       Manifest (JSON): path -> sha256, size; expiry
+//!        sessions/<ns>/<name>/blobs/<sha256>      file contents, content-addressed
+//! Redis  <ns>:sessions                            sorted set: name -> expires_at_ms
+//!        <ns>:session:<name>:lock                 id of the job using the session (SET NX PX)
+//! ```
+//!
+//! One job of a session runs at a time: a worker takes the lock before it restores the files
+//! and releases it after it saved them; a second job of the same session waits for the lock
+//! (serialized, in the order workers take it; not necessarily the order of submission). The
+//! manifest, written last, is the session's state; a blob is deleted once no path of the
+//! manifest refers to it. A session expires `idle_timeout` (default 30 min) after its last job
+//! ended: workers reap it (delete every object under its prefix) and the next job naming it
+//! starts fresh and is told so (`SessionInfo::fresh`, `expired`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use sandq_schemas::names::Names;
+use serde::{Deserialize, Serialize};
+
+use crate::storage::{self, TransferError};
+
+/// Largest manifest read, bytes (a manifest lists at most the worker's `max_artifacts` files
+/// of a few hundred bytes each).
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
+/// A session's state: its files and when it expires.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Path relative to `/work` -> content.
+    pub files: BTreeMap<String, FileEntry>,
+    /// When the session was first used, Unix epoch milliseconds.
+    pub created_at_ms: u64,
+    /// When its last job ended, Unix epoch milliseconds.
+    pub updated_at_ms: u64,
+    /// When it expires unless used again, Unix epoch milliseconds.
+    pub expires_at_ms: u64,
+    /// Id of the last job that saved it.
+    #[serde(default)]
+    pub last_job_id: String,
+}
+
+impl Manifest {
+    /// Total bytes of the files.
+    pub fn bytes(&self) -> u64 {
+        self.files.values().map(|f| f.size).sum()
+    }
+}
+
+/// One file of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// SHA-256 of the content, 64 lower-case hex digits (the blob's key).
+    pub sha256: String,
+    /// Size, bytes.
+    pub size: u64,
+}
+
+/// Failure of a session operation.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// S3 failed.
+    #[error("session storage: {0}")]
+    Storage(#[from] TransferError),
+    /// Redis failed.
+    #[error("session index: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The stored manifest is not valid JSON of the expected shape.
+    #[error("manifest of session {name} is malformed: {message}")]
+    Manifest {
+        /// The session.
+        name: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// Another job holds the session's lock.
+    #[error("session {name} is in use by job {holder}")]
+    Busy {
+        /// The session.
+        name: String,
+        /// The job holding it.
+        holder: String,
+    },
+}
+
+/// Reads a session's manifest; `None` when the session does not exist.
+///
+/// # Errors
+/// [`SessionError::Storage`] or [`SessionError::Manifest`].
+pub async fn load(s3: &aws_sdk_s3::Client, bucket: &str, names: &Names, name: &str) -> Result<Option<Manifest>, SessionError> {
+    match storage::get_bytes(s3, bucket, &names.session_manifest_key(name), MAX_MANIFEST_BYTES).await {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| SessionError::Manifest { name: name.to_owned(), message: e.to_string() }),
+        Err(TransferError::Missing { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes a session's manifest and its expiry in the index.
+///
+/// # Errors
+/// [`SessionError::Storage`] or [`SessionError::Redis`].
+pub async fn store(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    redis: &mut ConnectionManager,
+    names: &Names,
+    name: &str,
+    manifest: &Manifest,
+) -> Result<(), SessionError> {
+    let bytes = serde_json::to_vec(manifest).map_err(|e| SessionError::Manifest { name: name.to_owned(), message: e.to_string() })?;
+    storage::put_bytes(s3, bucket, &names.session_manifest_key(name), bytes, "application/json").await?;
+    let _: () = redis::cmd("ZADD").arg(names.sessions_index()).arg(manifest.expires_at_ms).arg(name).query_async(redis).await?;
+    Ok(())
+}
+
+/// Deletes every object of a session and its index entry; returns the objects deleted.
+///
+/// # Errors
+/// [`SessionError::Storage`] or [`SessionError::Redis`].
+pub async fn delete(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    redis: &mut ConnectionManager,
+    names: &Names,
+    name: &str,
+) -> Result<usize, SessionError> {
+    // The manifest first: a session without a manifest is gone even if blob deletion stops
+    // half way (the rest is deleted by the next delete or reap of the same name).
+    storage::delete_keys(s3, bucket, &[names.session_manifest_key(name)]).await?;
+    let deleted = storage::delete_prefix(s3, bucket, &names.session_prefix(name)).await?;
+    let _: () = redis::cmd("ZREM").arg(names.sessions_index()).arg(name).query_async(redis).await?;
+    Ok(deleted)
+}
+
+/// How long the "this session expired" tombstone stays: 7 days.
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Records that `name` expired (see [`Names::session_tombstone_key`]).
+///
+/// # Errors
+/// [`SessionError::Redis`].
+pub async fn mark_expired(redis: &mut ConnectionManager, names: &Names, name: &str) -> Result<(), SessionError> {
+    let _: () = redis::cmd("SET").arg(names.session_tombstone_key(name)).arg(1).arg("EX").arg(TOMBSTONE_TTL.as_secs()).query_async(redis).await?;
+    Ok(())
+}
+
+/// Whether `name` expired and was deleted (within the last [`TOMBSTONE_TTL`]); clears the
+/// mark, since the caller is about to start the session afresh.
+///
+/// # Errors
+/// [`SessionError::Redis`].
+pub async fn take_expired_mark(redis: &mut ConnectionManager, names: &Names, name: &str) -> Result<bool, SessionError> {
+    let removed: i64 = redis::cmd("DEL").arg(names.session_tombstone_key(name)).query_async(redis).await?;
+    Ok(removed > 0)
+}
+
+/// Releases the lock only if `job_id` still holds it. KEYS[1] = lock key, ARGV[1] = job id.
+const RELEASE_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Takes the session's lock for `holder` with a lease of `lease`, waiting up to `wait` for
+/// another holder to release it (polling every 200 ms).
+///
+/// # Errors
+/// [`SessionError::Busy`] after `wait`; [`SessionError::Redis`].
+pub async fn lock(
+    redis: &mut ConnectionManager,
+    names: &Names,
+    name: &str,
+    holder: &str,
+    lease: Duration,
+    wait: Duration,
+) -> Result<(), SessionError> {
+    let key = names.session_lock_key(name);
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        let taken: Option<String> =
+            redis::cmd("SET").arg(&key).arg(holder).arg("NX").arg("PX").arg(lease.as_millis() as u64).query_async(redis).await?;
+        if taken.is_some() {
+            return Ok(());
+        }
+        let current: Option<String> = redis::cmd("GET").arg(&key).query_async(redis).await?;
+        if current.as_deref() == Some(holder) {
+            // A redelivery of the same job after its worker died: the lease is ours.
+            let _: () = redis::cmd("PEXPIRE").arg(&key).arg(lease.as_millis() as u64).query_async(redis).await?;
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= until {
+            return Err(SessionError::Busy { name: name.to_owned(), holder: current.unwrap_or_default() });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Releases the session's lock if `holder` still holds it.
+///
+/// # Errors
+/// [`SessionError::Redis`].
+pub async fn unlock(redis: &mut ConnectionManager, names: &Names, name: &str, holder: &str) -> Result<(), SessionError> {
+    let _: i64 = redis::Script::new(RELEASE_SCRIPT).key(names.session_lock_key(name)).arg(holder).invoke_async(redis).await?;
+    Ok(())
+}
+
+/// A session as listed by [`list`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Listed {
+    /// Its name.
+    pub name: String,
+    /// When it expires, Unix epoch milliseconds.
+    pub expires_at_ms: u64,
+    /// Its files and their total size (`None` when the manifest is missing).
+    pub files: Option<u64>,
+    /// Total bytes.
+    pub bytes: Option<u64>,
+    /// The job using it now, if any.
+    pub in_use_by: Option<String>,
+}
+
+/// Lists the sessions of the index (soonest expiry first), at most `max`.
+///
+/// # Errors
+/// [`SessionError`].
+pub async fn list(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    redis: &mut ConnectionManager,
+    names: &Names,
+    max: usize,
+) -> Result<Vec<Listed>, SessionError> {
+    let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(names.sessions_index())
+        .arg(0)
+        .arg(max.saturating_sub(1) as i64)
+        .arg("WITHSCORES")
+        .query_async(redis)
+        .await?;
+    let mut listed = Vec::new();
+    for (name, score) in members {
+        let manifest = load(s3, bucket, names, &name).await?;
+        let in_use_by: Option<String> = redis::cmd("GET").arg(names.session_lock_key(&name)).query_async(redis).await?;
+        listed.push(Listed {
+            expires_at_ms: score as u64,
+            files: manifest.as_ref().map(|m| m.files.len() as u64),
+            bytes: manifest.as_ref().map(Manifest::bytes),
+            in_use_by,
+            name,
+        });
+    }
+    Ok(listed)
+}
+
+/// Deletes the sessions whose expiry has passed (at most 100 per call); returns their names.
+/// Each is locked while it is deleted, and skipped when in use or when its manifest says it
+/// was used again since the index was read.
+///
+/// # Errors
+/// [`SessionError`] of the first failure (the rest are tried on the next call).
+pub async fn reap(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    redis: &mut ConnectionManager,
+    names: &Names,
+    now_ms: u64,
+    reaper_id: &str,
+) -> Result<Vec<String>, SessionError> {
+    let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        .arg(names.sessions_index())
+        .arg("-inf")
+        .arg(now_ms)
+        .arg("LIMIT")
+        .arg(0)
+        .arg(100)
+        .query_async(redis)
+        .await?;
+    let mut reaped = Vec::new();
+    for name in due {
+        if lock(redis, names, &name, reaper_id, Duration::from_secs(300), Duration::ZERO).await.is_err() {
+            continue;
+        }
+        let outcome: Result<bool, SessionError> = async {
+            match load(s3, bucket, names, &name).await? {
+                Some(m) if m.expires_at_ms > now_ms => {
+                    // Used again: the index is behind; fix it.
+                    let _: () = redis::cmd("ZADD").arg(names.sessions_index()).arg(m.expires_at_ms).arg(&name).query_async(redis).await?;
+                    Ok(false)
+                }
+                _ => {
+                    delete(s3, bucket, redis, names, &name).await?;
+                    mark_expired(redis, names, &name).await?;
+                    Ok(true)
+                }
+            }
+        }
+        .await;
+        unlock(redis, names, &name, reaper_id).await?;
+        if outcome? {
+            reaped.push(name);
+        }
+    }
+    Ok(reaped)
+}

@@ -1,0 +1,129 @@
+//! Sessions: files persist from one job to the next of the same session, never reach another
+//! session, deletions propagate, two jobs of one session run one after the other, and an
+//! expired session is deleted from S3 and starts fresh. Real worker, RabbitMQ, Redis, Garage.
+
+use std::time::Duration;
+
+use sandq_schemas::names::Names;
+use sandq_schemas::{JobSpec, JobStatus, Sku};
+use sandq_submitter::storage;
+use sandq_tests::{client, exits_within, namespace, python_job, run, service_config, wait, Isolated};
+
+fn session_job(code: &str, session: &str) -> JobSpec {
+    let mut spec = python_job(code, Sku::S);
+    spec.session = Some(session.to_owned());
+    spec
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Keys in S3 under the session's prefix.
+async fn session_objects(names: &Names, session: &str) -> Vec<String> {
+    let config = service_config();
+    let s3 = storage::client(&config.s3);
+    storage::list(&s3, &config.s3.bucket, &names.session_prefix(session), 1000).await.expect("list")
+}
+
+#[tokio::test]
+async fn files_persist_within_a_session_and_never_reach_another() {
+    let mut client = client().await;
+    let names = Names::new(namespace());
+    let (a, b) = (unique("a"), unique("b"));
+    let token = uuid::Uuid::new_v4().to_string();
+    let first = run(&mut client, &session_job(&format!("open('notes.txt', 'w').write('{token}')\nimport os; os.makedirs('sub', exist_ok=True)\nopen('sub/same.txt', 'w').write('x')\nopen('sub/copy.txt', 'w').write('x')\n"), &a)).await;
+    assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
+    let info = first.session.as_ref().expect("session info");
+    assert!(info.fresh && !info.expired, "{info:?}");
+    assert_eq!((info.saved_files, info.files), (3, 3), "{info:?}");
+    // Two files with the same content share one blob: manifest + 2 blobs.
+    assert_eq!(session_objects(&names, &a).await.len(), 3);
+
+    let second = run(&mut client, &session_job("print(open('notes.txt').read())\nimport os\nprint(sorted(os.listdir('sub')))\n", &a)).await;
+    assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
+    assert_eq!(second.stdout.text, format!("{token}\n['copy.txt', 'same.txt']\n"));
+    let info = second.session.as_ref().expect("session info");
+    assert!(!info.fresh, "{info:?}");
+    assert_eq!((info.restored_files, info.saved_files, info.deleted_files), (3, 0, 0), "unchanged files are not saved again: {info:?}");
+    assert!(second.artifacts.is_empty(), "restored, unchanged files are not artifacts again: {:?}", second.artifacts);
+
+    let other = run(&mut client, &session_job("import os\nprint(os.listdir('.'))\n", &b)).await;
+    assert_eq!(other.stdout.text, "[]\n", "another session sees nothing: {other:?}");
+    assert!(other.session.as_ref().is_some_and(|s| s.fresh));
+    let plain = run(&mut client, &python_job("import os\nprint(os.listdir('.'))\n", Sku::S)).await;
+    assert_eq!(plain.stdout.text, "[]\n", "a job without a session sees nothing");
+
+    // Deleting a file in a job deletes it from the session (and its blob once unreferenced).
+    let third = run(&mut client, &session_job("import os\nos.remove('notes.txt')\nos.remove('sub/copy.txt')\n", &a)).await;
+    let info = third.session.as_ref().expect("session info");
+    assert_eq!((info.deleted_files, info.files), (2, 1), "{info:?}");
+    let objects = session_objects(&names, &a).await;
+    assert_eq!(objects.len(), 2, "manifest + the blob still used by sub/same.txt: {objects:?}");
+    let fourth = run(&mut client, &session_job("import os\nprint(os.path.exists('notes.txt'), open('sub/same.txt').read())\n", &a)).await;
+    assert_eq!(fourth.stdout.text, "False x\n");
+
+    // `sandq session ls` / `rm` through the client library.
+    let listed = client.sessions(10_000).await.expect("list");
+    let entry = listed.iter().find(|s| s.name == a).expect("session a listed");
+    assert_eq!((entry.files, entry.bytes), (Some(1), Some(1)));
+    for name in [&a, &b] {
+        client.remove_session(name, Duration::from_secs(10)).await.expect("rm");
+        assert!(session_objects(&names, name).await.is_empty());
+    }
+    let after = run(&mut client, &session_job("import os\nprint(os.listdir('.'))\n", &a)).await;
+    assert_eq!(after.stdout.text, "[]\n");
+    assert!(after.session.as_ref().is_some_and(|s| s.fresh && !s.expired));
+    client.remove_session(&a, Duration::from_secs(10)).await.expect("rm");
+}
+
+#[tokio::test]
+async fn two_jobs_of_one_session_run_one_after_the_other() {
+    let mut client = client().await;
+    let session = unique("serial");
+    let code = "import time, os\nn = len(open('log.txt').read().splitlines()) if os.path.exists('log.txt') else 0\ntime.sleep(1)\nopen('log.txt', 'a').write(f'{n}\\n')\n";
+    // Different SKUs, so that the worker has a free slot for each and would run them at once.
+    let mut second = session_job(code, &session);
+    second.sku = Sku::M;
+    let jobs = [session_job(code, &session), second];
+    for job in &jobs {
+        client.submit(job).await.expect("submit");
+    }
+    for job in &jobs {
+        let result = wait(&mut client, &job.job_id).await;
+        assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    }
+    // Had they overlapped, both would have seen an empty log and written "0".
+    let check = run(&mut client, &session_job("print(open('log.txt').read(), end='')", &session)).await;
+    assert_eq!(check.stdout.text, "0\n1\n");
+    client.remove_session(&session, Duration::from_secs(10)).await.expect("rm");
+}
+
+#[tokio::test]
+async fn an_expired_session_is_deleted_from_s3_and_starts_fresh() {
+    let world = Isolated::new().await;
+    let env = [("SANDQ__SESSIONS__IDLE_TIMEOUT", "2s"), ("SANDQ__SESSIONS__REAP_INTERVAL", "500ms")];
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env);
+    let mut client = world.client().await;
+    let names = Names::new(world.namespace.clone());
+    let session = unique("expiring");
+    let first = run(&mut client, &session_job("open('data.csv', 'w').write('1,2\\n')", &session)).await;
+    assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
+    let info = first.session.as_ref().expect("session info");
+    assert!(info.expires_at_ms > first.finished_at_ms.expect("finished") - 1000);
+    assert_eq!(session_objects(&names, &session).await.len(), 2, "manifest and one blob");
+    // The reaper deletes it within a few periods of the expiry.
+    let started = std::time::Instant::now();
+    while !session_objects(&names, &session).await.is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(30), "session still in S3 30 s after expiry");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let later = run(&mut client, &session_job("import os\nprint(os.listdir('.'))\n", &session)).await;
+    assert_eq!(later.stdout.text, "[]\n", "{later:?}");
+    let info = later.session.as_ref().expect("session info");
+    assert!(info.fresh && info.expired, "told the session expired: {info:?}");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    client.remove_session(&session, Duration::from_secs(10)).await.expect("rm");
+    world.delete_queues().await;
+}

@@ -1,0 +1,184 @@
+//! Sessions in the job lifecycle: open (lock, load, expire) before [`crate::stage`], save
+//! after [`crate::collect`], close (unlock) at the end; and the reaper of expired sessions.
+//! Storage layout and locking: [`sandq_submitter::sessions`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use sandq_schemas::{SessionInfo, ValidJob};
+use sandq_submitter::client::now_ms;
+use sandq_submitter::sessions::{self, FileEntry, Manifest, SessionError};
+use sandq_submitter::storage;
+
+use crate::collect::{Baseline, WorkFile};
+use crate::job::Context;
+use crate::stage::Restore;
+
+/// Lease of a session lock beyond the job's timeout: staging, collecting and saving must end
+/// within it, or another job may take the session (a crashed worker's lock frees itself).
+pub const LOCK_LEASE_EXTRA: Duration = Duration::from_secs(300);
+
+/// A session opened for one job (its lock held).
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// The session's name.
+    pub name: String,
+    /// Its state before the job (empty when fresh).
+    pub manifest: Manifest,
+    /// Started empty.
+    pub fresh: bool,
+    /// Started empty because the session had expired.
+    pub expired: bool,
+}
+
+impl Opened {
+    /// The files to restore into `/work`.
+    pub fn restore(&self, ctx: &Context) -> Vec<Restore> {
+        self.manifest
+            .files
+            .iter()
+            .map(|(path, f)| Restore {
+                path: path.clone(),
+                key: ctx.settings.names.session_blob_key(&self.name, &f.sha256),
+                size: f.size,
+                sha256: f.sha256.clone(),
+            })
+            .collect()
+    }
+
+    /// What was in `/work` before the program ran: restored files, then inputs (which win).
+    pub fn baseline(restore: &[Restore], job: &ValidJob) -> BTreeMap<String, Baseline> {
+        let mut baseline: BTreeMap<String, Baseline> = restore
+            .iter()
+            .map(|r| (r.path.clone(), Baseline { sha256: r.sha256.clone(), key: r.key.clone() }))
+            .collect();
+        for input in &job.spec.inputs {
+            baseline.insert(input.path.clone(), Baseline { sha256: input.sha256.clone(), key: input.key.clone() });
+        }
+        baseline
+    }
+}
+
+/// Takes the session's lock (waiting up to `sessions.lock_wait` for another job of it), loads
+/// its manifest, and deletes it first if it has expired.
+///
+/// # Errors
+/// [`SessionError::Busy`] when the wait ran out; storage and Redis errors.
+pub async fn open(ctx: &Context, job: &ValidJob, name: &str) -> Result<Opened, SessionError> {
+    let settings = &ctx.settings;
+    let (names, bucket) = (&settings.names, &settings.services.s3.bucket);
+    let mut redis = ctx.redis.clone();
+    let lease = job.timeout + LOCK_LEASE_EXTRA;
+    sessions::lock(&mut redis, names, name, &job.spec.job_id, lease, settings.session_lock_wait).await?;
+    let opened = async {
+        let mut expired = sessions::take_expired_mark(&mut redis, names, name).await?;
+        let manifest = match sessions::load(&ctx.s3, bucket, names, name).await? {
+            Some(m) if m.expires_at_ms <= now_ms() => {
+                sessions::delete(&ctx.s3, bucket, &mut redis, names, name).await?;
+                expired = true;
+                None
+            }
+            other => other,
+        };
+        let fresh = manifest.is_none();
+        Ok(Opened { name: name.to_owned(), manifest: manifest.unwrap_or_default(), fresh, expired })
+    }
+    .await;
+    if opened.is_err() {
+        close(ctx, name, &job.spec.job_id).await;
+    }
+    opened
+}
+
+/// Saves the files now in `/work` as the session's new state: blobs for new content
+/// (server-side copies of the artifacts just uploaded, or of the inputs), the manifest, and
+/// deletion of blobs nothing refers to any more.
+///
+/// # Errors
+/// Storage and Redis errors.
+pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkFile]) -> Result<SessionInfo, SessionError> {
+    let settings = &ctx.settings;
+    let (names, bucket, name) = (&settings.names, &settings.services.s3.bucket, opened.name.as_str());
+    let old_blobs: BTreeSet<&str> = opened.manifest.files.values().map(|f| f.sha256.as_str()).collect();
+    let mut new_blobs = BTreeSet::new();
+    let mut saved = 0;
+    let mut manifest_files = BTreeMap::new();
+    for file in files {
+        let blob = names.session_blob_key(name, &file.sha256);
+        if !old_blobs.contains(file.sha256.as_str()) && !new_blobs.contains(&file.sha256) && file.key != blob {
+            storage::copy(&ctx.s3, bucket, &file.key, &blob).await?;
+        }
+        if opened.manifest.files.get(&file.path).is_none_or(|f| f.sha256 != file.sha256) {
+            saved += 1;
+        }
+        new_blobs.insert(file.sha256.clone());
+        manifest_files.insert(file.path.clone(), FileEntry { sha256: file.sha256.clone(), size: file.size });
+    }
+    let deleted = opened.manifest.files.keys().filter(|p| !manifest_files.contains_key(*p)).count() as u64;
+    let now = now_ms();
+    let manifest = Manifest {
+        files: manifest_files,
+        created_at_ms: if opened.fresh { now } else { opened.manifest.created_at_ms },
+        updated_at_ms: now,
+        expires_at_ms: now + settings.session_idle_timeout.as_millis() as u64,
+        last_job_id: job.spec.job_id.clone(),
+    };
+    let mut redis = ctx.redis.clone();
+    sessions::store(&ctx.s3, bucket, &mut redis, names, name, &manifest).await?;
+    // After the manifest: a blob is deleted only once no manifest refers to it.
+    let unreferenced: Vec<String> =
+        old_blobs.iter().filter(|sha| !new_blobs.contains(**sha)).map(|sha| names.session_blob_key(name, sha)).collect();
+    storage::delete_keys(&ctx.s3, bucket, &unreferenced).await?;
+    Ok(SessionInfo {
+        name: name.to_owned(),
+        fresh: opened.fresh,
+        expired: opened.expired,
+        restored_files: opened.manifest.files.len() as u64,
+        saved_files: saved,
+        deleted_files: deleted,
+        files: manifest.files.len() as u64,
+        bytes: manifest.bytes(),
+        expires_at_ms: manifest.expires_at_ms,
+    })
+}
+
+/// The session as it stands when the job did not save it (cancelled): unchanged.
+pub fn unchanged(opened: &Opened) -> SessionInfo {
+    SessionInfo {
+        name: opened.name.clone(),
+        fresh: opened.fresh,
+        expired: opened.expired,
+        restored_files: opened.manifest.files.len() as u64,
+        saved_files: 0,
+        deleted_files: 0,
+        files: opened.manifest.files.len() as u64,
+        bytes: opened.manifest.bytes(),
+        expires_at_ms: opened.manifest.expires_at_ms,
+    }
+}
+
+/// Releases the session's lock (logged, not returned, on failure: the lease frees it).
+pub async fn close(ctx: &Context, name: &str, job_id: &str) {
+    let mut redis = ctx.redis.clone();
+    if let Err(e) = sessions::unlock(&mut redis, &ctx.settings.names, name, job_id).await {
+        tracing::warn!(session = name, error = %e, "cannot release session lock; its lease will");
+    }
+}
+
+/// Deletes expired sessions every `sessions.reap_interval` until `shutdown` turns true.
+pub async fn reaper(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let settings = &ctx.settings;
+    let reaper_id = format!("reaper-{}", settings.worker_id);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(settings.session_reap_interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        let mut redis = ctx.redis.clone();
+        match sessions::reap(&ctx.s3, &settings.services.s3.bucket, &mut redis, &settings.names, now_ms(), &reaper_id).await {
+            Ok(reaped) if !reaped.is_empty() => tracing::info!(sessions = ?reaped, "deleted expired sessions"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "session reaper failed; retrying next period"),
+        }
+    }
+}
