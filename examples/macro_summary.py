@@ -35,3 +35,7 @@ ax.set_title("US real GDP and unemployment, 1959-2009")
 fig.tight_layout()
 fig.savefig("macro.png")
 print("saved macro.png")
+
+# In notebook mode (the default), the last expression comes back as a table (HTML and
+# markdown), and the figure left open as a PNG output.
+df[["period", "realgdp", "unemp", "infl"]].tail(4)

@@ -3,26 +3,28 @@
 # process start, connect, publish with confirm, the worker's container cycle, the result in
 # Redis, and the CLI's BLPOP wake-up. Prints the median and p90 of the wall time of
 # `sandq run`, and the worker-side queued->finished time from the results.
-# Needs the services (scripts/services.sh). Usage: scripts/bench-trivial.sh [N=50]
+# Needs the services (scripts/services.sh). Usage: scripts/bench-trivial.sh [N=50] [MODE=script]
+# (MODE: script = `python3 main.py`; notebook = the IPython runner, Python's default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-50}
+mode=${2:-script}
 cargo build --release --bins -q
 export SANDQ__NAMESPACE="sandq-bench-$$"
 log=$(mktemp)
 exec 3> >(SANDQ__WORKER__ID=$SANDQ__NAMESPACE exec target/release/sandq-worker --exit-on-stdin-eof 2>"$log")
 for _ in $(seq 1 100); do grep -q consuming "$log" 2>/dev/null && break; sleep 0.1; done
-target/release/sandq --json run --wait 60s --sku S -c pass >/dev/null  # warm-up
+target/release/sandq --json run --wait 60s --sku S --mode "$mode" -c pass >/dev/null  # warm-up
 times=$(mktemp)
 for _ in $(seq 1 "$n"); do
   start=$(date +%s%N)
-  target/release/sandq --json run --sku S -c pass > "$times.json"
+  target/release/sandq --json run --sku S --mode "$mode" -c pass > "$times.json"
   end=$(date +%s%N)
   server=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["finished_at_ms"]-r["queued_at_ms"])' "$times.json")
   echo "$(( (end - start) / 1000000 )) $server" >> "$times"
 done
 exec 3>&-
-sort -n -k1 "$times" | awk -v n="$n" '{ a[NR] = $1 } END { printf "sandq run, end to end: median %d ms, p90 %d ms (n=%d)\n", a[int((n+1)/2)], a[int(n*0.9)], n }'
+sort -n -k1 "$times" | awk -v n="$n" -v mode="$mode" '{ a[NR] = $1 } END { printf "mode " mode ": sandq run, end to end: median %d ms, p90 %d ms (n=%d)\n", a[int((n+1)/2)], a[int(n*0.9)], n }'
 sort -n -k2 "$times" | awk -v n="$n" '{ a[NR] = $2 } END { printf "submitted -> result written: median %d ms, p90 %d ms\n", a[int((n+1)/2)], a[int(n*0.9)] }'
 rm -f "$times" "$times.json" "$log"
 for q in S M L XL; do rabbitmqctl -q delete_queue "$SANDQ__NAMESPACE.jobs.$q" >/dev/null 2>&1 || true; done

@@ -87,7 +87,8 @@ async fn fork_bomb_stays_capped_and_ends() {
     let _serial = SERIAL.lock().await;
     let mut client = client().await;
     let result = run_case(&mut client, "fork_bomb.py", "5s", None).await;
-    assert!(matches!(result.status, JobStatus::TimedOut | JobStatus::Failed), "{result:?}");
+    // The pids limit, the timeout or (forking copies of the notebook runner) the memory limit.
+    assert!(matches!(result.status, JobStatus::TimedOut | JobStatus::Failed | JobStatus::OomKilled), "{result:?}");
 }
 
 #[tokio::test]
@@ -295,8 +296,10 @@ async fn many_files_are_capped_and_counted() {
     assert_eq!(result.skipped_artifacts_total, 200_000 - 100);
     assert_eq!(result.skipped_artifacts.len(), 100, "the listed skips are capped");
     assert!(result.skipped_artifacts.iter().all(|s| s.reason == "too_many"));
+    // 100 artifacts of about 700 bytes each (path, key, sha256, presigned URL) and 100 listed
+    // skips: bounded, whatever the program leaves.
     let stored = sandq_schemas::encode(&result).expect("encode").len();
-    assert!(stored < 64 << 10, "result in Redis is {stored} bytes");
+    assert!(stored < 128 << 10, "result in Redis is {stored} bytes");
 }
 
 #[tokio::test]

@@ -693,7 +693,13 @@ def make_shell(script, outputs, user_module):
             self.configurables.append(self.display_formatter)
 
         def init_completer(self):
-            pass  # no tab completion here; saves importing jedi
+            pass  # no tab completion here: importing jedi is deferred until needed
+
+        def __getattr__(self, name):
+            if name == "Completer":
+                InteractiveShell.init_completer(self)
+                return self.__dict__["Completer"]
+            raise AttributeError("%r object has no attribute %r" % (type(self).__name__, name))
 
         def enable_gui(self, gui=None):
             pass
@@ -750,7 +756,14 @@ def make_shell(script, outputs, user_module):
     cfg.HistoryManager.enabled = False
     cfg.InteractiveShell.colors = "NoColor"
     cfg.InteractiveShell.xmode = "Plain"
-    shell = SandqShell.instance(config=cfg, user_module=user_module)
+    ipython_dir = None  # IPython's default: $IPYTHONDIR or ~/.ipython
+    if not os.environ.get("IPYTHONDIR") and not os.access(os.path.expanduser("~"), os.W_OK):
+        import tempfile
+        try:  # (IPython would warn on stderr and do the same)
+            ipython_dir = tempfile.mkdtemp(prefix="sandq-ipython-")
+        except OSError:
+            pass
+    shell = SandqShell.instance(config=cfg, user_module=user_module, ipython_dir=ipython_dir)
 
     fmts = shell.display_formatter.formatters
     fmts["text/markdown"].for_type_by_name("pandas.core.frame", "DataFrame", _df_markdown)
@@ -763,11 +776,23 @@ def make_shell(script, outputs, user_module):
 # --------------------------------------------------------------------------------------
 
 
-def _read_source(path):
+def _decode_source(raw, filename):
+    """Source text like python decodes a script (BOM, coding cookie, universal newlines).
+    Raises SyntaxError like python does for undecodable files."""
     import importlib.util
-    with open(path, "rb") as f:
-        raw = f.read()
-    return importlib.util.decode_source(raw)
+    try:
+        return importlib.util.decode_source(raw)
+    except (SyntaxError, UnicodeDecodeError):
+        pass
+    import ast
+    try:  # let the compiler report it the way python does
+        compile(raw, filename, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        error = exc
+    else:
+        error = SyntaxError("cannot decode source file %s" % filename)
+    error.__context__ = None
+    raise error.with_traceback(None)
 
 
 def _output_limit():
@@ -797,22 +822,28 @@ def main():
         return 2
     script_arg = sys.argv[1]
     script = os.path.abspath(script_arg)
+    outputs = Outputs(os.environ.get("SANDQ_OUTPUTS") or None, _output_limit())
     try:
-        source = _read_source(script_arg)
+        with open(script_arg, "rb") as f:
+            raw_source = f.read()
     except OSError as exc:
-        sys.stderr.write("%s: can't open file %r: [Errno %s] %s\n" % (
-            os.path.basename(sys.executable or "python3"), script, exc.errno, exc.strerror))
+        message = "%s: can't open file %r: [Errno %s] %s" % (
+            os.path.basename(sys.executable or "python3"), script, exc.errno, exc.strerror)
+        sys.stderr.write(message + "\n")
+        outputs.write({"output_type": "error", "ename": type(exc).__name__,
+                       "evalue": _safe_str(exc), "traceback": [message]})
         return 2
-    except (SyntaxError, UnicodeDecodeError) as exc:  # undecodable source
+    decode_error = None
+    try:
+        source = _decode_source(raw_source, script)
+    except SyntaxError as exc:
         source = None
         decode_error = exc
-
-    outputs = Outputs(os.environ.get("SANDQ_OUTPUTS") or None, _output_limit())
 
     # plain-python process state for the user's code
     sys.argv = [script_arg] + sys.argv[2:]
     script_dir = os.path.dirname(os.path.realpath(script_arg))
-    if sys.path and os.path.abspath(sys.path[0] or ".") == _RUNNER_DIR:
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.realpath(_RUNNER_DIR):
         sys.path[0] = script_dir
     else:
         sys.path.insert(0, script_dir)
@@ -849,7 +880,6 @@ def main():
 
     if source is None:
         error = decode_error
-        shell.printed_errors.discard(id(error))
     else:
         result = shell.run_cell(source, store_history=True)
         error = result.error_before_exec or result.error_in_exec
