@@ -24,7 +24,7 @@ def summary(prefix, df):
     print(f"{prefix}.max={float(df['co2'].max())!r}")
 
 
-csv = pd.read_csv("co2.csv", dtype={"date": str})
+csv = pd.read_csv("co2.csv", dtype={"date": str}, float_precision="round_trip")
 jsonl = pd.read_json("co2.jsonl", lines=True, dtype={"date": str, "co2": float}, convert_dates=False)
 summary("csv", csv)
 summary("jsonl", jsonl)

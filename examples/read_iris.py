@@ -12,7 +12,7 @@ with open("iris.csv", encoding="utf-8") as f:
     header = f.readline().strip().split(",")
 n_samples, n_features, classes = int(header[0]), int(header[1]), header[2:]
 features = ["sepal_length", "sepal_width", "petal_length", "petal_width"][:n_features]
-df = pd.read_csv("iris.csv", skiprows=1, header=None, names=features + ["target"])
+df = pd.read_csv("iris.csv", skiprows=1, header=None, names=features + ["target"], float_precision="round_trip")
 df["species"] = df["target"].map(dict(enumerate(classes)))
 
 print(f"header_samples={n_samples}")

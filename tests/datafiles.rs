@@ -45,11 +45,6 @@ impl Output {
         self.values.get(key).unwrap_or_else(|| panic!("{}: {key} missing from {:?}", self.script, self.values))
     }
 
-    fn int(&self, key: &str) -> usize {
-        let value = self.str(key);
-        value.parse().unwrap_or_else(|e| panic!("{}: {key}={value} is not an integer: {e}", self.script))
-    }
-
     fn float(&self, key: &str) -> f64 {
         let value = self.str(key);
         value.parse().unwrap_or_else(|e| panic!("{}: {key}={value} is not a number: {e}", self.script))
