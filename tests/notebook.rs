@@ -195,3 +195,43 @@ async fn artifacts_have_presigned_urls_that_serve_their_bytes() {
     let refused = std::process::Command::new("curl").args(["-sS", "--fail", "--max-time", "10", &tampered]).output().expect("curl");
     assert!(!refused.status.success(), "a tampered URL must not work");
 }
+
+/// The outputs file is the program's to write: forged, oversized and malformed lines are
+/// bounded and counted, and a symlink planted in its place is not followed.
+#[tokio::test]
+async fn a_forged_outputs_file_is_bounded_and_never_followed() {
+    let code = r#"
+import json, os
+p = os.environ["SANDQ_OUTPUTS"]
+with open(p, "a") as f:
+    f.write("not json\n")
+    f.write(json.dumps({"output_type": "display_data", "data": {f"application/x-{i}": "" for i in range(1000)}}) + "\n")
+    f.write(json.dumps({"output_type": "display_data", "data": {"Text/HTML\r\nX-Injected: 1": "a", "text/plain": "kept"}}) + "\n")
+    f.write(json.dumps({"output_type": "error", "ename": "E" * 100000, "evalue": "v", "traceback": ["x" * 10] * 100000}) + "\n")
+    f.write("[" * 100000 + "\n")
+"#;
+    let result = notebook(code).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.outputs.len(), 3, "{:?}", result.outputs.iter().map(|o| o.data.len()).collect::<Vec<_>>());
+    // 16 representations, plus the (empty) text/plain every bundle gets.
+    assert!(result.outputs[0].data.len() <= 17, "representations per output are capped: {}", result.outputs[0].data.len());
+    assert_eq!(result.outputs[1].data.keys().collect::<Vec<_>>(), ["text/plain"], "invalid MIME names are dropped");
+    let error = result.error.as_ref().expect("forged error");
+    assert!(error.name.len() <= 4100 && error.traceback.len() <= 200, "error fields are clipped");
+    // "not json", the 1000-type line's extra types, the bad MIME name, the deep nesting.
+    assert!(result.outputs_dropped >= 1 + (1000 - 16) + 1 + 1, "dropped {}", result.outputs_dropped);
+    let stored = sandq_schemas::encode(&result).expect("encode").len();
+    assert!(stored < 512 << 10, "result in Redis is {stored} bytes");
+
+    // A host file of valid output lines, which the worker would read if it followed the link.
+    let host_file = std::env::temp_dir().join(format!("sandq-forged-{}.jsonl", uuid::Uuid::new_v4()));
+    std::fs::write(&host_file, "{\"output_type\": \"display_data\", \"data\": {\"text/plain\": \"read from the host\"}}\n").expect("write");
+    let planted = format!(
+        "import os\np = os.environ['SANDQ_OUTPUTS']\nif os.path.lexists(p):\n    os.remove(p)\nos.symlink({:?}, p)\n",
+        host_file.display().to_string()
+    );
+    let result = notebook(&planted).await;
+    let _ = std::fs::remove_file(&host_file);
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert!(result.outputs.is_empty(), "a symlinked outputs file is not read: {:?}", result.outputs);
+}

@@ -32,20 +32,20 @@ async fn files_persist_within_a_session_and_never_reach_another() {
     let names = Names::new(namespace());
     let (a, b) = (unique("a"), unique("b"));
     let token = uuid::Uuid::new_v4().to_string();
-    let first = run(&mut client, &session_job(&format!("open('notes.txt', 'w').write('{token}')\nimport os; os.makedirs('sub', exist_ok=True)\nopen('sub/same.txt', 'w').write('x')\nopen('sub/copy.txt', 'w').write('x')\n"), &a)).await;
+    let first = run(&mut client, &session_job(&format!("open('notes.txt', 'w').write('{token}')\nimport os; os.makedirs('sub', exist_ok=True)\nopen('sub/same.txt', 'w').write('x')\nopen('sub/copy.txt', 'w').write('x')\nopen('100% résumé?+&.txt', 'w').write('odd')\n"), &a)).await;
     assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
     let info = first.session.as_ref().expect("session info");
     assert!(info.fresh && !info.expired, "{info:?}");
-    assert_eq!((info.saved_files, info.files), (3, 3), "{info:?}");
-    // Two files with the same content share one blob: manifest + 2 blobs.
-    assert_eq!(session_objects(&names, &a).await.len(), 3);
+    assert_eq!((info.saved_files, info.files), (4, 4), "{info:?}");
+    // Two files with the same content share one blob: manifest + 3 blobs.
+    assert_eq!(session_objects(&names, &a).await.len(), 4);
 
-    let second = run(&mut client, &session_job("print(open('notes.txt').read())\nimport os\nprint(sorted(os.listdir('sub')))\n", &a)).await;
+    let second = run(&mut client, &session_job("print(open('notes.txt').read())\nimport os\nprint(sorted(os.listdir('sub')))\nprint(open('100% résumé?+&.txt').read())\n", &a)).await;
     assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
-    assert_eq!(second.stdout.text, format!("{token}\n['copy.txt', 'same.txt']\n"));
+    assert_eq!(second.stdout.text, format!("{token}\n['copy.txt', 'same.txt']\nodd\n"));
     let info = second.session.as_ref().expect("session info");
     assert!(!info.fresh, "{info:?}");
-    assert_eq!((info.restored_files, info.saved_files, info.deleted_files), (3, 0, 0), "unchanged files are not saved again: {info:?}");
+    assert_eq!((info.restored_files, info.saved_files, info.deleted_files), (4, 0, 0), "unchanged files are not saved again: {info:?}");
     assert!(second.artifacts.is_empty(), "restored, unchanged files are not artifacts again: {:?}", second.artifacts);
 
     let other = run(&mut client, &session_job("import os\nprint(os.listdir('.'))\n", &b)).await;
@@ -55,9 +55,9 @@ async fn files_persist_within_a_session_and_never_reach_another() {
     assert_eq!(plain.stdout.text, "[]\n", "a job without a session sees nothing");
 
     // Deleting a file in a job deletes it from the session (and its blob once unreferenced).
-    let third = run(&mut client, &session_job("import os\nos.remove('notes.txt')\nos.remove('sub/copy.txt')\n", &a)).await;
+    let third = run(&mut client, &session_job("import os\nos.remove('notes.txt')\nos.remove('sub/copy.txt')\nos.remove('100% résumé?+&.txt')\n", &a)).await;
     let info = third.session.as_ref().expect("session info");
-    assert_eq!((info.deleted_files, info.files), (2, 1), "{info:?}");
+    assert_eq!((info.deleted_files, info.files), (3, 1), "{info:?}");
     let objects = session_objects(&names, &a).await;
     assert_eq!(objects.len(), 2, "manifest + the blob still used by sub/same.txt: {objects:?}");
     let fourth = run(&mut client, &session_job("import os\nprint(os.path.exists('notes.txt'), open('sub/same.txt').read())\n", &a)).await;
@@ -126,4 +126,24 @@ async fn an_expired_session_is_deleted_from_s3_and_starts_fresh() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     client.remove_session(&session, Duration::from_secs(10)).await.expect("rm");
     world.delete_queues().await;
+}
+
+/// An input wins over a session file it clashes with (same path, or one a directory of the
+/// other): the job runs with the input instead of failing to stage.
+#[tokio::test]
+async fn an_input_wins_over_a_clashing_session_file() {
+    let mut client = client().await;
+    let session = unique("clash");
+    let first = run(&mut client, &session_job("open('data', 'w').write('old')\nopen('keep.txt', 'w').write('kept')\n", &session)).await;
+    assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = dir.path().join("x.csv");
+    std::fs::write(&local, "a,b\n1,2\n").expect("write");
+    let input = client.upload(&local, "data/x.csv").await.expect("upload");
+    let mut spec = session_job("print(open('data/x.csv').read(), end='')\nprint(open('keep.txt').read())\n", &session);
+    spec.inputs = vec![input];
+    let second = run(&mut client, &spec).await;
+    assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
+    assert_eq!(second.stdout.text, "a,b\n1,2\nkept\n");
+    client.remove_session(&session, Duration::from_secs(10)).await.expect("rm");
 }

@@ -125,8 +125,9 @@ pub enum ValidationError {
         /// The digest as sent.
         sha256: String,
     },
-    /// An input's `key` is empty or longer than 1024 bytes (S3's limit).
-    #[error("input {path:?} has an invalid S3 key")]
+    /// An input's `key` is not `inputs/sha256/<its sha256>` (inputs come only from the
+    /// content-addressed upload area).
+    #[error("input {path:?} has an invalid S3 key: expected inputs/sha256/<its sha256>")]
     InputKey {
         /// The input's path.
         path: String,
@@ -308,12 +309,14 @@ impl JobSpec {
         let mut seen = BTreeSet::new();
         for input in &self.inputs {
             check_relative_path(&input.path)?;
-            if input.key.is_empty() || input.key.len() > 1024 {
-                return Err(ValidationError::InputKey { path: input.path.clone() });
-            }
             let hex_ok = input.sha256.len() == 64 && input.sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
             if !hex_ok {
                 return Err(ValidationError::Sha256 { path: input.path.clone(), sha256: input.sha256.clone() });
+            }
+            // Only the content-addressed upload area: a job must not stage another job's
+            // artifacts, logs or session files by naming their keys.
+            if input.key != crate::names::input_key(&input.sha256) {
+                return Err(ValidationError::InputKey { path: input.path.clone() });
             }
             if !seen.insert(input.path.as_str()) {
                 return Err(ValidationError::PathClash { path: input.path.clone() });
@@ -411,7 +414,38 @@ mod tests {
     }
 
     fn input(path: &str) -> InputFile {
-        InputFile { key: "inputs/sha256/x".into(), path: path.into(), size: 1, sha256: "a".repeat(64) }
+        InputFile { key: format!("inputs/sha256/{}", "a".repeat(64)), path: path.into(), size: 1, sha256: "a".repeat(64) }
+    }
+
+    #[test]
+    fn inputs_come_only_from_the_content_addressed_area() {
+        let mut j = job();
+        j.inputs = vec![input("data.csv")];
+        assert!(j.clone().validate(&Limits::default()).is_ok());
+        for key in ["sessions/sandq/victim/manifest.json", "jobs/other/artifacts/secret.txt", "inputs/sha256/x"] {
+            let mut j = j.clone();
+            j.inputs[0].key = key.into();
+            assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::InputKey { .. })), "{key}");
+        }
+    }
+
+    #[test]
+    fn sessions_and_modes_are_checked() {
+        for name in ["a", "notebook-1.v2", &"x".repeat(64)] {
+            let mut j = job();
+            j.session = Some(name.to_owned());
+            assert!(j.validate(&Limits::default()).is_ok(), "{name}");
+        }
+        for name in ["", ".hidden", "..", "a/b", "a b", &"x".repeat(65), "ü"] {
+            let mut j = job();
+            j.session = Some(name.to_owned());
+            assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::Session { .. })), "{name:?}");
+        }
+        let mut j = job();
+        j.runtime = Runtime::Node;
+        j.mode = Some(crate::RunMode::Notebook);
+        assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::Mode)));
+        assert_eq!(job().run_mode(), crate::RunMode::Notebook);
     }
 
     #[test]

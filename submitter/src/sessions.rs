@@ -202,6 +202,27 @@ pub async fn lock(
     }
 }
 
+/// Extends the lease of the session's lock to `lease` if `holder` still holds it; returns
+/// whether it did. KEYS[1] = lock key, ARGV = holder, lease in ms.
+///
+/// # Errors
+/// [`SessionError::Redis`].
+pub async fn renew(redis: &mut ConnectionManager, names: &Names, name: &str, holder: &str, lease: Duration) -> Result<bool, SessionError> {
+    const RENEW_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+    let renewed: i64 = redis::Script::new(RENEW_SCRIPT)
+        .key(names.session_lock_key(name))
+        .arg(holder)
+        .arg(lease.as_millis() as u64)
+        .invoke_async(redis)
+        .await?;
+    Ok(renewed == 1)
+}
+
 /// Releases the session's lock if `holder` still holds it.
 ///
 /// # Errors
@@ -261,10 +282,11 @@ pub async fn list(
 
 /// Deletes the sessions whose expiry has passed (at most 100 per call); returns their names.
 /// Each is locked while it is deleted, and skipped when in use or when its manifest says it
-/// was used again since the index was read.
+/// was used again since the index was read. A session whose deletion fails is logged and
+/// skipped (tried again on the next call). A malformed manifest counts as expired.
 ///
 /// # Errors
-/// [`SessionError`] of the first failure (the rest are tried on the next call).
+/// [`SessionError::Redis`] when the index or a lock cannot be read.
 pub async fn reap(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
@@ -288,7 +310,11 @@ pub async fn reap(
             continue;
         }
         let outcome: Result<bool, SessionError> = async {
-            match load(s3, bucket, names, &name).await? {
+            let manifest = match load(s3, bucket, names, &name).await {
+                Err(SessionError::Manifest { .. }) => None,
+                other => other?,
+            };
+            match manifest {
                 Some(m) if m.expires_at_ms > now_ms => {
                     // Used again: the index is behind; fix it.
                     let _: () = redis::cmd("ZADD").arg(names.sessions_index()).arg(m.expires_at_ms).arg(&name).query_async(redis).await?;
@@ -303,8 +329,12 @@ pub async fn reap(
         }
         .await;
         unlock(redis, names, &name, reaper_id).await?;
-        if outcome? {
-            reaped.push(name);
+        match outcome {
+            Ok(true) => reaped.push(name),
+            Ok(false) => {}
+            // One session that cannot be deleted (a malformed manifest, an S3 error) must not
+            // stop the others: it is logged and tried again next period.
+            Err(e) => tracing::warn!(session = name, error = %e, "cannot reap session"),
         }
     }
     Ok(reaped)

@@ -254,15 +254,21 @@ pub async fn get_bytes(s3: &Client, bucket: &str, key: &str, max: u64) -> Result
     Ok(bytes)
 }
 
+/// Characters percent-encoded in `x-amz-copy-source`: everything but unreserved characters
+/// and `/` (S3 URL-decodes the header; a key holding `%`, `?`, `+` or non-ASCII must survive).
+const COPY_SOURCE: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
 /// Server-side copy of `from` to `to` in `bucket` (S3 CopyObject: no bytes pass through here).
 ///
 /// # Errors
 /// [`TransferError::Request`].
 pub async fn copy(s3: &Client, bucket: &str, from: &str, to: &str) -> Result<(), TransferError> {
+    let source = percent_encoding::utf8_percent_encode(&format!("{bucket}/{from}"), COPY_SOURCE).to_string();
     s3.copy_object()
         .bucket(bucket)
         .key(to)
-        .copy_source(format!("{bucket}/{from}"))
+        .copy_source(source)
         .send()
         .await
         .map_err(|e| request_error(from, e))?;
@@ -337,6 +343,15 @@ pub async fn delete_prefix(s3: &Client, bucket: &str, prefix: &str) -> Result<us
 /// [`TransferError::Request`] when the duration is out of range or signing fails.
 pub async fn presign_get(s3: &Client, bucket: &str, key: &str, expires_in: std::time::Duration) -> Result<String, TransferError> {
     let config = aws_sdk_s3::presigning::PresigningConfig::expires_in(expires_in).map_err(|e| request_error(key, e))?;
-    let request = s3.get_object().bucket(bucket).key(key).presigned(config).await.map_err(|e| request_error(key, e))?;
+    // `attachment`: a browser downloads the object instead of rendering it on the S3 origin
+    // (an HTML artifact written by the program must not run there).
+    let request = s3
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .response_content_disposition("attachment")
+        .presigned(config)
+        .await
+        .map_err(|e| request_error(key, e))?;
     Ok(request.uri().to_owned())
 }

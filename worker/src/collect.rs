@@ -57,6 +57,9 @@ pub struct WorkFile {
 pub struct Baseline {
     /// SHA-256, hex.
     pub sha256: String,
+    /// Size, bytes: a file of another size changed, and is capped like a new file before a
+    /// byte of it is read.
+    pub size: u64,
     /// S3 key of the content.
     pub key: String,
 }
@@ -156,7 +159,14 @@ pub async fn collect(
     let mut budget = max_artifact_bytes;
     for candidate in candidates {
         let skip = |collected: &mut Collected, reason: &str| collected.skip(&candidate.rel, reason);
-        let staged = baseline.get(candidate.rel.as_str());
+        // Unchanged only if the size still matches: a staged file the program grew (or made a
+        // sparse 16 TB file) is treated like a new one, caps first.
+        let staged = baseline.get(candidate.rel.as_str()).filter(|b| b.size == candidate.size);
+        if sandq_schemas::validate::check_relative_path(&candidate.rel).is_err() {
+            // A name no client could stage or restore (backslash, over 1,024 bytes...).
+            skip(&mut collected, "bad_name");
+            continue;
+        }
         if staged.is_none() && collected.artifacts.len() >= max_artifacts {
             skip(&mut collected, "too_many");
             continue;

@@ -210,7 +210,13 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
             _ => Failure::Infrastructure(e.to_string()),
         })?),
     };
-    let outcome = execute_in(ctx, job, who, container_id, opened.as_ref()).await;
+    let outcome = match &opened {
+        None => execute_in(ctx, job, who, container_id, None).await,
+        Some(o) => tokio::select! {
+            outcome = execute_in(ctx, job, who, container_id, Some(o)) => outcome,
+            () = session::keep(ctx, job, &o.name) => unreachable!("keep never returns"),
+        },
+    };
     if let Some(opened) = &opened {
         session::close(ctx, &opened.name, &job.spec.job_id).await;
     }
@@ -274,9 +280,13 @@ async fn execute_in(
             max_bytes: settings.max_outputs_bytes,
             max_inline_value: settings.max_inline_output_bytes,
         };
-        let rich = outputs::collect(&job.spec.job_id, &dir.out, caps, &ctx.s3, bucket)
-            .await
-            .map_err(|e| Failure::Infrastructure(e.to_string()))?;
+        let rich = if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
+            outputs::collect(&job.spec.job_id, &dir.out, caps, &ctx.s3, bucket)
+                .await
+                .map_err(|e| Failure::Infrastructure(e.to_string()))?
+        } else {
+            outputs::Outputs::default()
+        };
         let session_info = match opened {
             Some(opened) => Some(
                 session::save(ctx, job, opened, &collected.files).await.map_err(|e| Failure::Infrastructure(e.to_string()))?,

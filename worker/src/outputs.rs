@@ -17,6 +17,7 @@ use sandq_schemas::names::output_key;
 use sandq_schemas::{Artifact, ErrorInfo, ImageSize, MimeValue, Output, OutputType, TableShape};
 use sandq_submitter::storage::{self, TransferError};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 /// Inline bytes of all outputs of one job together: keeps the Redis value small (the result
 /// is read whole by every poll).
@@ -46,20 +47,42 @@ pub enum OutputsError {
     },
 }
 
+/// Most representations (MIME types) kept per output; Jupyter bundles have a handful.
+pub const MAX_MIME_PER_OUTPUT: usize = 16;
+/// Most S3 objects (images, large values) stored per job.
+pub const MAX_STORED_PER_JOB: usize = 100;
+/// Longest `ename` / `evalue` / traceback line kept, bytes; most traceback lines kept.
+const MAX_ERROR_TEXT: usize = 4096;
+const MAX_TRACEBACK_LINES: usize = 200;
+
 /// One line of `outputs.jsonl`, as the runner writes it (Jupyter's nbformat output shape).
+/// Values stay raw JSON text (borrowed from the file's bytes) until they are needed, so the
+/// worker's memory is the file's size plus one value at a time, whatever its nesting.
 #[derive(Debug, Deserialize)]
-struct Line {
+struct Line<'a> {
     output_type: String,
-    #[serde(default)]
-    data: BTreeMap<String, serde_json::Value>,
-    #[serde(default)]
-    metadata: BTreeMap<String, serde_json::Value>,
+    #[serde(default, borrow)]
+    data: BTreeMap<String, &'a RawValue>,
+    #[serde(default, borrow)]
+    metadata: BTreeMap<String, &'a RawValue>,
     #[serde(default)]
     ename: String,
     #[serde(default)]
     evalue: String,
     #[serde(default)]
     traceback: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TableMeta {
+    rows: u64,
+    columns: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImageMeta {
+    width: u32,
+    height: u32,
 }
 
 /// Reads the outputs file under `out_dir` (absent: no outputs), at most `max_bytes`.
@@ -85,6 +108,7 @@ fn extension(mime: &str) -> &'static str {
         "image/gif" => "gif",
         "image/webp" => "webp",
         "image/svg+xml" => "svg",
+        "application/pdf" => "pdf",
         "text/html" => "html",
         "text/markdown" => "md",
         "text/latex" => "tex",
@@ -104,12 +128,57 @@ pub fn png_size(bytes: &[u8]) -> Option<ImageSize> {
     Some(ImageSize { width, height })
 }
 
-fn is_binary(mime: &str) -> bool {
-    mime.starts_with("image/") && mime != "image/svg+xml"
+/// A MIME type the worker accepts as a key: `type/subtype`, lower-case letters, digits and
+/// `.+-`, at most 100 bytes (it becomes an S3 `Content-Type` header).
+pub fn valid_mime(mime: &str) -> bool {
+    let part = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b));
+    mime.len() <= 100 && mime.split_once('/').is_some_and(|(t, s)| part(t) && part(s))
+}
+
+/// Text types, as the runner sees them (`_is_text_mime`): sent as plain strings.
+fn is_text(mime: &str) -> bool {
+    mime.starts_with("text/")
+        || mime.ends_with("+xml")
+        || matches!(mime, "application/javascript" | "application/ecmascript" | "application/xml" | "application/x-latex")
 }
 
 fn is_json(mime: &str) -> bool {
     mime == "application/json" || mime.ends_with("+json")
+}
+
+/// Representations stored in S3 whatever their size: every non-text, non-JSON type (images,
+/// PDF...), sent base64-encoded.
+fn is_binary(mime: &str) -> bool {
+    !is_text(mime) && !is_json(mime)
+}
+
+/// The bytes of one representation, or `None` when it is malformed.
+fn decode_value(mime: &str, raw: &RawValue) -> Option<Vec<u8>> {
+    if is_json(mime) {
+        return Some(raw.get().as_bytes().to_vec());
+    }
+    if is_binary(mime) {
+        let encoded: String = serde_json::from_str(raw.get()).ok()?;
+        let cleaned: String = encoded.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        return base64::engine::general_purpose::STANDARD.decode(cleaned).ok();
+    }
+    if let Ok(text) = serde_json::from_str::<String>(raw.get()) {
+        return Some(text.into_bytes());
+    }
+    // Jupyter allows text as a list of lines.
+    serde_json::from_str::<Vec<String>>(raw.get()).ok().map(|lines| lines.concat().into_bytes())
+}
+
+fn clip(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
 }
 
 /// What the worker needs to store outputs.
@@ -124,7 +193,9 @@ pub struct Caps {
 }
 
 /// Parses the runner's outputs and stores images and large values in S3 under
-/// `jobs/<job_id>/outputs/`.
+/// `jobs/<job_id>/outputs/`. Everything is bounded: [`Caps`], [`MAX_MIME_PER_OUTPUT`],
+/// [`MAX_STORED_PER_JOB`], [`INLINE_BUDGET`]; anything past a bound, malformed, or with an
+/// invalid MIME name is left out and counted in `dropped`.
 ///
 /// # Errors
 /// [`OutputsError::Upload`] when S3 fails.
@@ -138,8 +209,9 @@ pub async fn collect(
     let bytes = read_lines(out_dir, caps.max_bytes);
     let mut result = Outputs::default();
     let mut inline_left = INLINE_BUDGET;
+    let mut stored = 0;
     for raw in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let Ok(line) = serde_json::from_slice::<Line>(raw) else {
+        let Ok(line) = serde_json::from_slice::<Line<'_>>(raw) else {
             result.dropped += 1;
             continue;
         };
@@ -158,38 +230,39 @@ pub async fn collect(
             }
         };
         let mut output = Output { output_type, data: BTreeMap::new(), table: None, image: None, error: None };
-        let mut data = line.data;
+        let mut values: Vec<(String, Vec<u8>)> = Vec::new();
         if output_type == OutputType::Error {
-            let error = ErrorInfo { name: line.ename, value: line.evalue, traceback: line.traceback };
-            data.insert("text/plain".into(), serde_json::Value::String(error.traceback.join("\n")));
+            let traceback: Vec<String> =
+                line.traceback.into_iter().take(MAX_TRACEBACK_LINES).map(|l| clip(l, MAX_ERROR_TEXT)).collect();
+            let error = ErrorInfo { name: clip(line.ename, MAX_ERROR_TEXT), value: clip(line.evalue, MAX_ERROR_TEXT), traceback };
+            values.push(("text/plain".into(), error.traceback.join("\n").into_bytes()));
             output.error = Some(error.clone());
             result.error = Some(error);
         }
-        for (n, (mime, value)) in data.into_iter().enumerate() {
-            let bytes = if is_binary(&mime) {
-                let Some(encoded) = value.as_str() else { continue };
-                let cleaned: String = encoded.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-                let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(cleaned) else { continue };
-                if mime == "image/png" {
-                    output.image = png_size(&decoded);
-                }
-                decoded
-            } else if is_json(&mime) {
-                serde_json::to_vec(&value).unwrap_or_default()
-            } else {
-                match value {
-                    serde_json::Value::String(s) => s.into_bytes(),
-                    // Jupyter allows text as a list of lines.
-                    serde_json::Value::Array(lines) => lines.iter().filter_map(|l| l.as_str()).collect::<String>().into_bytes(),
-                    _ => continue,
-                }
-            };
+        for (mime, raw) in &line.data {
+            if values.len() >= MAX_MIME_PER_OUTPUT || !valid_mime(mime) || values.iter().any(|(m, _)| m == mime) {
+                result.dropped += 1;
+                continue;
+            }
+            match decode_value(mime, raw) {
+                Some(bytes) => values.push((mime.clone(), bytes)),
+                None => result.dropped += 1,
+            }
+        }
+        for (n, (mime, bytes)) in values.into_iter().enumerate() {
+            if mime == "image/png" {
+                output.image = png_size(&bytes);
+            }
             let size = bytes.len() as u64;
             let inline = !is_binary(&mime) && size <= caps.max_inline_value && size <= inline_left;
             let value = if inline {
                 inline_left -= size;
                 MimeValue { text: Some(String::from_utf8_lossy(&bytes).into_owned()), artifact: None, size }
+            } else if stored >= MAX_STORED_PER_JOB {
+                result.dropped += 1;
+                continue;
             } else {
+                stored += 1;
                 let file = format!("output-{index}-{n}.{}", extension(&mime));
                 let key = output_key(job_id, &file);
                 let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
@@ -210,14 +283,21 @@ pub async fn collect(
             output.data.insert(mime, value);
         }
         if output.image.is_none() {
-            output.image = line.metadata.values().find_map(|m| {
-                Some(ImageSize { width: m.get("width")?.as_u64()? as u32, height: m.get("height")?.as_u64()? as u32 })
-            });
+            // Not a PNG (JPEG, GIF...): the runner's metadata, the only size there is.
+            output.image = line
+                .metadata
+                .iter()
+                .filter(|(k, _)| k.starts_with("image/"))
+                .find_map(|(_, raw)| serde_json::from_str::<ImageMeta>(raw.get()).ok())
+                .map(|m| ImageSize { width: m.width, height: m.height });
         }
-        if let Some(table) = line.metadata.get("sandq/table") {
-            if let (Some(rows), Some(columns)) = (table.get("rows").and_then(|v| v.as_u64()), table.get("columns").and_then(|v| v.as_u64())) {
-                output.table = Some(TableShape { rows, columns });
-            }
+        if let Some(raw) = line.metadata.get("sandq/table") {
+            output.table = serde_json::from_str::<TableMeta>(raw.get()).ok().map(|t| TableShape { rows: t.rows, columns: t.columns });
+        }
+        if !output.data.contains_key("text/plain") {
+            let plain = String::new();
+            let size = 0;
+            output.data.insert("text/plain".into(), MimeValue { text: Some(plain), artifact: None, size });
         }
         result.outputs.push(output);
     }
@@ -231,6 +311,8 @@ mod tests {
     #[test]
     fn png_size_reads_the_header() {
         // A 1x1 PNG made by hand: signature, IHDR length 13, "IHDR", width 3, height 2.
+        assert!(valid_mime("image/png") && valid_mime("application/vnd.plotly.v1+json"));
+        assert!(!valid_mime("Image/PNG") && !valid_mime("text/html\r\nX: y") && !valid_mime("text") && !valid_mime("/x"));
         let mut png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR".to_vec();
         png.extend_from_slice(&3u32.to_be_bytes());
         png.extend_from_slice(&2u32.to_be_bytes());

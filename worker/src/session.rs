@@ -50,10 +50,10 @@ impl Opened {
     pub fn baseline(restore: &[Restore], job: &ValidJob) -> BTreeMap<String, Baseline> {
         let mut baseline: BTreeMap<String, Baseline> = restore
             .iter()
-            .map(|r| (r.path.clone(), Baseline { sha256: r.sha256.clone(), key: r.key.clone() }))
+            .map(|r| (r.path.clone(), Baseline { sha256: r.sha256.clone(), size: r.size, key: r.key.clone() }))
             .collect();
         for input in &job.spec.inputs {
-            baseline.insert(input.path.clone(), Baseline { sha256: input.sha256.clone(), key: input.key.clone() });
+            baseline.insert(input.path.clone(), Baseline { sha256: input.sha256.clone(), size: input.size, key: input.key.clone() });
         }
         baseline
     }
@@ -154,6 +154,21 @@ pub fn unchanged(opened: &Opened) -> SessionInfo {
         files: opened.manifest.files.len() as u64,
         bytes: opened.manifest.bytes(),
         expires_at_ms: opened.manifest.expires_at_ms,
+    }
+}
+
+/// Keeps the session's lock while the job runs: renews its lease every third of it. Never
+/// returns; dropped when the job ends.
+pub async fn keep(ctx: &Context, job: &ValidJob, name: &str) {
+    let mut redis = ctx.redis.clone();
+    let lease = job.timeout + LOCK_LEASE_EXTRA;
+    loop {
+        tokio::time::sleep(lease / 3).await;
+        match sessions::renew(&mut redis, &ctx.settings.names, name, &job.spec.job_id, lease).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(session = name, "session lock lost (lease ran out); another job may use the session"),
+            Err(e) => tracing::warn!(session = name, error = %e, "cannot renew session lock"),
+        }
     }
 }
 

@@ -265,12 +265,22 @@ async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aw
             write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
         }
     }
-    let options = format!("size={},mode=0755,uid={uid},gid={uid}", place.outputs_bytes);
+    // nr_inodes: inodes are kernel memory cgroup v1 does not charge to the job.
+    let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", place.outputs_bytes);
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.out, Some("tmpfs"), flags, Some(options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("outputs tmpfs: {e}")))?;
-    let inputs: std::collections::BTreeSet<&str> = job.spec.inputs.iter().map(|i| i.path.as_str()).collect();
-    for file in place.restore.iter().filter(|r| !inputs.contains(r.path.as_str())) {
+    // An input wins over a session file of the same path, and over one that is a directory
+    // prefix of it or has it as one (`data` vs `data/x.csv`): both cannot exist.
+    let clashes = |restored: &str| {
+        job.spec.inputs.iter().any(|i| {
+            let input = i.path.as_str();
+            input == restored
+                || input.strip_prefix(restored).is_some_and(|rest| rest.starts_with('/'))
+                || restored.strip_prefix(input).is_some_and(|rest| rest.starts_with('/'))
+        })
+    };
+    for file in place.restore.iter().filter(|r| !clashes(&r.path)) {
         sandq_schemas::validate::check_relative_path(&file.path)
             .map_err(|e| StageError::Filesystem(format!("session path {:?}: {e}", file.path)))?;
         place_file(dir, uid, &file.path, &file.key, file.size, &file.sha256, s3, bucket).await?;
