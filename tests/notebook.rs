@@ -219,7 +219,8 @@ with open(p, "a") as f:
     let error = result.error.as_ref().expect("forged error");
     assert!(error.name.len() <= 4100 && error.traceback.len() <= 200, "error fields are clipped");
     // "not json", the 1000-type line's extra types, the bad MIME name, the deep nesting.
-    assert!(result.outputs_dropped >= 1 + (1000 - 16) + 1 + 1, "dropped {}", result.outputs_dropped);
+    let expected_drops: u64 = 1 + (1000 - 16) + 1 + 1;
+    assert!(result.outputs_dropped >= expected_drops, "dropped {}", result.outputs_dropped);
     let stored = sandq_schemas::encode(&result).expect("encode").len();
     assert!(stored < 512 << 10, "result in Redis is {stored} bytes");
 
