@@ -36,16 +36,22 @@ _THIS_MODULE = sys.modules.get(__name__)
 # small helpers
 
 
-def _note(msg):
-    """A runner message on fd 2 (not through sys.stderr, which user code may replace)."""
+def _write_fd2(text):
+    """Writes straight to fd 2 (not through sys.stderr, which user code may replace), after
+    flushing what sys.stderr buffered, so that the order on the stream is kept."""
     try:
         sys.stderr.flush()
     except Exception:
         pass
     try:
-        os.write(2, ("sandq: " + msg + "\n").encode("utf-8", "replace"))
+        os.write(2, text.encode("utf-8", "replace"))
     except OSError:
         pass
+
+
+def _note(msg):
+    """A runner message on fd 2."""
+    _write_fd2("sandq: " + msg + "\n")
 
 
 def _safe_repr(obj):
@@ -728,15 +734,7 @@ def make_shell(script, outputs, user_module):
             if exc is None:
                 return
             self.printed_errors.add(id(exc))
-            text = "\n".join(format_exception_lines(exc, script)) + "\n"
-            try:
-                sys.stderr.flush()
-            except Exception:
-                pass
-            try:
-                os.write(2, text.encode("utf-8", "replace"))
-            except OSError:
-                pass
+            _write_fd2("\n".join(format_exception_lines(exc, script)) + "\n")
 
         def showtraceback(self, exc_tuple=None, filename=None, tb_offset=None,
                           exception_only=False, running_compiled_code=False):
@@ -892,15 +890,7 @@ def main():
         return 0
     outputs.write(error_output(error, script))
     if id(error) not in shell.printed_errors:
-        text = "\n".join(format_exception_lines(error, script)) + "\n"
-        try:
-            sys.stderr.flush()
-        except Exception:
-            pass
-        try:
-            os.write(2, text.encode("utf-8", "replace"))
-        except OSError:
-            pass
+        _write_fd2("\n".join(format_exception_lines(error, script)) + "\n")
     return 130 if isinstance(error, KeyboardInterrupt) else 1
 
 
