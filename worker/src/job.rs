@@ -129,23 +129,13 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
         }
     }
     // Validation only lets through SKUs this worker serves.
-    let Some(sku) = ctx.settings.skus.get(&job.spec.sku).copied() else {
+    if !ctx.settings.skus.contains_key(&job.spec.sku) {
         let mut result = publish::base(&job, &who, JobStatus::Rejected);
         result.reason = Some(format!("sku {} is not served by this worker", job.spec.sku));
         return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
-    };
-    // Wait (still `queued`) until this SKU's share of the worker's capacity is free.
-    let _reservation = ctx.capacity.reserve(sku.limits.cpus, sku.limits.memory_bytes).await;
-    who.started_at_ms = now_ms();
-    let started_at_ms = who.started_at_ms;
-    let mut running = publish::base(&job, &who, JobStatus::Running);
-    running.started_at_ms = Some(started_at_ms);
-    if let Err(e) = publish::publish(&mut redis, names, &running, job.result_ttl).await {
-        error!(error = %e, "cannot write running status");
-        return Outcome::Infrastructure { attempt, final_result_stored: false };
     }
     let container_id = format!("j-{}-{:08x}", job.spec.job_id, rand::random::<u32>());
-    let result = match execute(ctx, &job, &who, &container_id).await {
+    let result = match execute(ctx, &job, &mut who, &container_id).await {
         Ok(result) => result,
         Err(Failure::Rejected(reason)) => {
             warn!(reason, "rejected job");
@@ -202,7 +192,24 @@ async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
 /// (session open) -> stage -> run -> collect -> (session save); the job dir is removed and the
 /// session lock released whatever happens (the dir also when this future is dropped:
 /// [`stage::JobDir`] cleans up on drop; the lock then ends with its lease).
-async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &str) -> Result<JobResult, Failure> {
+/// Waits (still `queued`) until the SKU's share of the worker's capacity is free, then writes
+/// `running`. Returns the reservation, held until the job ends.
+async fn start<'c>(ctx: &'c Context, job: &ValidJob, who: &mut Attempt) -> Result<crate::capacity::Reservation<'c>, Failure> {
+    let sku = ctx.settings.skus.get(&job.spec.sku).copied().ok_or_else(|| Failure::Rejected(format!("sku {} not served", job.spec.sku)))?;
+    let reservation = ctx.capacity.reserve(sku.limits.cpus, sku.limits.memory_bytes).await;
+    who.started_at_ms = now_ms();
+    let mut running = publish::base(job, who, JobStatus::Running);
+    running.started_at_ms = Some(who.started_at_ms);
+    let mut redis = ctx.redis.clone();
+    publish::publish(&mut redis, &ctx.settings.names, &running, job.result_ttl)
+        .await
+        .map_err(|e| Failure::Infrastructure(format!("cannot write running status: {e}")))?;
+    Ok(reservation)
+}
+
+/// Session open -> (capacity, `running`) -> stage -> run -> collect -> session save. A job of a
+/// busy session waits for the session before it takes any of the worker's capacity.
+async fn execute(ctx: &Context, job: &ValidJob, who: &mut Attempt, container_id: &str) -> Result<JobResult, Failure> {
     let opened = match &job.spec.session {
         None => None,
         Some(name) => Some(session::open(ctx, job, name).await.map_err(|e| match e {
@@ -210,10 +217,14 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &Attempt, container_id: &st
             _ => Failure::Infrastructure(e.to_string()),
         })?),
     };
+    let body = async {
+        let _reservation = start(ctx, job, who).await?;
+        execute_in(ctx, job, who, container_id, opened.as_ref()).await
+    };
     let outcome = match &opened {
-        None => execute_in(ctx, job, who, container_id, None).await,
+        None => body.await,
         Some(o) => tokio::select! {
-            outcome = execute_in(ctx, job, who, container_id, Some(o)) => outcome,
+            outcome = body => outcome,
             () = session::keep(ctx, job, &o.name) => unreachable!("keep never returns"),
         },
     };
