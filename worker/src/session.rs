@@ -124,6 +124,12 @@ pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkF
         last_job_id: job.spec.job_id.clone(),
     };
     let mut redis = ctx.redis.clone();
+    // Fencing, as far as a lease goes: a job that lost the session (its lease ran out and
+    // another job or the reaper took it) must not overwrite the manifest or delete blobs.
+    let lease = job.timeout + LOCK_LEASE_EXTRA;
+    if !sessions::renew(&mut redis, names, name, &job.spec.job_id, lease).await? {
+        return Err(SessionError::Busy { name: name.to_owned(), holder: "another job (this job's lease ran out)".into() });
+    }
     sessions::store(&ctx.s3, bucket, &mut redis, names, name, &manifest).await?;
     // After the manifest: a blob is deleted only once no manifest refers to it.
     let unreferenced: Vec<String> =
