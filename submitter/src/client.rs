@@ -37,13 +37,13 @@ pub enum ClientError {
     #[error(transparent)]
     Transfer(#[from] storage::TransferError),
     /// The job is invalid (checked before publishing, with the default limits).
-    #[error("invalid job: {0}")]
+    #[error("invalid job")]
     Invalid(#[from] sandq_schemas::ValidationError),
     /// The job could not be encoded.
     #[error(transparent)]
     Encode(#[from] sandq_schemas::EncodeError),
     /// Waiting ended before the job did.
-    #[error("job {job_id} did not finish within {waited:?}")]
+    #[error("job {job_id} did not finish within {}", humantime::format_duration(std::time::Duration::from_secs(waited.as_secs())))]
     WaitTimeout {
         /// The job.
         job_id: String,
@@ -366,5 +366,22 @@ impl Client {
         let deleted = crate::sessions::delete(s3, bucket, &mut self.redis, names, name).await;
         crate::sessions::unlock(&mut self.redis, names, name, &holder).await?;
         Ok(deleted?)
+    }
+
+    /// How many consumers (worker slots) the queue of `sku` has right now; 0 means no worker
+    /// serves the SKU at the moment, and its jobs wait.
+    ///
+    /// # Errors
+    /// [`ClientError::Broker`].
+    pub async fn consumers(&self, sku: sandq_schemas::Sku) -> Result<u32, ClientError> {
+        let queue = self
+            .channel
+            .queue_declare(
+                self.names.jobs_queue(sku).as_str().into(),
+                lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(queue.consumer_count())
     }
 }

@@ -142,7 +142,15 @@ struct JobArgs {
 const EXIT_SANDQ_FAILED: i32 = 125;
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not failures; a wrong command line is sandq's 125.
+            let code = if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) { 0 } else { EXIT_SANDQ_FAILED };
+            std::process::exit(code)
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_ansi(std::io::stderr().is_terminal())
@@ -166,12 +174,14 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
         Command::Submit(args) => {
             let spec = build_job(&client, &args).await?;
             client.submit(&spec).await?;
+            warn_if_unserved(&client, spec.sku).await;
             println!("{}", spec.job_id);
             Ok(0)
         }
         Command::Run(args) => {
             let spec = build_job(&client, &args).await?;
             client.submit(&spec).await?;
+            warn_if_unserved(&client, spec.sku).await;
             finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json).await
         }
         Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json).await,
@@ -233,6 +243,14 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
                 }
             }
         }
+    }
+}
+
+/// Says so on stderr when no worker consumes the SKU's queue right now (the job then waits in
+/// the queue until one does, e.g. when the autoscaler adds one).
+async fn warn_if_unserved(client: &Client, sku: Sku) {
+    if let Ok(0) = client.consumers(sku).await {
+        eprintln!("sandq: no worker serves SKU {sku} right now; the job waits in the queue until one does");
     }
 }
 
@@ -440,19 +458,37 @@ fn print_result(
         )?;
     }
     if let (Some(q), Some(s), Some(f)) = (result.queued_at_ms, result.started_at_ms, result.finished_at_ms) {
-        writeln!(stderr, "    queued -> started {} ms, started -> finished {} ms, end to end {} ms", s.saturating_sub(q), f.saturating_sub(s), now_ms().saturating_sub(q))?;
+        writeln!(
+            stderr,
+            "    queued -> started {} ms, started -> finished {} ms, submitted -> finished {} ms",
+            s.saturating_sub(q),
+            f.saturating_sub(s),
+            f.saturating_sub(q)
+        )?;
     }
     if let Some(error) = &result.error {
         writeln!(stderr, "    error: {}: {}", error.name, error.value)?;
     }
-    for (artifact, path) in downloaded {
-        writeln!(stderr, "    artifact {} ({}, {} bytes) -> {}", artifact.path, artifact.content_type, artifact.size, path.display())?;
+    for artifact in &result.artifacts {
+        match downloaded.iter().find(|(a, _)| a.key == artifact.key) {
+            Some((_, path)) => {
+                writeln!(stderr, "    artifact {} ({}, {} bytes) -> {}", artifact.path, artifact.content_type, artifact.size, path.display())?
+            }
+            None => writeln!(
+                stderr,
+                "    artifact {} ({}, {} bytes) at {}",
+                artifact.path,
+                artifact.content_type,
+                artifact.size,
+                artifact.url.as_deref().unwrap_or(&artifact.key)
+            )?,
+        }
     }
     if let Some(session) = &result.session {
         let state = if session.expired { " (fresh: the session had expired)" } else if session.fresh { " (fresh)" } else { "" };
         writeln!(
             stderr,
-            "    session {}{state}: {} files restored, {} saved, {} deleted; now {} files, {} bytes",
+            "    session {}{state}: restored {}, saved {}, deleted {} files; now {} files, {} bytes",
             session.name, session.restored_files, session.saved_files, session.deleted_files, session.files, session.bytes
         )?;
     }
