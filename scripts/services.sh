@@ -95,7 +95,9 @@ if ! wait_port 3900 0; then
   pkill -KILL -f "$garage_bin -c $garage_conf server" 2>/dev/null || true
   for _ in $(seq 1 50); do pgrep -f "$garage_bin -c $garage_conf server" >/dev/null || break; sleep 0.1; done
   log "starting garage"
-  nohup "$garage_bin" -c "$garage_conf" server >>"$garage_dir/garage.log" 2>&1 &
+  # setsid: its own session and process group, so that nothing cleaning up the caller's
+  # process group (a CI step, a terminal closing) takes the S3 server down with it.
+  setsid nohup "$garage_bin" -c "$garage_conf" server >>"$garage_dir/garage.log" 2>&1 < /dev/null &
   wait_port 3900 60 || { log "garage did not start; see $garage_dir/garage.log"; exit 1; }
 fi
 for _ in $(seq 1 50); do garage status >/dev/null 2>&1 && break; sleep 0.2; done
