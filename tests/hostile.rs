@@ -43,8 +43,25 @@ fn entries_naming(dir: &Path, job_id: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The container id the worker gave `job_id` (random, so read from the worker's log line
+/// `container id container_id=...` in the job's span).
+fn container_of(job_id: &str) -> String {
+    let log = sandq_tests::worker_log();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(job_id) && l.contains("container_id="))
+        .unwrap_or_else(|| panic!("no container id logged for {job_id}"));
+    let start = line.find("container_id=").expect("field") + "container_id=".len();
+    let id: String = line[start..].trim_start_matches('"').chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+    assert!(id.starts_with("j-") && id.len() == 34 && !id.contains(job_id), "container id {id:?} from {line}");
+    id
+}
+
 /// No job dir, container state, cgroup, process or mount of the job is left.
 fn assert_no_leftovers(job_id: &str) {
+    let job_id = container_of(job_id);
+    let job_id = job_id.as_str();
     let id = worker_id();
     for dir in [format!("/var/lib/sandq/{id}"), format!("/run/sandq/{id}")] {
         assert_eq!(entries_naming(Path::new(&dir), job_id), Vec::<String>::new(), "leftover in {dir}");
@@ -341,4 +358,29 @@ async fn a_job_never_sees_the_files_of_the_previous_one() {
     assert!(first.artifacts.iter().any(|a| a.path == "secret.txt"), "the file was written and collected");
     let second = run_case(&mut client, "leave_secret.py", "30s", None).await;
     assert_eq!(second.stdout.text, "before: False False\n", "the second job saw the first one's files");
+}
+
+/// A job id is a capability (whoever knows it reads the result, or submits a duplicate): no
+/// host path a sandbox can see names its own job, so none names another's either (loop
+/// devices' backing files in sysfs once did).
+#[tokio::test]
+async fn no_host_path_visible_in_the_sandbox_names_the_job() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let code = r#"
+import glob, os
+job = os.environ["SANDQ_JOB_ID"]
+seen = []
+for path in ["/proc/self/mountinfo", "/proc/self/cgroup", "/proc/self/mounts"] + glob.glob("/sys/block/*/loop/backing_file") + glob.glob("/sys/devices/virtual/block/*/loop/backing_file"):
+    try:
+        if job in open(path).read():
+            seen.append(path)
+    except OSError:
+        pass
+print("loop devices visible:", len(glob.glob("/sys/block/loop*")))
+print("paths naming the job:", seen)
+"#;
+    let result = run(&mut client, &python_job(code, Sku::S)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.stdout.text, "loop devices visible: 0\npaths naming the job: []\n");
 }

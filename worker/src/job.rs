@@ -134,7 +134,11 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
         result.reason = Some(format!("sku {} is not served by this worker", job.spec.sku));
         return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
     }
-    let container_id = format!("j-{}-{:08x}", job.spec.job_id, rand::random::<u32>());
+    // Random, not derived from the job id: the container id names the job dir, and paths of
+    // the host leak into sandboxes (a loop device's backing file in sysfs did); a job id is
+    // a capability (its result can be read, and a duplicate submitted, by whoever knows it).
+    let container_id = format!("j-{:032x}", rand::random::<u128>());
+    info!(container_id, "container id");
     let result = match execute(ctx, &job, &mut who, &container_id).await {
         Ok(result) => result,
         Err(Failure::Rejected(reason)) => {
