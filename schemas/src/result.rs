@@ -222,7 +222,7 @@ pub enum OutputType {
     ExecuteResult,
     /// A `display(...)` call, `plt.show()`, or a figure still open when the cell ended.
     DisplayData,
-    /// An uncaught exception (`error` is set, `data` holds `text/plain` with the traceback).
+    /// An uncaught exception (`error` is set; `data` holds `text/plain` as `Name: value`).
     Error,
 }
 

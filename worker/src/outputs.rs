@@ -53,24 +53,89 @@ pub const MAX_MIME_PER_OUTPUT: usize = 16;
 pub const MAX_STORED_PER_JOB: usize = 100;
 /// Longest `ename` / `evalue` / traceback line kept, bytes; most traceback lines kept.
 const MAX_ERROR_TEXT: usize = 4096;
-const MAX_TRACEBACK_LINES: usize = 200;
+
+/// Most lines of the outputs file parsed; the rest are counted as dropped unread.
+const MAX_LINES: usize = 10_000;
 
 /// One line of `outputs.jsonl`, as the runner writes it (Jupyter's nbformat output shape).
-/// Values stay raw JSON text (borrowed from the file's bytes) until they are needed, so the
-/// worker's memory is the file's size plus one value at a time, whatever its nesting.
+/// Maps and lists are read through bounded visitors (entries past the bound are skipped
+/// without being stored) and values stay raw JSON text borrowed from the file's bytes until
+/// used: the worker's memory is the file's size plus one value at a time.
 #[derive(Debug, Deserialize)]
 struct Line<'a> {
     output_type: String,
     #[serde(default, borrow)]
-    data: BTreeMap<String, &'a RawValue>,
+    data: Bounded<Vec<(String, &'a RawValue)>>,
     #[serde(default, borrow)]
-    metadata: BTreeMap<String, &'a RawValue>,
+    metadata: Bounded<Vec<(String, &'a RawValue)>>,
     #[serde(default)]
     ename: String,
     #[serde(default)]
     evalue: String,
     #[serde(default)]
-    traceback: Vec<String>,
+    traceback: Bounded<Vec<String>>,
+}
+
+/// The first [`BOUND`] entries of a JSON map or list, and how many more there were.
+#[derive(Debug, Default)]
+struct Bounded<T> {
+    items: T,
+    skipped: u64,
+}
+
+/// Entries kept by [`Bounded`]: the larger of the MIME and traceback caps.
+const BOUND: usize = 200;
+
+impl<'de: 'a, 'a> Deserialize<'de> for Bounded<Vec<(String, &'a RawValue)>> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Bounded<Vec<(String, &'a RawValue)>>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut out = Bounded { items: Vec::new(), skipped: 0 };
+                while out.items.len() < BOUND {
+                    match map.next_entry::<String, &'a RawValue>()? {
+                        Some(entry) => out.items.push(entry),
+                        None => return Ok(out),
+                    }
+                }
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {
+                    out.skipped += 1;
+                }
+                Ok(out)
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+impl<'de> Deserialize<'de> for Bounded<Vec<String>> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Bounded<Vec<String>>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of strings")
+            }
+            fn visit_seq<S: serde::de::SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+                let mut out = Bounded { items: Vec::new(), skipped: 0 };
+                while out.items.len() < BOUND {
+                    match seq.next_element::<String>()? {
+                        Some(line) => out.items.push(clip(line, MAX_ERROR_TEXT)),
+                        None => return Ok(out),
+                    }
+                }
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    out.skipped += 1;
+                }
+                Ok(out)
+            }
+        }
+        deserializer.deserialize_seq(Visit)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -192,10 +257,96 @@ pub struct Caps {
     pub max_inline_value: u64,
 }
 
+/// One output, parsed and decoded, before anything is stored.
+struct Parsed {
+    output_type: OutputType,
+    /// (MIME type, bytes) in the order of the line.
+    values: Vec<(String, Vec<u8>)>,
+    table: Option<TableShape>,
+    image: Option<ImageSize>,
+    error: Option<ErrorInfo>,
+}
+
+/// Parses and decodes the outputs file (CPU work: runs on a blocking thread). Returns the
+/// outputs and how many outputs or representations were dropped.
+fn parse(bytes: &[u8], max_outputs: usize) -> (Vec<Parsed>, u64) {
+    let mut parsed = Vec::new();
+    let mut dropped = 0u64;
+    let mut inline_left = INLINE_BUDGET;
+    for (n, raw) in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).enumerate() {
+        if n >= MAX_LINES || parsed.len() >= max_outputs {
+            dropped += 1;
+            continue;
+        }
+        let Ok(line) = serde_json::from_slice::<Line<'_>>(raw) else {
+            dropped += 1;
+            continue;
+        };
+        let output_type = match line.output_type.as_str() {
+            "execute_result" => OutputType::ExecuteResult,
+            "display_data" => OutputType::DisplayData,
+            "error" => OutputType::Error,
+            _ => {
+                dropped += 1;
+                continue;
+            }
+        };
+        let mut values: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut error = None;
+        if output_type == OutputType::Error {
+            // Counted against the inline budget: the innermost lines are kept.
+            let name = clip(line.ename, MAX_ERROR_TEXT);
+            let value = clip(line.evalue, MAX_ERROR_TEXT);
+            let mut traceback = line.traceback.items;
+            let size = |t: &[String]| (name.len() + value.len() + t.iter().map(String::len).sum::<usize>()) as u64;
+            while !traceback.is_empty() && size(&traceback) > inline_left {
+                traceback.remove(0);
+            }
+            if size(&traceback) > inline_left {
+                dropped += 1;
+                continue;
+            }
+            inline_left -= size(&traceback);
+            values.push(("text/plain".into(), format!("{name}: {value}").into_bytes()));
+            error = Some(ErrorInfo { name, value, traceback });
+        }
+        dropped += line.data.skipped;
+        for (mime, raw) in &line.data.items {
+            if values.len() >= MAX_MIME_PER_OUTPUT || !valid_mime(mime) || values.iter().any(|(m, _)| m == mime) {
+                dropped += 1;
+                continue;
+            }
+            match decode_value(mime, raw) {
+                Some(bytes) => values.push((mime.clone(), bytes)),
+                None => dropped += 1,
+            }
+        }
+        let image = values.iter().find(|(m, _)| m == "image/png").and_then(|(_, b)| png_size(b)).or_else(|| {
+            // Not a PNG (JPEG, GIF...): the runner's metadata, the only size there is.
+            line.metadata
+                .items
+                .iter()
+                .filter(|(k, _)| k.starts_with("image/"))
+                .find_map(|(_, raw)| serde_json::from_str::<ImageMeta>(raw.get()).ok())
+                .map(|m| ImageSize { width: m.width, height: m.height })
+        });
+        let table = line
+            .metadata
+            .items
+            .iter()
+            .find(|(k, _)| k == "sandq/table")
+            .and_then(|(_, raw)| serde_json::from_str::<TableMeta>(raw.get()).ok())
+            .map(|t| TableShape { rows: t.rows, columns: t.columns });
+        parsed.push(Parsed { output_type, values, table, image, error });
+    }
+    (parsed, dropped)
+}
+
 /// Parses the runner's outputs and stores images and large values in S3 under
 /// `jobs/<job_id>/outputs/`. Everything is bounded: [`Caps`], [`MAX_MIME_PER_OUTPUT`],
-/// [`MAX_STORED_PER_JOB`], [`INLINE_BUDGET`]; anything past a bound, malformed, or with an
-/// invalid MIME name is left out and counted in `dropped`.
+/// [`MAX_STORED_PER_JOB`], [`INLINE_BUDGET`] (error outputs included), [`MAX_LINES`];
+/// anything past a bound, malformed, or with an invalid MIME name is left out and counted in
+/// `dropped`. Parsing runs on a blocking thread.
 ///
 /// # Errors
 /// [`OutputsError::Upload`] when S3 fails.
@@ -206,53 +357,25 @@ pub async fn collect(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
 ) -> Result<Outputs, OutputsError> {
-    let bytes = read_lines(out_dir, caps.max_bytes);
-    let mut result = Outputs::default();
-    let mut inline_left = INLINE_BUDGET;
+    let out_dir = out_dir.to_path_buf();
+    let (parsed, dropped) = tokio::task::spawn_blocking(move || {
+        let bytes = read_lines(&out_dir, caps.max_bytes);
+        parse(&bytes, caps.max_outputs)
+    })
+    .await
+    .unwrap_or_default();
+    let mut result = Outputs { dropped, ..Outputs::default() };
+    // Errors were counted against the budget while parsing.
+    let error_bytes: u64 = parsed
+        .iter()
+        .filter_map(|p| p.error.as_ref())
+        .map(|e| (e.name.len() + e.value.len() + e.traceback.iter().map(String::len).sum::<usize>()) as u64)
+        .sum();
+    let mut inline_left = INLINE_BUDGET.saturating_sub(error_bytes);
     let mut stored = 0;
-    for raw in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let Ok(line) = serde_json::from_slice::<Line<'_>>(raw) else {
-            result.dropped += 1;
-            continue;
-        };
-        if result.outputs.len() >= caps.max_outputs {
-            result.dropped += 1;
-            continue;
-        }
-        let index = result.outputs.len();
-        let output_type = match line.output_type.as_str() {
-            "execute_result" => OutputType::ExecuteResult,
-            "display_data" => OutputType::DisplayData,
-            "error" => OutputType::Error,
-            _ => {
-                result.dropped += 1;
-                continue;
-            }
-        };
-        let mut output = Output { output_type, data: BTreeMap::new(), table: None, image: None, error: None };
-        let mut values: Vec<(String, Vec<u8>)> = Vec::new();
-        if output_type == OutputType::Error {
-            let traceback: Vec<String> =
-                line.traceback.into_iter().take(MAX_TRACEBACK_LINES).map(|l| clip(l, MAX_ERROR_TEXT)).collect();
-            let error = ErrorInfo { name: clip(line.ename, MAX_ERROR_TEXT), value: clip(line.evalue, MAX_ERROR_TEXT), traceback };
-            values.push(("text/plain".into(), error.traceback.join("\n").into_bytes()));
-            output.error = Some(error.clone());
-            result.error = Some(error);
-        }
-        for (mime, raw) in &line.data {
-            if values.len() >= MAX_MIME_PER_OUTPUT || !valid_mime(mime) || values.iter().any(|(m, _)| m == mime) {
-                result.dropped += 1;
-                continue;
-            }
-            match decode_value(mime, raw) {
-                Some(bytes) => values.push((mime.clone(), bytes)),
-                None => result.dropped += 1,
-            }
-        }
-        for (n, (mime, bytes)) in values.into_iter().enumerate() {
-            if mime == "image/png" {
-                output.image = png_size(&bytes);
-            }
+    for (index, p) in parsed.into_iter().enumerate() {
+        let mut output = Output { output_type: p.output_type, data: BTreeMap::new(), table: p.table, image: p.image, error: p.error };
+        for (n, (mime, bytes)) in p.values.into_iter().enumerate() {
             let size = bytes.len() as u64;
             let inline = !is_binary(&mime) && size <= caps.max_inline_value && size <= inline_left;
             let value = if inline {
@@ -282,22 +405,9 @@ pub async fn collect(
             };
             output.data.insert(mime, value);
         }
-        if output.image.is_none() {
-            // Not a PNG (JPEG, GIF...): the runner's metadata, the only size there is.
-            output.image = line
-                .metadata
-                .iter()
-                .filter(|(k, _)| k.starts_with("image/"))
-                .find_map(|(_, raw)| serde_json::from_str::<ImageMeta>(raw.get()).ok())
-                .map(|m| ImageSize { width: m.width, height: m.height });
-        }
-        if let Some(raw) = line.metadata.get("sandq/table") {
-            output.table = serde_json::from_str::<TableMeta>(raw.get()).ok().map(|t| TableShape { rows: t.rows, columns: t.columns });
-        }
-        if !output.data.contains_key("text/plain") {
-            let plain = String::new();
-            let size = 0;
-            output.data.insert("text/plain".into(), MimeValue { text: Some(plain), artifact: None, size });
+        output.data.entry("text/plain".into()).or_insert(MimeValue { text: Some(String::new()), artifact: None, size: 0 });
+        if output.error.is_some() {
+            result.error.clone_from(&output.error);
         }
         result.outputs.push(output);
     }
