@@ -134,16 +134,18 @@ async fn an_expired_session_is_deleted_from_s3_and_starts_fresh() {
 async fn an_input_wins_over_a_clashing_session_file() {
     let mut client = client().await;
     let session = unique("clash");
-    let first = run(&mut client, &session_job("open('data', 'w').write('old')\nopen('keep.txt', 'w').write('kept')\n", &session)).await;
+    // keep2.txt is a hard link to keep.txt: on the job's own /work filesystem it can only join
+    // the job's own files, so both are saved.
+    let first = run(&mut client, &session_job("import os\nopen('data', 'w').write('old')\nopen('keep.txt', 'w').write('kept')\nos.link('keep.txt', 'keep2.txt')\n", &session)).await;
     assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
     let dir = tempfile::tempdir().expect("tempdir");
     let local = dir.path().join("x.csv");
     std::fs::write(&local, "a,b\n1,2\n").expect("write");
     let input = client.upload(&local, "data/x.csv").await.expect("upload");
-    let mut spec = session_job("print(open('data/x.csv').read(), end='')\nprint(open('keep.txt').read())\n", &session);
+    let mut spec = session_job("print(open('data/x.csv').read(), end='')\nprint(open('keep.txt').read(), open('keep2.txt').read())\n", &session);
     spec.inputs = vec![input];
     let second = run(&mut client, &spec).await;
     assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
-    assert_eq!(second.stdout.text, "a,b\n1,2\nkept\n");
+    assert_eq!(second.stdout.text, "a,b\n1,2\nkept kept\n");
     client.remove_session(&session, Duration::from_secs(10)).await.expect("rm");
 }

@@ -312,6 +312,11 @@ pub struct SessionInfo {
     pub files: u64,
     /// Their total size, bytes.
     pub bytes: u64,
+    /// Files left in `/work` that were not saved because the session is full: the worker's
+    /// `max_artifacts` files and `max_artifact_bytes` bytes, for the whole session. (Files
+    /// skipped as artifacts, listed in `skipped_artifacts`, are not saved either.)
+    #[serde(default)]
+    pub unsaved_files: u64,
     /// When the session expires unless another job uses it, Unix epoch milliseconds.
     pub expires_at_ms: u64,
 }

@@ -227,6 +227,27 @@ pub fn check_job_id(id: &str) -> Result<(), ValidationError> {
 ///
 /// # Errors
 /// [`ValidationError::Path`] with the reason.
+/// Checks a session name: 1 to 64 of `[A-Za-z0-9_.-]`, not starting with `.` (it becomes
+/// part of S3 keys and Redis keys).
+///
+/// # Errors
+/// [`ValidationError::Session`].
+pub fn check_session_name(name: &str) -> Result<(), ValidationError> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(ValidationError::Session { name: name.chars().take(100).collect() })
+    }
+}
+
+/// Checks a path relative to `/work` (inputs, entry points, restored session files).
+///
+/// # Errors
+/// [`ValidationError::Path`].
 pub fn check_relative_path(path: &str) -> Result<(), ValidationError> {
     let bad = |reason| Err(ValidationError::Path { path: path.chars().take(200).collect(), reason });
     if path.is_empty() {
@@ -368,13 +389,7 @@ impl JobSpec {
             return Err(ValidationError::Mode);
         }
         if let Some(session) = &self.session {
-            let valid = !session.is_empty()
-                && session.len() <= 64
-                && !session.starts_with('.')
-                && session.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-            if !valid {
-                return Err(ValidationError::Session { name: session.clone() });
-            }
+            check_session_name(session)?;
         }
         if self.network == NetworkMode::Outbound && !limits.outbound_network {
             return Err(ValidationError::Network { mode: self.network });

@@ -358,8 +358,10 @@ impl Client {
     /// returns the S3 objects deleted. The next job naming it starts fresh.
     ///
     /// # Errors
-    /// [`ClientError::Session`] ([`crate::sessions::SessionError::Busy`] when a job kept it).
+    /// [`ClientError::Invalid`] for a name no job could use; [`ClientError::Session`]
+    /// ([`crate::sessions::SessionError::Busy`] when a job kept it).
     pub async fn remove_session(&mut self, name: &str, wait: Duration) -> Result<usize, ClientError> {
+        sandq_schemas::validate::check_session_name(name)?;
         let holder = format!("cli-{}", uuid::Uuid::new_v4());
         let (s3, bucket, names) = (&self.s3, &self.config.s3.bucket, &self.names);
         crate::sessions::lock(&mut self.redis, names, name, &holder, Duration::from_secs(60), wait).await?;

@@ -341,15 +341,23 @@ async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, j
     let result = result?;
     let dir = out.join(job_id);
     let mut downloaded = Vec::new();
+    // A failed download (a file of the job in the way, a full disk) is reported, never fatal:
+    // the result is printed whatever happens here.
     for artifact in &result.artifacts {
-        let path = client.download_artifact(artifact, &dir).await?;
-        downloaded.push((artifact, path));
+        match client.download_artifact(artifact, &dir).await {
+            Ok(path) => downloaded.push((artifact, path)),
+            Err(e) => eprintln!("sandq: cannot download artifact {}: {e}", artifact.path),
+        }
     }
     let outputs_dir = dir.join("outputs");
     let mut saved_outputs = BTreeMap::new();
     for (index, output) in result.outputs.iter().enumerate() {
-        if let Some(saved) = save_output(client, output, index, &outputs_dir).await? {
-            saved_outputs.insert(index, saved);
+        match save_output(client, output, index, &outputs_dir).await {
+            Ok(Some(saved)) => {
+                saved_outputs.insert(index, saved);
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("sandq: cannot save output {index}: {e:#}"),
         }
     }
     if json {

@@ -267,7 +267,15 @@ pub async fn list(
         .await?;
     let mut listed = Vec::new();
     for (name, score) in members {
-        let manifest = load(s3, bucket, names, &name).await?;
+        // A session whose manifest cannot be read is listed without its files.
+        let manifest = match load(s3, bucket, names, &name).await {
+            Ok(m) => m,
+            Err(e @ SessionError::Storage(TransferError::Request { .. })) => return Err(e),
+            Err(e) => {
+                tracing::warn!(session = name, error = %e, "unreadable session manifest");
+                None
+            }
+        };
         let in_use_by: Option<String> = redis::cmd("GET").arg(names.session_lock_key(&name)).query_async(redis).await?;
         listed.push(Listed {
             expires_at_ms: score as u64,
@@ -311,7 +319,8 @@ pub async fn reap(
         }
         let outcome: Result<bool, SessionError> = async {
             let manifest = match load(s3, bucket, names, &name).await {
-                Err(SessionError::Manifest { .. }) => None,
+                // Malformed or oversized: nothing to keep.
+                Err(SessionError::Manifest { .. } | SessionError::Storage(TransferError::Size { .. })) => None,
                 other => other?,
             };
             match manifest {

@@ -94,7 +94,7 @@ struct Candidate {
     ino: u64,
 }
 
-fn walk(dir: &Path, rel: &str, depth: usize, seen: &mut usize, out: &mut Vec<Candidate>, skipped: &mut Collected) {
+fn walk(dir: &Path, rel: &str, depth: usize, seen: &mut usize, out: &mut Vec<Candidate>, skipped: &mut Collected, links_ok: bool) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let mut entries: Vec<_> = entries.flatten().collect();
     entries.sort_by_key(|e| e.file_name());
@@ -119,13 +119,13 @@ fn walk(dir: &Path, rel: &str, depth: usize, seen: &mut usize, out: &mut Vec<Can
             skip(skipped, "symlink");
         } else if kind.is_dir() {
             if depth < MAX_DEPTH {
-                walk(&entry.path(), &child_rel, depth + 1, seen, out, skipped);
+                walk(&entry.path(), &child_rel, depth + 1, seen, out, skipped, links_ok);
             } else {
                 skip(skipped, "too_deep");
             }
         } else if !kind.is_file() {
             skip(skipped, "not_regular");
-        } else if meta.nlink() > 1 {
+        } else if meta.nlink() > 1 && !links_ok {
             skip(skipped, "hard_link");
         } else {
             out.push(Candidate { rel: child_rel, size: meta.len(), dev: meta.dev(), ino: meta.ino() });
@@ -139,14 +139,18 @@ pub fn content_type(path: &str) -> String {
 }
 
 /// Walks `work` and uploads every new or changed regular file (not in `baseline` with the same
-/// content), within the caps.
+/// content), within the caps. `own_filesystem`: `work` is the job's own filesystem (the SKU
+/// has a disk quota), so a hard link can only join two of the job's own files and is
+/// collected; on a shared filesystem it could name a host file and is refused.
 ///
 /// # Errors
 /// [`CollectError::Upload`] when S3 fails.
+#[allow(clippy::too_many_arguments)] // each is one of the walk's inputs; a struct would only rename them
 pub async fn collect(
     job: &ValidJob,
     work: &Path,
     baseline: &BTreeMap<String, Baseline>,
+    own_filesystem: bool,
     s3: &aws_sdk_s3::Client,
     bucket: &str,
     max_artifacts: usize,
@@ -155,7 +159,7 @@ pub async fn collect(
     let mut candidates = Vec::new();
     let mut collected = Collected::default();
     let mut seen = 0;
-    walk(work, "", 0, &mut seen, &mut candidates, &mut collected);
+    walk(work, "", 0, &mut seen, &mut candidates, &mut collected, own_filesystem);
     let mut budget = max_artifact_bytes;
     for candidate in candidates {
         let skip = |collected: &mut Collected, reason: &str| collected.skip(&candidate.rel, reason);

@@ -287,7 +287,7 @@ async fn execute_in(
         let r = &output.report;
         info!(create_us = r.create_us, start_us = r.start_us, delete_us = r.delete_us, wall_ms = r.wall_ms, "container cycle");
         let baseline = session::Opened::baseline(&restore, job);
-        let collected = collect::collect(job, &dir.work, &baseline, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
+        let collected = collect::collect(job, &dir.work, &baseline, sku.disk_bytes != 0, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
         let caps = outputs::Caps {

@@ -72,7 +72,17 @@ pub async fn open(ctx: &Context, job: &ValidJob, name: &str) -> Result<Opened, S
     sessions::lock(&mut redis, names, name, &job.spec.job_id, lease, settings.session_lock_wait).await?;
     let opened = async {
         let mut expired = sessions::take_expired_mark(&mut redis, names, name).await?;
-        let manifest = match sessions::load(&ctx.s3, bucket, names, name).await? {
+        let loaded = match sessions::load(&ctx.s3, bucket, names, name).await {
+            // Malformed or oversized (written by an older or differently configured worker):
+            // unusable; the session starts afresh rather than failing every job.
+            Err(e @ (SessionError::Manifest { .. } | SessionError::Storage(sandq_submitter::storage::TransferError::Size { .. }))) => {
+                tracing::warn!(session = name, error = %e, "unusable session manifest; starting the session afresh");
+                sessions::delete(&ctx.s3, bucket, &mut redis, names, name).await?;
+                None
+            }
+            other => other?,
+        };
+        let manifest = match loaded {
             Some(m) if m.expires_at_ms <= now_ms() => {
                 sessions::delete(&ctx.s3, bucket, &mut redis, names, name).await?;
                 expired = true;
@@ -102,8 +112,17 @@ pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkF
     let old_blobs: BTreeSet<&str> = opened.manifest.files.values().map(|f| f.sha256.as_str()).collect();
     let mut new_blobs = BTreeSet::new();
     let mut saved = 0;
+    let mut unsaved = 0;
     let mut manifest_files = BTreeMap::new();
+    let mut bytes = 0u64;
     for file in files {
+        // The whole session within the artifact caps (restored, unchanged files included), so
+        // that it cannot grow job after job.
+        if manifest_files.len() >= settings.max_artifacts || bytes + file.size > settings.max_artifact_bytes {
+            unsaved += 1;
+            continue;
+        }
+        bytes += file.size;
         let blob = names.session_blob_key(name, &file.sha256);
         if !old_blobs.contains(file.sha256.as_str()) && !new_blobs.contains(&file.sha256) && file.key != blob {
             storage::copy(&ctx.s3, bucket, &file.key, &blob).await?;
@@ -144,6 +163,7 @@ pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkF
         deleted_files: deleted,
         files: manifest.files.len() as u64,
         bytes: manifest.bytes(),
+        unsaved_files: unsaved,
         expires_at_ms: manifest.expires_at_ms,
     })
 }
@@ -159,6 +179,7 @@ pub fn unchanged(opened: &Opened) -> SessionInfo {
         deleted_files: 0,
         files: opened.manifest.files.len() as u64,
         bytes: opened.manifest.bytes(),
+        unsaved_files: 0,
         expires_at_ms: opened.manifest.expires_at_ms,
     }
 }
