@@ -126,6 +126,9 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
     client.submit(&spec).await.expect("submit");
     wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let first_id = format!("{}-a", world.namespace);
+    let container_id = sandq_tests::container_id_in_log(&sandq_tests::isolated_worker_log(&first_id), &spec.job_id)
+        .expect("the first worker logged the job's container id");
     signal(&first, "KILL");
     assert!(exits_within(&mut first, Duration::from_secs(5)));
     // The orphaned helper sees its control pipe close and kills the container.
@@ -134,7 +137,7 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
         let left = std::fs::read_dir("/proc")
             .expect("/proc")
             .flatten()
-            .filter(|e| std::fs::read_to_string(e.path().join("cgroup")).is_ok_and(|c| c.contains(&spec.job_id)))
+            .filter(|e| std::fs::read_to_string(e.path().join("cgroup")).is_ok_and(|c| c.contains(&container_id)))
             .count();
         if left == 0 {
             break;
@@ -151,7 +154,6 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
     assert!(exits_within(&mut second, Duration::from_secs(30)));
     // The killed worker, restarted under its id, removes what it left: the job dir with its
     // mounted work filesystem, container state, cgroups.
-    let first_id = format!("{}-a", world.namespace);
     assert!(std::fs::read_dir(format!("/var/lib/sandq/{first_id}")).expect("job dirs").next().is_some(), "nothing was left to clean");
     let mut restarted = world.start_worker(&first_id, &[]);
     let started = std::time::Instant::now();
@@ -163,7 +165,7 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
         assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0, "{dir} not cleaned");
     }
     for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/sandq"] {
-        let left = std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(&spec.job_id)).count()).unwrap_or(0);
+        let left = std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(&container_id)).count()).unwrap_or(0);
         assert_eq!(left, 0, "cgroup of the job left in {dir}");
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");

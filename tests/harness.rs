@@ -99,6 +99,21 @@ pub fn worker_log() -> String {
     std::fs::read_to_string(worker_log_path()).unwrap_or_default()
 }
 
+/// The container id a worker gave `job_id` (random, not derived from the job id), read from
+/// its log: the line `container id container_id=...` in the job's span. The last one when
+/// the job ran more than once on that worker.
+pub fn container_id_in_log(log: &str, job_id: &str) -> Option<String> {
+    let line = log.lines().rev().find(|l| l.contains(job_id) && l.contains("container_id="))?;
+    let start = line.find("container_id=")? + "container_id=".len();
+    let id: String = line[start..].trim_start_matches('"').chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+    (id.starts_with("j-") && id.len() == 34).then_some(id)
+}
+
+/// The log of a worker started with [`Isolated::start_worker`] under `id`.
+pub fn isolated_worker_log(id: &str) -> String {
+    std::fs::read_to_string(std::env::temp_dir().join(format!("sandq-{id}-worker.log"))).unwrap_or_default()
+}
+
 /// Where the worker of this binary logs.
 pub fn worker_log_path() -> PathBuf {
     std::env::temp_dir().join(format!("sandq-{}-worker.log", worker_id()))

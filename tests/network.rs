@@ -107,10 +107,11 @@ impl Drop for External {
 }
 
 /// The address the worker reserved for the job (the reservation file names it).
-fn sandbox_address(job_id: &str) -> Option<String> {
+/// The address reserved for the container `container_id` (the reservation file holds it).
+fn sandbox_address(container_id: &str) -> Option<String> {
     std::fs::read_dir("/run/sandq/net").ok()?.flatten().find_map(|e| {
         let owner = std::fs::read_to_string(e.path()).ok()?;
-        owner.contains(job_id).then(|| e.file_name().to_string_lossy().into_owned())
+        owner.contains(container_id).then(|| e.file_name().to_string_lossy().into_owned())
     })
 }
 
@@ -120,7 +121,8 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     let external = External::start(&token);
     let world = Isolated::new().await;
     // The sandboxes' resolver is the test's own DNS server.
-    let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__NAMESERVERS", SERVER)]);
+    let worker_id = format!("{}-w", world.namespace);
+    let mut worker = world.start_worker(&worker_id, &[("SANDQ__WORKER__NAMESERVERS", SERVER)]);
     let mut client = world.client().await;
 
     let code = String::from(
@@ -143,10 +145,12 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     spec.network = NetworkMode::Outbound;
     client.submit(&spec).await.expect("submit");
     wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    let container_id = sandq_tests::container_id_in_log(&sandq_tests::isolated_worker_log(&worker_id), &spec.job_id)
+        .expect("the worker logged the job's container id");
     let address = {
         let mut found = None;
         for _ in 0..50 {
-            found = sandbox_address(&spec.job_id);
+            found = sandbox_address(&container_id);
             if found.is_some() {
                 break;
             }
@@ -162,7 +166,7 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     assert_eq!(lines[0], token, "the outbound request did not fetch the token");
     assert_eq!(&lines[1..4], ["host 5672 blocked", "host 6379 blocked", "host 3900 blocked"]);
     assert_eq!(lines[4], "no inbound");
-    assert!(sandbox_address(&spec.job_id).is_none(), "the address was not released");
+    assert!(sandbox_address(&container_id).is_none(), "the address was not released");
 
     // Without `outbound`, the same server is out of reach.
     let none = python_job(
