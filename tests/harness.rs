@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, QueuePurgeOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use sandq_schemas::{JobResult, JobSpec, NetworkMode, Runtime, Sku, SCHEMA_VERSION};
+use sandq_schemas::{JobResult, JobSpec, Runtime, Sku};
 use sandq_submitter::config::{self, ServiceConfig};
 use sandq_submitter::Client;
 
@@ -139,25 +139,11 @@ pub async fn client() -> Client {
 
 /// A Python job running `code` on `sku`.
 pub fn python_job(code: &str, sku: Sku) -> JobSpec {
-    JobSpec {
-        schema_version: SCHEMA_VERSION,
-        job_id: uuid::Uuid::new_v4().to_string(),
-        sku,
-        runtime: Runtime::Python,
-        code: Some(code.to_owned()),
-        entrypoint: None,
-        args: vec![],
-        inputs: vec![],
-        stdin: None,
-        env: Default::default(),
-        timeout: Some("60s".into()),
-        result_ttl: Some("10m".into()),
-        network: NetworkMode::None,
-        submitted_at_ms: Some(sandq_submitter::client::now_ms()),
-        deadline_ms: None,
-        mode: None,
-        session: None,
-    }
+    let mut spec = JobSpec::new(uuid::Uuid::new_v4().to_string(), sku, Runtime::Python, code);
+    spec.timeout = Some("60s".into());
+    spec.result_ttl = Some("10m".into());
+    spec.submitted_at_ms = Some(sandq_submitter::client::now_ms());
+    spec
 }
 
 /// Submits `spec` and waits (up to 3 minutes) for its terminal result.

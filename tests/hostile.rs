@@ -53,8 +53,8 @@ fn container_of(job_id: &str) -> String {
 
 /// No job dir, container state, cgroup, process or mount of the job is left.
 fn assert_no_leftovers(job_id: &str) {
-    let job_id = container_of(job_id);
-    let job_id = job_id.as_str();
+    let container = container_of(job_id);
+    let job_id = container.as_str(); // every host name of the job derives from its container id
     let id = worker_id();
     for dir in [format!("/var/lib/sandq/{id}"), format!("/run/sandq/{id}")] {
         assert_eq!(entries_naming(Path::new(&dir), job_id), Vec::<String>::new(), "leftover in {dir}");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use sandq_schemas::names::Names;
-use sandq_schemas::{JobSpec, JobStatus, NetworkMode, Runtime, Sku, SCHEMA_VERSION};
+use sandq_schemas::{JobSpec, JobStatus, Runtime, Sku};
 use sandq_submitter::client::now_ms;
 use sandq_submitter::config::{self, ServiceConfig};
 use sandq_submitter::Client;
@@ -152,25 +152,12 @@ fn rabbitmqctl(args: &[&str]) -> anyhow::Result<()> {
 
 fn job(n: usize, namespace: &str) -> JobSpec {
     let sku = Sku::ALL[n % Sku::ALL.len()];
-    JobSpec {
-        schema_version: SCHEMA_VERSION,
-        job_id: format!("{namespace}-{n}"),
-        sku,
-        runtime: Runtime::Python,
-        code: Some(format!("import time\ntime.sleep({:.2})\nprint('job {n}')\n", 0.1 + (n % 7) as f64 * 0.1)),
-        entrypoint: None,
-        args: vec![],
-        inputs: vec![],
-        stdin: None,
-        env: BTreeMap::new(),
-        timeout: Some("60s".into()),
-        result_ttl: Some("1h".into()),
-        network: NetworkMode::None,
-        submitted_at_ms: Some(now_ms()),
-        deadline_ms: None,
-        mode: None,
-        session: None,
-    }
+    let code = format!("import time\ntime.sleep({:.2})\nprint('job {n}')\n", 0.1 + (n % 7) as f64 * 0.1);
+    let mut spec = JobSpec::new(format!("{namespace}-{n}"), sku, Runtime::Python, code);
+    spec.timeout = Some("60s".into());
+    spec.result_ttl = Some("1h".into());
+    spec.submitted_at_ms = Some(now_ms());
+    spec
 }
 
 async fn dead_letter_count(config: &ServiceConfig) -> anyhow::Result<usize> {

@@ -81,6 +81,31 @@ pub enum RunMode {
 }
 
 impl JobSpec {
+    /// A job running `code` with every optional field empty: no inputs, args, stdin or env,
+    /// the worker's default timeout and result TTL, no network, notebook mode for Python, no
+    /// session, no deadline. Set the rest on the returned value.
+    pub fn new(job_id: impl Into<String>, sku: Sku, runtime: Runtime, code: impl Into<String>) -> Self {
+        JobSpec {
+            schema_version: crate::SCHEMA_VERSION,
+            job_id: job_id.into(),
+            sku,
+            runtime,
+            code: Some(code.into()),
+            entrypoint: None,
+            args: Vec::new(),
+            inputs: Vec::new(),
+            stdin: None,
+            env: BTreeMap::new(),
+            timeout: None,
+            result_ttl: None,
+            network: NetworkMode::None,
+            submitted_at_ms: None,
+            deadline_ms: None,
+            mode: None,
+            session: None,
+        }
+    }
+
     /// The mode this job runs in: the one it names, else `notebook` for Python and `script`
     /// for Node.js.
     pub fn run_mode(&self) -> RunMode {

@@ -407,25 +407,7 @@ mod tests {
     use crate::{InputFile, Runtime, Sku};
 
     fn job() -> JobSpec {
-        JobSpec {
-            schema_version: SCHEMA_VERSION,
-            job_id: "job-1".into(),
-            sku: Sku::M,
-            runtime: Runtime::Python,
-            code: Some("print(1)".into()),
-            entrypoint: None,
-            args: vec![],
-            inputs: vec![],
-            stdin: None,
-            env: Default::default(),
-            timeout: None,
-            result_ttl: None,
-            network: NetworkMode::None,
-            submitted_at_ms: None,
-            deadline_ms: None,
-            mode: None,
-            session: None,
-        }
+        JobSpec::new("job-1", Sku::M, Runtime::Python, "print(1)")
     }
 
     fn input(path: &str) -> InputFile {

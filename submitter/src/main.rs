@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Output, OutputType, RunMode, Runtime, Sku, SCHEMA_VERSION};
+use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Output, OutputType, RunMode, Runtime, Sku};
 use sandq_submitter::client::now_ms;
 use sandq_submitter::config::{self, ServiceConfig};
 use sandq_submitter::Client;
@@ -294,29 +294,22 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
         let (k, v) = pair.split_once('=').context("--env takes NAME=VALUE")?;
         env.insert(k.to_owned(), v.to_owned());
     }
-    Ok(JobSpec {
-        schema_version: SCHEMA_VERSION,
-        job_id: args.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-        sku: args.sku,
-        runtime,
-        code: Some(code),
-        entrypoint: None,
-        args: args.args.clone(),
-        inputs,
-        stdin,
-        env,
-        timeout: Some(args.timeout.clone()),
-        result_ttl: None,
-        network: if args.network == "outbound" { NetworkMode::Outbound } else { NetworkMode::None },
-        submitted_at_ms: Some(now_ms()),
-        deadline_ms: None,
-        mode: match args.mode.as_deref() {
-            Some("script") => Some(RunMode::Script),
-            Some(_) => Some(RunMode::Notebook),
-            None => None,
-        },
-        session: args.session.clone(),
-    })
+    let job_id = args.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let mut spec = JobSpec::new(job_id, args.sku, runtime, code);
+    spec.args = args.args.clone();
+    spec.inputs = inputs;
+    spec.stdin = stdin;
+    spec.env = env;
+    spec.timeout = Some(args.timeout.clone());
+    spec.network = if args.network == "outbound" { NetworkMode::Outbound } else { NetworkMode::None };
+    spec.submitted_at_ms = Some(now_ms());
+    spec.mode = match args.mode.as_deref() {
+        Some("script") => Some(RunMode::Script),
+        Some(_) => Some(RunMode::Notebook),
+        None => None,
+    };
+    spec.session = args.session.clone();
+    Ok(spec)
 }
 
 async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, json: bool) -> anyhow::Result<i32> {

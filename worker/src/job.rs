@@ -15,7 +15,7 @@ use tracing::{error, info, warn, Instrument};
 use crate::ack::Outcome;
 use crate::publish::Attempt;
 use crate::sandbox::Exit;
-use crate::settings::Settings;
+use crate::settings::{Settings, SkuSettings};
 use crate::stage::StageError;
 use crate::{collect, outputs, publish, run, session, stage, validate};
 use sandq_submitter::sessions;
@@ -129,17 +129,17 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
         }
     }
     // Validation only lets through SKUs this worker serves.
-    if !ctx.settings.skus.contains_key(&job.spec.sku) {
+    let Some(sku) = ctx.settings.skus.get(&job.spec.sku).copied() else {
         let mut result = publish::base(&job, &who, JobStatus::Rejected);
         result.reason = Some(format!("sku {} is not served by this worker", job.spec.sku));
         return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
-    }
+    };
     // Random, not derived from the job id: the container id names the job dir, and paths of
     // the host leak into sandboxes (a loop device's backing file in sysfs did); a job id is
     // a capability (its result can be read, and a duplicate submitted, by whoever knows it).
     let container_id = format!("j-{:032x}", rand::random::<u128>());
     info!(container_id, "container id");
-    let result = match execute(ctx, &job, &mut who, &container_id).await {
+    let result = match execute(ctx, &job, sku, &mut who, &container_id).await {
         Ok(result) => result,
         Err(Failure::Rejected(reason)) => {
             warn!(reason, "rejected job");
@@ -193,13 +193,14 @@ async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
     }
 }
 
-/// (session open) -> stage -> run -> collect -> (session save); the job dir is removed and the
-/// session lock released whatever happens (the dir also when this future is dropped:
-/// [`stage::JobDir`] cleans up on drop; the lock then ends with its lease).
 /// Waits (still `queued`) until the SKU's share of the worker's capacity is free, then writes
 /// `running`. Returns the reservation, held until the job ends.
-async fn start<'c>(ctx: &'c Context, job: &ValidJob, who: &mut Attempt) -> Result<crate::capacity::Reservation<'c>, Failure> {
-    let sku = ctx.settings.skus.get(&job.spec.sku).copied().ok_or_else(|| Failure::Rejected(format!("sku {} not served", job.spec.sku)))?;
+async fn start<'c>(
+    ctx: &'c Context,
+    job: &ValidJob,
+    sku: SkuSettings,
+    who: &mut Attempt,
+) -> Result<crate::capacity::Reservation<'c>, Failure> {
     let reservation = ctx.capacity.reserve(sku.limits.cpus, sku.limits.memory_bytes).await;
     who.started_at_ms = now_ms();
     let mut running = publish::base(job, who, JobStatus::Running);
@@ -212,18 +213,21 @@ async fn start<'c>(ctx: &'c Context, job: &ValidJob, who: &mut Attempt) -> Resul
 }
 
 /// Session open -> (capacity, `running`) -> stage -> run -> collect -> session save. A job of a
-/// busy session waits for the session before it takes any of the worker's capacity.
-async fn execute(ctx: &Context, job: &ValidJob, who: &mut Attempt, container_id: &str) -> Result<JobResult, Failure> {
+/// busy session waits for the session before it takes any of the worker's capacity. The
+/// session lock is released whatever happens (if this future is dropped, with its lease).
+async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Attempt, container_id: &str) -> Result<JobResult, Failure> {
     let opened = match &job.spec.session {
         None => None,
         Some(name) => Some(session::open(ctx, job, name).await.map_err(|e| match e {
-            sessions::SessionError::Busy { .. } => Failure::Rejected(format!("{e} (waited {:?})", ctx.settings.session_lock_wait)),
+            sessions::SessionError::Busy { .. } => {
+                Failure::Rejected(format!("{e} (waited {})", humantime::format_duration(ctx.settings.session_lock_wait)))
+            }
             _ => Failure::Infrastructure(e.to_string()),
         })?),
     };
     let body = async {
-        let _reservation = start(ctx, job, who).await?;
-        execute_in(ctx, job, who, container_id, opened.as_ref()).await
+        let _reservation = start(ctx, job, sku, who).await?;
+        execute_in(ctx, job, sku, who, container_id, opened.as_ref()).await
     };
     let outcome = match &opened {
         None => body.await,
@@ -238,16 +242,18 @@ async fn execute(ctx: &Context, job: &ValidJob, who: &mut Attempt, container_id:
     outcome
 }
 
+/// stage -> run -> collect (and session save); the job dir is removed whatever happens (also
+/// when this future is dropped: [`stage::JobDir`] cleans up on drop).
 async fn execute_in(
     ctx: &Context,
     job: &ValidJob,
+    sku: SkuSettings,
     who: &Attempt,
     container_id: &str,
     opened: Option<&session::Opened>,
 ) -> Result<JobResult, Failure> {
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
-    let sku = settings.skus.get(&job.spec.sku).copied().ok_or_else(|| Failure::Rejected(format!("sku {} not served", job.spec.sku)))?;
     let restore = opened.map(|o| o.restore(ctx)).unwrap_or_default();
     let place = stage::Placement {
         jobs_dir: &settings.jobs_dir,

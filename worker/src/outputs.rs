@@ -267,9 +267,12 @@ struct Parsed {
     error: Option<ErrorInfo>,
 }
 
-/// Parses and decodes the outputs file (CPU work: runs on a blocking thread). Returns the
-/// outputs and how many outputs or representations were dropped.
-fn parse(bytes: &[u8], max_outputs: usize) -> (Vec<Parsed>, u64) {
+/// What [`parse`] returns: the outputs, how many outputs or representations were dropped, and
+/// the inline budget left after the error outputs.
+type ParseResult = (Vec<Parsed>, u64, u64);
+
+/// Parses and decodes the outputs file (CPU work: runs on a blocking thread).
+fn parse(bytes: &[u8], max_outputs: usize) -> ParseResult {
     let mut parsed = Vec::new();
     let mut dropped = 0u64;
     let mut inline_left = INLINE_BUDGET;
@@ -339,7 +342,7 @@ fn parse(bytes: &[u8], max_outputs: usize) -> (Vec<Parsed>, u64) {
             .map(|t| TableShape { rows: t.rows, columns: t.columns });
         parsed.push(Parsed { output_type, values, table, image, error });
     }
-    (parsed, dropped)
+    (parsed, dropped, inline_left)
 }
 
 /// Parses the runner's outputs and stores images and large values in S3 under
@@ -358,20 +361,13 @@ pub async fn collect(
     bucket: &str,
 ) -> Result<Outputs, OutputsError> {
     let out_dir = out_dir.to_path_buf();
-    let (parsed, dropped) = tokio::task::spawn_blocking(move || {
+    let (parsed, dropped, mut inline_left) = tokio::task::spawn_blocking(move || {
         let bytes = read_lines(&out_dir, caps.max_bytes);
         parse(&bytes, caps.max_outputs)
     })
     .await
-    .unwrap_or_default();
+    .unwrap_or_else(|_| (Vec::new(), 0, INLINE_BUDGET));
     let mut result = Outputs { dropped, ..Outputs::default() };
-    // Errors were counted against the budget while parsing.
-    let error_bytes: u64 = parsed
-        .iter()
-        .filter_map(|p| p.error.as_ref())
-        .map(|e| (e.name.len() + e.value.len() + e.traceback.iter().map(String::len).sum::<usize>()) as u64)
-        .sum();
-    let mut inline_left = INLINE_BUDGET.saturating_sub(error_bytes);
     let mut stored = 0;
     for (index, p) in parsed.into_iter().enumerate() {
         let mut output = Output { output_type: p.output_type, data: BTreeMap::new(), table: p.table, image: p.image, error: p.error };

@@ -18,6 +18,11 @@ use crate::stage::Restore;
 /// within it, or another job may take the session (a crashed worker's lock frees itself).
 pub const LOCK_LEASE_EXTRA: Duration = Duration::from_secs(300);
 
+/// The lease of a job's session lock: its timeout plus [`LOCK_LEASE_EXTRA`].
+fn lease(job: &ValidJob) -> Duration {
+    job.timeout + LOCK_LEASE_EXTRA
+}
+
 /// A session opened for one job (its lock held).
 #[derive(Debug, Clone)]
 pub struct Opened {
@@ -68,8 +73,7 @@ pub async fn open(ctx: &Context, job: &ValidJob, name: &str) -> Result<Opened, S
     let settings = &ctx.settings;
     let (names, bucket) = (&settings.names, &settings.services.s3.bucket);
     let mut redis = ctx.redis.clone();
-    let lease = job.timeout + LOCK_LEASE_EXTRA;
-    sessions::lock(&mut redis, names, name, &job.spec.job_id, lease, settings.session_lock_wait).await?;
+    sessions::lock(&mut redis, names, name, &job.spec.job_id, lease(job), settings.session_lock_wait).await?;
     let opened = async {
         let mut expired = sessions::take_expired_mark(&mut redis, names, name).await?;
         let loaded = match sessions::load(&ctx.s3, bucket, names, name).await {
@@ -145,8 +149,7 @@ pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkF
     let mut redis = ctx.redis.clone();
     // Fencing, as far as a lease goes: a job that lost the session (its lease ran out and
     // another job or the reaper took it) must not overwrite the manifest or delete blobs.
-    let lease = job.timeout + LOCK_LEASE_EXTRA;
-    if !sessions::renew(&mut redis, names, name, &job.spec.job_id, lease).await? {
+    if !sessions::renew(&mut redis, names, name, &job.spec.job_id, lease(job)).await? {
         return Err(SessionError::Busy { name: name.to_owned(), holder: "another job (this job's lease ran out)".into() });
     }
     sessions::store(&ctx.s3, bucket, &mut redis, names, name, &manifest).await?;
@@ -188,7 +191,7 @@ pub fn unchanged(opened: &Opened) -> SessionInfo {
 /// returns; dropped when the job ends.
 pub async fn keep(ctx: &Context, job: &ValidJob, name: &str) {
     let mut redis = ctx.redis.clone();
-    let lease = job.timeout + LOCK_LEASE_EXTRA;
+    let lease = lease(job);
     loop {
         tokio::time::sleep(lease / 3).await;
         match sessions::renew(&mut redis, &ctx.settings.names, name, &job.spec.job_id, lease).await {
