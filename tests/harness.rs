@@ -94,6 +94,30 @@ pub fn worker_alive() -> bool {
     matches!(child.try_wait(), Ok(None))
 }
 
+/// The shared worker's process id.
+pub fn worker_pid() -> u32 {
+    WORKER.get().expect("worker started").lock().expect("worker lock").id()
+}
+
+/// A process's peak resident memory (`VmHWM`, bytes) and CPU time used so far (user + system,
+/// seconds), from `/proc/<pid>/status` and `/proc/<pid>/stat`.
+pub fn process_usage(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let hwm_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the command name (which may hold spaces) start at field 3; utime and
+    // stime are fields 14 and 15, in clock ticks.
+    let rest: Vec<&str> = stat.rsplit_once(')').expect("stat").1.split_whitespace().collect();
+    let ticks: f64 = rest[11].parse::<f64>().expect("utime") + rest[12].parse::<f64>().expect("stime");
+    // USER_HZ, the unit of these fields, is 100 on Linux (`man 5 proc`).
+    (hwm_kb * 1024, ticks / 100.0)
+}
+
 /// The worker's log so far (for failure messages).
 pub fn worker_log() -> String {
     std::fs::read_to_string(worker_log_path()).unwrap_or_default()

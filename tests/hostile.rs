@@ -377,3 +377,204 @@ print("paths naming the job:", seen)
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
     assert_eq!(result.stdout.text, "loop devices visible: 0\npaths naming the job: []\n");
 }
+
+// --- The security review's findings (`../shared/notes/security-review.md`) -------------------
+
+/// F1: the artifact walk over 250,000 long-named hard links stays bounded in the worker's own
+/// memory and CPU, and counts what it skipped. Before the fix the worker grew by ~1.5 GB and
+/// spent 2.6 s of CPU (release build) on this job.
+#[tokio::test]
+async fn a_huge_tree_of_hard_links_costs_the_worker_little() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    // Start the worker (and warm it up) before the baseline is read.
+    let warm = run(&mut client, &python_job("print(1)", Sku::S)).await;
+    assert_eq!(warm.status, JobStatus::Succeeded);
+    let pid = sandq_tests::worker_pid();
+    let (peak_before, cpu_before) = sandq_tests::process_usage(pid);
+    let result = run_case(&mut client, "deep_links.py", "120s", None).await;
+    let (peak_after, cpu_after) = sandq_tests::process_usage(pid);
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    // At most the artifact cap of the (empty) flat links; nothing of the deep tree, whose
+    // paths are too long for artifacts.
+    assert!(result.artifacts.len() <= 100 && result.artifacts.iter().all(|a| a.size == 0 && a.path.len() == 199));
+    // The walk stops at its entry cap (100,000); the files it saw are counted as skipped
+    // (too many; the deep tree, whose paths are too long to be artifacts, as one bad_name).
+    assert!(result.skipped_artifacts_total >= 99_000, "skipped {}", result.skipped_artifacts_total);
+    assert!(result.skipped_artifacts.len() <= 100);
+    assert!(result.skipped_artifacts.iter().any(|s| s.reason == "walk_limit"), "total {} stdout {} last {:?}", result.skipped_artifacts_total, result.stdout.text, result.skipped_artifacts.last());
+    let grown = peak_after.saturating_sub(peak_before);
+    assert!(grown < 64 << 20, "the worker's peak memory grew by {grown} bytes");
+    // Includes the two ordinary jobs of run_case and all their S3 and Redis traffic.
+    let cpu = cpu_after - cpu_before;
+    assert!(cpu < 5.0, "the worker used {cpu} s of CPU");
+}
+
+/// F2: a sandbox that exhausts every per-user counter it can reach leaves host root's intact.
+#[tokio::test]
+async fn a_sandbox_cannot_exhaust_host_roots_per_user_limits() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let mut spec = python_job(&case("ucount_exhaust.py"), Sku::S);
+    spec.timeout = Some("60s".into());
+    client.submit(&spec).await.expect("submit");
+    sandq_tests::wait_for_status(&mut client, &spec.job_id, JobStatus::Running, std::time::Duration::from_secs(60)).await;
+    // The job needs a few seconds to use everything up, then holds it for 10 s.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let probe = r#"
+import ctypes, errno, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+err = lambda: errno.errorcode.get(ctypes.get_errno(), "?")
+fd = libc.inotify_init1(0)
+print("inotify_init1", "ok" if fd >= 0 else err())
+print("inotify_add_watch", "ok" if fd >= 0 and libc.inotify_add_watch(fd, b"/etc", 0x2) >= 0 else err())
+class sigval(ctypes.Union):
+    _fields_ = [("i", ctypes.c_int), ("p", ctypes.c_void_p)]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+print("sigqueue", "ok" if libc.sigqueue(os.getpid(), signal.SIGRTMIN, sigval(0)) == 0 else err())
+name = b"/sandq-host-probe-%d" % os.getpid()
+q = rt.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)
+print("mq_open", "ok" if q >= 0 else err())
+if q >= 0:
+    rt.mq_unlink(name)
+"#;
+    let host = std::process::Command::new("python3").args(["-c", probe]).output().expect("python3 on the host");
+    let host = String::from_utf8_lossy(&host.stdout).into_owned();
+    let result = sandq_tests::wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let out = &result.stdout.text;
+    // The sandbox did run into its limits...
+    assert!(out.contains("inotify instances 128 EMFILE"), "{out}");
+    assert!(out.contains("queued signals 16384 EAGAIN"), "the OCI rlimit is in force: {out}");
+    assert!(out.contains("message queues") && out.contains("holding"), "{out}");
+    // ...while host root's own calls went through.
+    assert_eq!(host, "inotify_init1 ok\ninotify_add_watch ok\nsigqueue ok\nmq_open ok\n", "host root was starved while the job ran: {out}");
+    assert_no_leftovers(&spec.job_id);
+}
+
+/// F3: a second delivery with a finished job's id, running at the same time or after, never
+/// changes anything the stored result points at.
+#[tokio::test]
+async fn a_duplicate_delivery_never_changes_a_finished_job() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let victim_code = "import time\nopen('report.txt', 'w').write('victim data')\nprint('VICTIM OUTPUT')\ntime.sleep(3)\n";
+    let mut victim = python_job(victim_code, Sku::M);
+    victim.timeout = Some("60s".into());
+    client.submit(&victim).await.expect("submit");
+    sandq_tests::wait_for_status(&mut client, &victim.job_id, JobStatus::Running, std::time::Duration::from_secs(60)).await;
+    // The same id on another SKU while the victim runs; it would finish after the victim.
+    let mut attacker = python_job("import time\ntime.sleep(6)\nopen('report.txt', 'w').write('ATTACKER DATA')\nprint('ATTACKER OUTPUT')\n", Sku::S);
+    attacker.job_id = victim.job_id.clone();
+    attacker.timeout = Some("60s".into());
+    client.submit(&attacker).await.expect("submit the duplicate");
+    let first = sandq_tests::wait(&mut client, &victim.job_id).await;
+    assert_eq!(first.status, JobStatus::Succeeded);
+    assert_eq!(first.stdout.text, "VICTIM OUTPUT\n");
+    // Until the duplicate's processing is over (it runs 6 s, then loses the compare-and-set).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !sandq_tests::worker_log().contains("this attempt's result and objects are dropped") {
+        assert!(std::time::Instant::now() < deadline, "the duplicate was not dropped:\n{}", sandq_tests::worker_log());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // A duplicate after the end is acked without running.
+    client.submit(&attacker).await.expect("submit the late duplicate");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !sandq_tests::worker_log().contains("job already has a terminal result; acking the duplicate") {
+        assert!(std::time::Instant::now() < deadline, "the late duplicate was not acked");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let stored = client.status(&victim.job_id).await.expect("result").expect("stored");
+    assert_eq!(stored, first, "the stored result changed");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = stored.artifacts.iter().find(|a| a.path == "report.txt").expect("report.txt");
+    let path = client.download_artifact(report, dir.path()).await.expect("the artifact still matches its digest");
+    assert_eq!(std::fs::read_to_string(path).expect("read"), "victim data");
+    let log = client.fetch_log(stored.stdout.log_key.as_deref().expect("log key"), stored.stdout.log_bytes).await.expect("log");
+    assert_eq!(log, b"VICTIM OUTPUT\n");
+    // Nothing of the losing attempt is left in S3: every object of the job is under the
+    // winning attempt's prefix.
+    let config = service_config();
+    let s3 = sandq_submitter::storage::client(&config.s3);
+    let keys = sandq_submitter::storage::list(&s3, &config.s3.bucket, &format!("jobs/{}/", victim.job_id), 100).await.expect("list");
+    let prefix = report.key.rsplit_once("/artifacts/").expect("attempt prefix").0;
+    assert!(!keys.is_empty() && keys.iter().all(|k| k.starts_with(prefix)), "objects of another attempt: {keys:?}");
+}
+
+/// F5: an output flood costs the worker little CPU beyond what any job with full logs costs.
+/// The baseline job writes what the flood's logs keep (8 MiB a stream) and lives as long; the
+/// flood writes as fast as it can for 8 s. Before the fix the worker spent about as much CPU
+/// reading and discarding as the job spent writing.
+#[tokio::test]
+async fn an_output_flood_costs_the_worker_little_cpu() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let warm = run(&mut client, &python_job("print(1)", Sku::S)).await;
+    assert_eq!(warm.status, JobStatus::Succeeded);
+    let pid = sandq_tests::worker_pid();
+    let mut worker_cpu = Vec::new();
+    for code in [
+        "import os, time\nchunk = b'x' * (1 << 20)\nfor i in range(9):\n    os.write(1, chunk)\n    os.write(2, chunk)\ntime.sleep(8)\n",
+        "import os, time\nchunk = b'x' * (1 << 20)\nend = time.time() + 8\nwhile time.time() < end:\n    os.write(1, chunk)\n    os.write(2, chunk)\n",
+    ] {
+        let (_, before) = sandq_tests::process_usage(pid);
+        let mut spec = python_job(code, Sku::S);
+        spec.mode = Some(sandq_schemas::RunMode::Script);
+        let result = run(&mut client, &spec).await;
+        let (_, after) = sandq_tests::process_usage(pid);
+        assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+        assert!(result.stdout.truncated && result.stderr.truncated);
+        assert_eq!(result.stdout.log_bytes, 8 << 20);
+        worker_cpu.push(after - before);
+    }
+    let extra = worker_cpu[1] - worker_cpu[0];
+    assert!(extra < 1.0, "the flood cost the worker {extra} s of CPU more than the baseline ({worker_cpu:?})");
+}
+
+/// F6 and I5: nothing in the sandbox shows other jobs' disk activity or the host's layout.
+#[tokio::test]
+async fn host_disk_activity_and_paths_are_not_visible() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let code = r#"
+import os
+def listing(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError as e:
+        return type(e).__name__
+print("diskstats", repr(open("/proc/diskstats").read()))
+for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block"]:
+    print(path, listing(path))
+mountinfo = open("/proc/self/mountinfo").read()
+print("mountinfo names /var/lib/sandq:", "/var/lib/sandq" in mountinfo)
+print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountinfo)
+"#;
+    let code = code.replace("os.environ.get(\"WORKER_ID\", \"?\")", &format!("{:?}", worker_id()));
+    let mut spec = python_job(&code, Sku::S);
+    spec.network = sandq_schemas::NetworkMode::Outbound;
+    let result = run(&mut client, &spec).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(
+        result.stdout.text,
+        "diskstats ''\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
+         mountinfo names /var/lib/sandq: False\nmountinfo names the worker: False\n"
+    );
+}
+
+/// F7: a body whose SKU is not its queue's is rejected, with a reason, and never runs.
+#[tokio::test]
+async fn a_sku_other_than_the_queues_is_rejected() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let spec = python_job("print('ran')", Sku::M);
+    let body = sandq_schemas::encode(&spec).expect("encode");
+    sandq_tests::publish_raw(&body, Sku::S, None).await;
+    let result = sandq_tests::wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Rejected);
+    assert_eq!(
+        result.reason.as_deref(),
+        Some("sku M in the job does not match the queue of sku S it was published to")
+    );
+}

@@ -181,3 +181,46 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     world.delete_queues().await;
     drop(external);
 }
+
+/// Security review F4: no IPv6 for outbound sandboxes. The bridge has no IPv6 address for a
+/// sandbox to reach the host by, `ip6tables` drops whatever comes from the bridge, and the
+/// sandbox's own namespace has IPv6 off (no link-local address, nothing to send from).
+#[tokio::test]
+async fn outbound_sandboxes_have_no_ipv6_path_to_the_host() {
+    let world = Isolated::new().await;
+    let worker_id = format!("{}-w6", world.namespace);
+    let mut worker = world.start_worker_ready(&worker_id, &[]);
+    let mut client = world.client().await;
+    let host_off = std::fs::read_to_string("/proc/sys/net/ipv6/conf/sandq0/disable_ipv6").expect("sandq0 sysctl");
+    assert_eq!(host_off.trim(), "1", "IPv6 is on on the bridge");
+    let addresses = Command::new("ip").args(["-6", "addr", "show", "dev", "sandq0"]).output().expect("ip");
+    assert_eq!(String::from_utf8_lossy(&addresses.stdout), "", "the bridge has an IPv6 address");
+    for rule in [["INPUT", "-i"], ["FORWARD", "-i"], ["FORWARD", "-o"]] {
+        let status = Command::new("ip6tables").args(["-C", rule[0], rule[1], "sandq0", "-j", "DROP"]).status().expect("ip6tables");
+        assert!(status.success(), "no ip6tables {rule:?} DROP rule for sandq0");
+    }
+    // A listener on every IPv6 address of the host, for the sandbox to try.
+    let listener = std::net::TcpListener::bind("[::]:0").expect("listen on [::]");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    let code = format!(
+        "import socket\n\
+         print('if_inet6', open('/proc/net/if_inet6').read().split())\n\
+         dev = [n for i, n in socket.if_nameindex() if n != 'lo'][0]\n\
+         for target in ('ff02::1', 'fe80::1'):\n\
+         \x20   s = socket.socket(socket.AF_INET6); s.settimeout(2)\n\
+         \x20   try:\n\
+         \x20       s.connect((target, {port}, 0, socket.if_nametoindex(dev))); print(target, 'connected')\n\
+         \x20   except OSError as e:\n\
+         \x20       print(target, 'failed')\n"
+    );
+    let mut spec = python_job(&code, Sku::S);
+    spec.network = NetworkMode::Outbound;
+    let result = sandq_tests::run(&mut client, &spec).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.stdout.text, "if_inet6 []\nff02::1 failed\nfe80::1 failed\n");
+    assert!(listener.accept().is_err(), "the host listener was reached");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}

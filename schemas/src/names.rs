@@ -80,8 +80,8 @@ impl Names {
         format!("{}:sessions", self.namespace)
     }
 
-    /// Redis string `<ns>:session:<name>:lock`: the id of the job using the session (`SET NX
-    /// PX`, lease = the job's timeout + 5 min); one job of a session runs at a time.
+    /// Redis string `<ns>:session:<name>:lock`: the attempt id of the job using the session
+    /// (`SET NX PX`, a 30 s lease renewed every 10 s); one job of a session runs at a time.
     pub fn session_lock_key(&self, session: &str) -> String {
         format!("{}:session:{}:lock", self.namespace, session)
     }
@@ -113,18 +113,27 @@ pub fn input_key(sha256_hex: &str) -> String {
     format!("inputs/sha256/{sha256_hex}")
 }
 
-/// S3 key of a job's artifact: `jobs/<job_id>/artifacts/<path>` (path relative to `/work`).
-pub fn artifact_key(job_id: &str, path: &str) -> String {
-    format!("jobs/{job_id}/artifacts/{path}")
+/// S3 prefix of everything one attempt of a job writes: `jobs/<job_id>/<attempt_id>/`. Every
+/// processing of a delivery has its own attempt id (the worker's `a<16 hex digits>`), so that
+/// a duplicate delivery of a job (at-least-once delivery, or a client reusing an id) never
+/// overwrites the objects a stored result points at (security review F3).
+pub fn attempt_prefix(job_id: &str, attempt_id: &str) -> String {
+    format!("jobs/{job_id}/{attempt_id}/")
 }
 
-/// S3 key of a job's rich-output representation: `jobs/<job_id>/outputs/<file>`
+/// S3 key of a job's artifact: `jobs/<job_id>/<attempt_id>/artifacts/<path>` (path relative
+/// to `/work`).
+pub fn artifact_key(job_id: &str, attempt_id: &str, path: &str) -> String {
+    format!("{}artifacts/{path}", attempt_prefix(job_id, attempt_id))
+}
+
+/// S3 key of a job's rich-output representation: `jobs/<job_id>/<attempt_id>/outputs/<file>`
 /// (`<file>` = `output-<output index>-<n>.<ext>`, e.g. `output-0-1.png`).
-pub fn output_key(job_id: &str, file: &str) -> String {
-    format!("jobs/{job_id}/outputs/{file}")
+pub fn output_key(job_id: &str, attempt_id: &str, file: &str) -> String {
+    format!("{}outputs/{file}", attempt_prefix(job_id, attempt_id))
 }
 
-/// S3 key of a job's captured stream: `jobs/<job_id>/stdout` or `jobs/<job_id>/stderr`.
-pub fn log_key(job_id: &str, stream: &str) -> String {
-    format!("jobs/{job_id}/{stream}")
+/// S3 key of a job's captured stream: `jobs/<job_id>/<attempt_id>/stdout` or `.../stderr`.
+pub fn log_key(job_id: &str, attempt_id: &str, stream: &str) -> String {
+    format!("{}{stream}", attempt_prefix(job_id, attempt_id))
 }

@@ -201,8 +201,18 @@ pub enum ValidationError {
     },
 }
 
-/// Environment variables the sandbox sets itself; a job cannot override them.
-pub const RESERVED_ENV: &[&str] = &["PATH", "HOME", "PWD", "LD_PRELOAD", "LD_LIBRARY_PATH", "MPLCONFIGDIR", "TMPDIR"];
+/// Environment variables the sandbox sets itself; a job cannot override them. Besides these,
+/// every `SANDQ_*` and every `LD_*` name (the dynamic loader's) is refused.
+pub const RESERVED_ENV: &[&str] = &["PATH", "HOME", "PWD", "MPLCONFIGDIR", "TMPDIR"];
+
+/// The kernel's limit on one argv or environment string, including its NUL (`MAX_ARG_STRLEN`,
+/// 32 pages of 4 KiB: `include/uapi/linux/binfmts.h`).
+pub const MAX_ARG_STRLEN: usize = 32 * 4096;
+
+/// Most bytes of `args` and `env` together (each string with its NUL): the kernel allows a
+/// quarter of the stack rlimit (2 MiB of the usual 8 MiB); half of that leaves room for the
+/// sandbox's own variables and the interpreter's arguments.
+pub const MAX_EXEC_BYTES: usize = 1 << 20;
 
 /// Checks a job id: 1 to 64 characters of `[A-Za-z0-9_-]`.
 ///
@@ -222,11 +232,6 @@ pub fn check_job_id(id: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
-/// Checks a path relative to `/work`: non-empty, at most 1024 bytes, `/`-separated components
-/// that are not empty, `.` or `..`, each at most 255 bytes, without NUL or backslash.
-///
-/// # Errors
-/// [`ValidationError::Path`] with the reason.
 /// Checks a session name: 1 to 64 of `[A-Za-z0-9_.-]`, not starting with `.` (it becomes
 /// part of S3 keys and Redis keys).
 ///
@@ -244,16 +249,21 @@ pub fn check_session_name(name: &str) -> Result<(), ValidationError> {
     }
 }
 
-/// Checks a path relative to `/work` (inputs, entry points, restored session files).
+/// Longest path relative to `/work` an input, artifact or session file may have, bytes.
+pub const MAX_PATH_BYTES: usize = 1024;
+
+/// Checks a path relative to `/work` (inputs, entry points, restored session files,
+/// artifacts): non-empty, at most [`MAX_PATH_BYTES`], `/`-separated components that are not
+/// empty, `.` or `..`, each at most 255 bytes, without NUL or backslash.
 ///
 /// # Errors
-/// [`ValidationError::Path`].
+/// [`ValidationError::Path`] with the reason.
 pub fn check_relative_path(path: &str) -> Result<(), ValidationError> {
     let bad = |reason| Err(ValidationError::Path { path: path.chars().take(200).collect(), reason });
     if path.is_empty() {
         return bad("it is empty");
     }
-    if path.len() > 1024 {
+    if path.len() > MAX_PATH_BYTES {
         return bad("it is longer than 1024 bytes");
     }
     if path.starts_with('/') {
@@ -318,6 +328,17 @@ impl JobSpec {
         if self.args.iter().any(|a| a.contains('\0')) {
             return Err(ValidationError::Args { reason: "an argument contains a NUL byte" });
         }
+        // execve(2) refuses (E2BIG) a single string over MAX_ARG_STRLEN and a total over a
+        // quarter of the stack limit: say so here rather than fail in the sandbox with exit
+        // 255 and no reason (security review I3).
+        if self.args.iter().any(|a| a.len() >= MAX_ARG_STRLEN) {
+            return Err(ValidationError::Args { reason: "an argument is 128 KiB or longer (the kernel's MAX_ARG_STRLEN)" });
+        }
+        let exec_bytes = self.args.iter().map(|a| a.len() + 1).sum::<usize>()
+            + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
+        if exec_bytes > MAX_EXEC_BYTES {
+            return Err(ValidationError::Args { reason: "args and env together exceed 1 MiB" });
+        }
         let total: u64 = self.inputs.iter().map(|i| i.size).fold(0, u64::saturating_add);
         if self.inputs.len() > limits.max_inputs || total > limits.max_input_bytes {
             return Err(ValidationError::InputsTooLarge {
@@ -378,11 +399,14 @@ impl JobSpec {
             if !valid_name {
                 return Err(ValidationError::Env { name: name.clone(), reason: "names match [A-Za-z_][A-Za-z0-9_]*" });
             }
-            if RESERVED_ENV.contains(&name.as_str()) || name.starts_with("SANDQ_") {
+            if RESERVED_ENV.contains(&name.as_str()) || name.starts_with("SANDQ_") || name.starts_with("LD_") {
                 return Err(ValidationError::Env { name: name.clone(), reason: "the sandbox sets it" });
             }
             if value.contains('\0') {
                 return Err(ValidationError::Env { name: name.clone(), reason: "the value contains a NUL byte" });
+            }
+            if name.len() + value.len() + 1 >= MAX_ARG_STRLEN {
+                return Err(ValidationError::Env { name: name.clone(), reason: "NAME=value is 128 KiB or longer (the kernel's MAX_ARG_STRLEN)" });
             }
         }
         if self.mode == Some(crate::RunMode::Notebook) && self.runtime == crate::Runtime::Node {
@@ -515,11 +539,37 @@ mod tests {
 
     #[test]
     fn reserved_env_is_refused() {
-        for name in ["PATH", "SANDQ_X", "1A", "A-B", ""] {
+        // Every LD_* name, not only LD_PRELOAD and LD_LIBRARY_PATH (security review I2).
+        for name in ["PATH", "SANDQ_X", "1A", "A-B", "", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_BIND_NOW"] {
             let mut j = job();
             j.env.insert(name.into(), "v".into());
             assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::Env { .. })), "{name}");
         }
+        let mut j = job();
+        j.env.insert("OLD_VALUE".into(), "v".into());
+        assert!(j.validate(&Limits::default()).is_ok(), "LD_ only as a prefix");
+    }
+
+    /// What execve(2) would refuse with E2BIG is rejected with a reason instead of failing in
+    /// the sandbox with exit 255 (security review I3); the kernel's limits are 131,072 bytes a
+    /// string (with its NUL) and a quarter of the 8 MiB stack in all.
+    #[test]
+    fn what_execve_refuses_is_rejected_up_front() {
+        let limits = Limits::default();
+        let mut j = job();
+        j.args = vec!["a".repeat(131_072)];
+        assert!(matches!(j.clone().validate(&limits), Err(ValidationError::Args { .. })), "131,073 bytes with its NUL");
+        j.args = vec!["a".repeat(131_071)];
+        assert!(j.clone().validate(&limits).is_ok(), "131,072 bytes with its NUL fits");
+        j.args = vec!["a".repeat(100_000); 11];
+        assert!(matches!(j.validate(&limits), Err(ValidationError::Args { .. })), "1.1 MB of arguments");
+        let mut j = job();
+        j.env.insert("BIG".into(), "v".repeat(200_000));
+        let err = j.clone().validate(&limits).expect_err("a 200 kB value");
+        assert_eq!(err.to_string(), "env \"BIG\" is not allowed: NAME=value is 128 KiB or longer (the kernel's MAX_ARG_STRLEN)");
+        j.env.insert("BIG".into(), "v".repeat(3 << 20));
+        let err = j.validate(&limits).expect_err("a 3 MB value");
+        assert_eq!(err.to_string(), "args are invalid: args and env together exceed 1 MiB");
     }
 
     proptest::proptest! {

@@ -332,8 +332,12 @@ impl Client {
         if let Some(parent) = dest.parent() {
             tokio::fs::create_dir_all(parent).await.map_err(local)?;
         }
-        let mut file = tokio::fs::File::create(&dest).await.map_err(local)?;
-        storage::get_to_file(
+        // Into a temporary file beside it, renamed only once size and digest check out: a
+        // failed download never leaves a partial or empty file under the artifact's name
+        // (security review I4).
+        let partial = dest.with_file_name(format!(".sandq-partial-{}", uuid::Uuid::new_v4().simple()));
+        let mut file = tokio::fs::File::create(&partial).await.map_err(local)?;
+        let fetched = storage::get_to_file(
             &self.s3,
             &self.config.s3.bucket,
             &artifact.key,
@@ -342,7 +346,13 @@ impl Client {
             Some(artifact.size),
             Some(&artifact.sha256),
         )
-        .await?;
+        .await;
+        drop(file);
+        if let Err(e) = fetched {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(e.into());
+        }
+        tokio::fs::rename(&partial, &dest).await.map_err(local)?;
         Ok(dest)
     }
 

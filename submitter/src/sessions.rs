@@ -77,13 +77,12 @@ pub enum SessionError {
         /// The parser's message.
         message: String,
     },
-    /// Another job holds the session's lock.
-    #[error("session {name} is in use by job {holder}")]
+    /// Another job holds the session's lock. The holder is not named: a job id is a
+    /// capability, and a session name must not yield one (security review F8).
+    #[error("session {name} is in use by another job")]
     Busy {
         /// The session.
         name: String,
-        /// The job holding it.
-        holder: String,
     },
 }
 
@@ -196,7 +195,7 @@ pub async fn lock(
             return Ok(());
         }
         if tokio::time::Instant::now() >= until {
-            return Err(SessionError::Busy { name: name.to_owned(), holder: current.unwrap_or_default() });
+            return Err(SessionError::Busy { name: name.to_owned() });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -53,6 +53,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         report_path: dir.join("report.json"),
         cgroups_path,
         outbound: false,
+        userns: id_map,
     };
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandq-container"))
         .arg("run")

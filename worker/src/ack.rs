@@ -64,7 +64,14 @@ pub fn classify(outcome: &Outcome, max_attempts: u32) -> Disposition {
 }
 
 /// The delivery's attempt number: RabbitMQ's `x-delivery-count` + 1 (absent on the first).
-pub fn attempt_number(headers: Option<&FieldTable>) -> u32 {
+/// A first delivery (`redelivered` false) is attempt 1 whatever its headers say: the broker
+/// sets `x-delivery-count` only on redeliveries, so on a first delivery the header can only
+/// come from the publisher (security review I1: a forged count of 8 sent a job straight to
+/// `internal_error` on its first infrastructure failure).
+pub fn attempt_number(headers: Option<&FieldTable>, redelivered: bool) -> u32 {
+    if !redelivered {
+        return 1;
+    }
     let count = headers.and_then(|h| h.inner().get("x-delivery-count")).and_then(|v| match v {
         AMQPValue::LongLongInt(n) => u32::try_from(*n).ok(),
         AMQPValue::LongInt(n) => u32::try_from(*n).ok(),
@@ -107,9 +114,10 @@ mod tests {
 
     #[test]
     fn attempts_come_from_the_delivery_count() {
-        assert_eq!(attempt_number(None), 1);
+        assert_eq!(attempt_number(None, false), 1);
         let mut headers = FieldTable::default();
         headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(2));
-        assert_eq!(attempt_number(Some(&headers)), 3);
+        assert_eq!(attempt_number(Some(&headers), true), 3);
+        assert_eq!(attempt_number(Some(&headers), false), 1, "a publisher's count on a first delivery is ignored");
     }
 }

@@ -7,7 +7,7 @@
 //! opened `O_NOFOLLOW | O_NONBLOCK` and re-checked with `fstat`, and the count and size caps are
 //! applied from the metadata before a byte is read (a sparse 1 TB file is never read).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -18,8 +18,10 @@ use sandq_submitter::storage::{self, TransferError};
 
 /// Deepest directory level walked under `/work`.
 const MAX_DEPTH: usize = 32;
-/// Most directory entries looked at, in all; past it the walk stops and says so.
-const MAX_ENTRIES: usize = 250_000;
+/// Most directory entries looked at, in all; past it the walk stops and says so. Each costs a
+/// `getdents` share and an `fstatat` of the worker's CPU (about 2 µs), so the walk costs the
+/// worker at most about 0.2 s whatever `/work` holds.
+const MAX_ENTRIES: usize = 100_000;
 /// Most skipped files listed by name in the result (all are counted): keeps the Redis value
 /// small when a program leaves 200,000 files.
 pub const MAX_SKIPPED_LISTED: usize = 100;
@@ -71,6 +73,15 @@ impl Collected {
             self.skipped.push(SkippedArtifact { path: path.to_owned(), reason: reason.to_owned() });
         }
     }
+
+    /// Like [`Collected::skip`], but always listed (taking the last place of a full list): the
+    /// walk stopping early must be visible in the result.
+    fn skip_listed(&mut self, path: &str, reason: &str) {
+        if self.skipped.len() >= MAX_SKIPPED_LISTED {
+            self.skipped.pop();
+        }
+        self.skip(path, reason);
+    }
 }
 
 /// Why collection failed (S3 or local I/O trouble: retried).
@@ -87,50 +98,152 @@ pub enum CollectError {
 }
 
 /// A regular file found by the walk.
+#[derive(Debug, PartialEq, Eq)]
 struct Candidate {
     rel: String,
     size: u64,
     dev: u64,
     ino: u64,
+    /// Directory levels below `/work` (0 for a top-level file).
+    depth: usize,
+    /// Last modification, (seconds, nanoseconds) since the epoch.
+    mtime: (i64, i64),
 }
 
-fn walk(dir: &Path, rel: &str, depth: usize, seen: &mut usize, out: &mut Vec<Candidate>, skipped: &mut Collected, links_ok: bool) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let mut entries: Vec<_> = entries.flatten().collect();
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        *seen += 1;
-        if *seen == MAX_ENTRIES + 1 {
-            skipped.skip(rel, "walk_limit");
+impl Candidate {
+    /// The keep order when there are more new files than the artifact cap: nearest the top of
+    /// `/work` first (what a program writes for its user sits there; bulk trees extracted from
+    /// an upload sit below), then the most recently modified, then by name.
+    fn rank(&self) -> (usize, std::cmp::Reverse<(i64, i64)>, &str) {
+        (self.depth, std::cmp::Reverse(self.mtime), self.rel.as_str())
+    }
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// What the walk keeps. Its size is bounded whatever `/work` holds (security review F1: the
+/// walk once kept every path of 250,000 hard links and grew the worker by 1.5 GB): at most
+/// `baseline.len()` files at baseline paths, at most `max_new` other files (each path at most
+/// [`sandq_schemas::validate::MAX_PATH_BYTES`]), [`MAX_SKIPPED_LISTED`] skipped names, and one
+/// open directory per level of depth.
+#[derive(Debug, Default)]
+struct Walked {
+    /// Files at the path of a baseline file (input or restored session file).
+    at_baseline: Vec<Candidate>,
+    /// The best `max_new` other files by [`Candidate::rank`]; a max-heap, so the worst kept
+    /// file is the one evicted.
+    new: std::collections::BinaryHeap<Candidate>,
+    skipped: Collected,
+}
+
+/// Walks `work` by directory fds (`openat` with `O_NOFOLLOW`, `fstatat` with
+/// `AT_SYMLINK_NOFOLLOW`: nothing the program planted is followed), reading each directory
+/// incrementally and applying every cap before anything is stored. Runs on a blocking thread.
+fn walk(work: &Path, baseline: &BTreeSet<String>, links_ok: bool, max_new: usize) -> Walked {
+    use nix::dir::Dir;
+    use nix::fcntl::{AtFlags, OFlag};
+    use nix::sys::stat::{fstatat, Mode, SFlag};
+    use std::os::fd::AsRawFd;
+
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut walked = Walked::default();
+    let Ok(root) = Dir::open(work, dir_flags, Mode::empty()) else { return walked };
+    let mut stack = vec![(root.into_iter(), String::new(), 0usize)];
+    let mut seen = 0usize;
+    while let Some((entries, rel, depth)) = stack.last_mut() {
+        let entry = match entries.next() {
+            Some(Ok(entry)) => entry,
+            // The end of the directory, or it cannot be read on: go back up.
+            Some(Err(_)) | None => {
+                stack.pop();
+                continue;
+            }
+        };
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
         }
-        if *seen > MAX_ENTRIES {
-            return;
+        seen += 1;
+        if seen > MAX_ENTRIES {
+            walked.skipped.skip_listed(rel, "walk_limit");
+            break;
         }
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let child_rel = if rel.is_empty() { name } else { format!("{rel}/{name}") };
-        let skip = |skipped: &mut Collected, reason: &str| skipped.skip(&child_rel, reason);
-        // symlink_metadata: lstat, never follows.
-        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
-            skip(skipped, "unreadable");
+        let Ok(name_str) = name.to_str() else {
+            walked.skipped.skip(&format!("{rel}/{}", name.to_string_lossy()), "unreadable");
             continue;
         };
-        let kind = meta.file_type();
-        if kind.is_symlink() {
-            skip(skipped, "symlink");
-        } else if kind.is_dir() {
-            if depth < MAX_DEPTH {
-                walk(&entry.path(), &child_rel, depth + 1, seen, out, skipped, links_ok);
+        if rel.len() + 1 + name_str.len() > sandq_schemas::validate::MAX_PATH_BYTES {
+            // No name under here could be staged or restored; nothing below is walked, and
+            // the long path is not even kept for the skip list.
+            walked.skipped.skip(&format!("{}...", truncate(rel, 64)), "bad_name");
+            continue;
+        }
+        let child_rel = if rel.is_empty() { name_str.to_owned() } else { format!("{rel}/{name_str}") };
+        let dir_fd = entries.as_raw_fd();
+        let Ok(stat) = fstatat(Some(dir_fd), name, AtFlags::AT_SYMLINK_NOFOLLOW) else {
+            walked.skipped.skip(&child_rel, "unreadable");
+            continue;
+        };
+        let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+        if kind == SFlag::S_IFLNK {
+            walked.skipped.skip(&child_rel, "symlink");
+        } else if kind == SFlag::S_IFDIR {
+            let child_depth = *depth + 1;
+            if child_depth > MAX_DEPTH {
+                walked.skipped.skip(&child_rel, "too_deep");
+            } else if let Ok(dir) = Dir::openat(Some(dir_fd), name, dir_flags, Mode::empty()) {
+                stack.push((dir.into_iter(), child_rel, child_depth));
             } else {
-                skip(skipped, "too_deep");
+                walked.skipped.skip(&child_rel, "unreadable");
             }
-        } else if !kind.is_file() {
-            skip(skipped, "not_regular");
-        } else if meta.nlink() > 1 && !links_ok {
-            skip(skipped, "hard_link");
+        } else if kind != SFlag::S_IFREG {
+            walked.skipped.skip(&child_rel, "not_regular");
+        } else if stat.st_nlink > 1 && !links_ok {
+            walked.skipped.skip(&child_rel, "hard_link");
+        } else if sandq_schemas::validate::check_relative_path(&child_rel).is_err() {
+            // A name no client could stage or restore (backslash...).
+            walked.skipped.skip(&child_rel, "bad_name");
         } else {
-            out.push(Candidate { rel: child_rel, size: meta.len(), dev: meta.dev(), ino: meta.ino() });
+            let candidate = Candidate {
+                size: u64::try_from(stat.st_size).unwrap_or(0),
+                dev: stat.st_dev,
+                ino: stat.st_ino,
+                depth: *depth,
+                mtime: (stat.st_mtime, stat.st_mtime_nsec),
+                rel: child_rel,
+            };
+            if baseline.contains(&candidate.rel) {
+                walked.at_baseline.push(candidate);
+            } else {
+                walked.new.push(candidate);
+                if walked.new.len() > max_new {
+                    if let Some(evicted) = walked.new.pop() {
+                        walked.skipped.skip(&evicted.rel, "too_many");
+                    }
+                }
+            }
         }
     }
+    walked
+}
+
+/// At most `max` bytes of `text`, cut on a character boundary.
+fn truncate(text: &str, max: usize) -> &str {
+    let mut cut = text.len().min(max);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &text[..cut]
 }
 
 /// MIME type of an artifact from its name (`image/png`, `text/csv`...).
@@ -148,6 +261,7 @@ pub fn content_type(path: &str) -> String {
 #[allow(clippy::too_many_arguments)] // each is one of the walk's inputs; a struct would only rename them
 pub async fn collect(
     job: &ValidJob,
+    attempt_id: &str,
     work: &Path,
     baseline: &BTreeMap<String, Baseline>,
     own_filesystem: bool,
@@ -156,21 +270,20 @@ pub async fn collect(
     max_artifacts: usize,
     max_artifact_bytes: u64,
 ) -> Result<Collected, CollectError> {
-    let mut candidates = Vec::new();
-    let mut collected = Collected::default();
-    let mut seen = 0;
-    walk(work, "", 0, &mut seen, &mut candidates, &mut collected, own_filesystem);
+    let (root, paths) = (work.to_path_buf(), baseline.keys().cloned().collect::<BTreeSet<_>>());
+    let walked = tokio::task::spawn_blocking(move || walk(&root, &paths, own_filesystem, max_artifacts))
+        .await
+        .unwrap_or_default();
+    let mut collected = walked.skipped;
+    let mut candidates = walked.at_baseline;
+    candidates.extend(walked.new.into_sorted_vec());
+    candidates.sort();
     let mut budget = max_artifact_bytes;
     for candidate in candidates {
         let skip = |collected: &mut Collected, reason: &str| collected.skip(&candidate.rel, reason);
         // Unchanged only if the size still matches: a staged file the program grew (or made a
         // sparse 16 TB file) is treated like a new one, caps first.
         let staged = baseline.get(candidate.rel.as_str()).filter(|b| b.size == candidate.size);
-        if sandq_schemas::validate::check_relative_path(&candidate.rel).is_err() {
-            // A name no client could stage or restore (backslash, over 1,024 bytes...).
-            skip(&mut collected, "bad_name");
-            continue;
-        }
         if staged.is_none() && collected.artifacts.len() >= max_artifacts {
             skip(&mut collected, "too_many");
             continue;
@@ -219,7 +332,7 @@ pub async fn collect(
             skip(&mut collected, "unreadable");
             continue;
         }
-        let key = artifact_key(&job.spec.job_id, &candidate.rel);
+        let key = artifact_key(&job.spec.job_id, attempt_id, &candidate.rel);
         let mime = content_type(&candidate.rel);
         storage::put_file(s3, bucket, &key, file, &candidate.rel, &mime)
             .await

@@ -49,6 +49,8 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
     let channel = connection.create_channel().await?;
     sandq_submitter::topology::declare(&channel, &settings.names, settings.services.amqp.delivery_limit).await?;
     let mut slots = JoinSet::new();
+    // Each consumer slot runs one job at a time, with the user namespace range of its index.
+    let mut index = 0;
     for (sku, sku_settings) in &settings.skus {
         for slot in 0..sku_settings.slots {
             let channel = connection.create_channel().await?;
@@ -62,7 +64,8 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
                     FieldTable::default(),
                 )
                 .await?;
-            slots.spawn(slot_loop(ctx.clone(), consumer, shutdown.clone(), channel, tag));
+            slots.spawn(slot_loop(ctx.clone(), (*sku, index), consumer, shutdown.clone(), channel, tag));
+            index += 1;
         }
     }
     info!(worker_id = %settings.worker_id, slots = slots.len(), "consuming");
@@ -90,6 +93,7 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
 
 async fn slot_loop(
     ctx: Context,
+    (sku, index): (sandq_schemas::Sku, usize),
     mut consumer: Consumer,
     mut shutdown: watch::Receiver<bool>,
     channel: lapin::Channel,
@@ -110,7 +114,7 @@ async fn slot_loop(
             ))),
         };
         // A panic in one job is caught here, at the job boundary; the job is requeued.
-        let outcome = AssertUnwindSafe(job::process(&ctx, &delivery)).catch_unwind().await.unwrap_or_else(|_| {
+        let outcome = AssertUnwindSafe(job::process(&ctx, &delivery, sku, index)).catch_unwind().await.unwrap_or_else(|_| {
             error!("job processing panicked; requeueing");
             Outcome::Infrastructure { attempt: 0, final_result_stored: false }
         });

@@ -43,15 +43,17 @@ const STOP_NONE: u8 = 0;
 const STOP_CANCEL: u8 = 1;
 const STOP_SHUTDOWN: u8 = 2;
 
-/// Processes one delivery to its outcome. Never panics on bad input.
-pub async fn process(ctx: &Context, delivery: &Delivery) -> Outcome {
-    let attempt = crate::ack::attempt_number(delivery.properties.headers().as_ref());
-    let job = match validate::validate(&delivery.data, &ctx.settings) {
+/// Processes one delivery, taken from the queue of SKU `queue` by consumer slot `slot` (which
+/// picks the sandbox's user namespace range: [`crate::settings::Settings::id_map_for`]), to
+/// its outcome. Never panics on bad input.
+pub async fn process(ctx: &Context, delivery: &Delivery, queue: sandq_schemas::Sku, slot: usize) -> Outcome {
+    let attempt = crate::ack::attempt_number(delivery.properties.headers().as_ref(), delivery.redelivered);
+    let job = match validate::validate(&delivery.data, &ctx.settings, queue) {
         Ok(job) => job,
         Err(e) => return reject_undecodable(ctx, delivery, &e.to_string()).await,
     };
     let span = tracing::info_span!("job", job_id = %job.spec.job_id, attempt, sku = %job.spec.sku);
-    process_valid(ctx, job, attempt).instrument(span).await
+    process_valid(ctx, job, attempt, slot).instrument(span).await
 }
 
 async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) -> Outcome {
@@ -90,43 +92,67 @@ enum Failure {
     Infrastructure(String),
     /// Killed because the worker is shutting down; requeued without judging the job.
     Interrupted,
+    /// Another delivery of the job stored its terminal result first: nothing more is written.
+    Duplicate,
+    /// The client cancelled the job before it ran; the reason says when.
+    Cancelled(&'static str),
 }
 
-async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
+/// Reads the job's stored status: `Some(reason)` when it must not run (it has a terminal
+/// result, or its cancel key is set), checked when a delivery is taken and again after every
+/// wait (session lock, capacity), since a duplicate delivery or a cancel may land meanwhile.
+async fn still_wanted(ctx: &Context, job: &ValidJob) -> Result<Wanted, Failure> {
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
     match results::read(&mut redis, names, &job.spec.job_id).await {
-        Ok(Some(existing)) if existing.status.is_terminal() => {
-            info!(status = %existing.status, "job already has a terminal result; acking the duplicate");
+        Ok(Some(existing)) if existing.status.is_terminal() => return Ok(Wanted::Finished),
+        Ok(_) => {}
+        Err(e) => return Err(Failure::Infrastructure(format!("cannot read result: {e}"))),
+    }
+    match results::cancel_requested(&mut redis, names, &job.spec.job_id).await {
+        Ok(true) => Ok(Wanted::Cancelled),
+        Ok(false) => Ok(Wanted::Yes),
+        Err(e) => Err(Failure::Infrastructure(format!("cannot read cancel key: {e}"))),
+    }
+}
+
+/// Whether a taken job should still run.
+enum Wanted {
+    /// Yes.
+    Yes,
+    /// It already has a terminal result (a duplicate delivery): ack without running.
+    Finished,
+    /// A client cancelled it.
+    Cancelled,
+}
+
+async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32, slot: usize) -> Outcome {
+    let mut who = Attempt {
+        id: format!("a{:016x}", rand::random::<u64>()),
+        slot,
+        worker_id: ctx.settings.worker_id.clone(),
+        number: attempt,
+        started_at_ms: now_ms(),
+    };
+    match still_wanted(ctx, &job).await {
+        Ok(Wanted::Yes) => {}
+        Ok(Wanted::Finished) => {
+            info!("job already has a terminal result; acking the duplicate");
             return Outcome::Stored;
         }
-        Ok(_) => {}
-        Err(e) => {
-            error!(error = %e, "cannot read result");
+        Ok(Wanted::Cancelled) => return conclude(ctx, &job, &who, Err(Failure::Cancelled("cancelled before it started"))).await,
+        Err(Failure::Infrastructure(reason)) => {
+            error!(reason, "cannot read the job's state");
             return Outcome::Infrastructure { attempt, final_result_stored: false };
         }
+        Err(_) => unreachable!("still_wanted fails only on infrastructure"),
     }
-    let mut who = Attempt { worker_id: ctx.settings.worker_id.clone(), number: attempt, started_at_ms: now_ms() };
     if let Some(deadline) = job.spec.deadline_ms.filter(|d| *d < who.started_at_ms) {
         let mut result = publish::base(&job, &who, JobStatus::Expired);
         result.reason = Some(format!("its deadline passed {} ms before a worker took it", who.started_at_ms - deadline));
         result.finished_at_ms = Some(now_ms());
         info!("job expired in the queue");
         return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
-    }
-    match results::cancel_requested(&mut redis, names, &job.spec.job_id).await {
-        Ok(true) => {
-            let mut result = publish::base(&job, &who, JobStatus::Cancelled);
-            result.reason = Some("cancelled before it started".into());
-            result.finished_at_ms = Some(now_ms());
-            info!("job cancelled while queued");
-            return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
-        }
-        Ok(false) => {}
-        Err(e) => {
-            error!(error = %e, "cannot read cancel key");
-            return Outcome::Infrastructure { attempt, final_result_stored: false };
-        }
     }
     // Validation only lets through SKUs this worker serves.
     let Some(sku) = ctx.settings.skus.get(&job.spec.sku).copied() else {
@@ -138,26 +164,50 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
     // the host leak into sandboxes (a loop device's backing file in sysfs did); a job id is
     // a capability (its result can be read, and a duplicate submitted, by whoever knows it).
     let container_id = format!("j-{:032x}", rand::random::<u128>());
-    info!(container_id, "container id");
-    let result = match execute(ctx, &job, sku, &mut who, &container_id).await {
+    info!(container_id, attempt_id = who.id, "container id");
+    execute(ctx, &job, sku, &mut who, &container_id).await
+}
+
+/// Turns how the job ended into the stored result and the delivery's [`Outcome`]. Called with
+/// the session lock (if any) still held, so that the next job of the session, or a duplicate
+/// delivery waiting for it, sees this result when it gets the lock. A result that loses the
+/// compare-and-set (another delivery of the job finished first) is dropped with the S3
+/// objects of this attempt: the stored result keeps pointing at its own.
+async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<JobResult, Failure>) -> Outcome {
+    let attempt = who.number;
+    let result = match ended {
         Ok(result) => result,
+        Err(Failure::Duplicate) => {
+            info!("another delivery of this job finished first; acking this one without a result");
+            drop_attempt_objects(ctx, job, who).await;
+            return Outcome::Stored;
+        }
+        Err(Failure::Cancelled(reason)) => {
+            info!(reason, "job cancelled");
+            let mut result = publish::base(job, who, JobStatus::Cancelled);
+            result.reason = Some(reason.to_owned());
+            result.finished_at_ms = Some(now_ms());
+            result
+        }
         Err(Failure::Rejected(reason)) => {
             warn!(reason, "rejected job");
-            let mut result = publish::base(&job, &who, JobStatus::Rejected);
+            let mut result = publish::base(job, who, JobStatus::Rejected);
             result.reason = Some(reason);
             result.finished_at_ms = Some(now_ms());
             result
         }
         Err(Failure::Interrupted) => {
             info!("job interrupted by shutdown; requeueing");
+            drop_attempt_objects(ctx, job, who).await;
             return Outcome::Interrupted;
         }
         Err(Failure::Infrastructure(reason)) => {
             error!(reason, "job failed on infrastructure");
+            drop_attempt_objects(ctx, job, who).await;
             if attempt < ctx.settings.max_attempts {
                 return Outcome::Infrastructure { attempt, final_result_stored: false };
             }
-            let mut result = publish::base(&job, &who, JobStatus::InternalError);
+            let mut result = publish::base(job, who, JobStatus::InternalError);
             result.reason = Some(format!("gave up after {attempt} attempts: {reason}"));
             result.finished_at_ms = Some(now_ms());
             let stored = matches!(store_terminal(ctx, &result, job.result_ttl).await, Outcome::Stored);
@@ -165,7 +215,27 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32) -> Outcome {
         }
     };
     info!(status = %result.status, exit_code = ?result.exit_code, artifacts = result.artifacts.len(), "job finished");
-    store_or_retry(ctx, &result, job.result_ttl, attempt).await
+    let mut redis = ctx.redis.clone();
+    match publish::publish(&mut redis, &ctx.settings.names, &result, job.result_ttl).await {
+        Ok(true) => Outcome::Stored,
+        Ok(false) => {
+            warn!("a terminal result was stored by another delivery of this job meanwhile; this attempt's result and objects are dropped");
+            drop_attempt_objects(ctx, job, who).await;
+            Outcome::Stored
+        }
+        Err(e) => {
+            error!(error = %e, "cannot store result");
+            Outcome::Infrastructure { attempt, final_result_stored: false }
+        }
+    }
+}
+
+/// Deletes what this attempt wrote under `jobs/<id>/<attempt id>/` (best effort: logged).
+async fn drop_attempt_objects(ctx: &Context, job: &ValidJob, who: &Attempt) {
+    let prefix = sandq_schemas::names::attempt_prefix(&job.spec.job_id, &who.id);
+    if let Err(e) = sandq_submitter::storage::delete_prefix(&ctx.s3, &ctx.settings.services.s3.bucket, &prefix).await {
+        warn!(prefix, error = %e, "cannot delete the objects of a dropped attempt");
+    }
 }
 
 async fn store_or_retry(ctx: &Context, result: &JobResult, ttl: Duration, attempt: u32) -> Outcome {
@@ -193,8 +263,22 @@ async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
     }
 }
 
-/// Waits (still `queued`) until the SKU's share of the worker's capacity is free, then writes
-/// `running`. Returns the reservation, held until the job ends.
+/// Fails with [`Failure::Duplicate`] or [`Failure::Cancelled`] when the job must not run on
+/// (see [`still_wanted`]).
+async fn recheck(ctx: &Context, job: &ValidJob, when: &'static str) -> Result<(), Failure> {
+    match still_wanted(ctx, job).await? {
+        Wanted::Yes => Ok(()),
+        Wanted::Finished => Err(Failure::Duplicate),
+        Wanted::Cancelled => Err(Failure::Cancelled(when)),
+    }
+}
+
+/// Waits (still `queued`) until the SKU's share of the worker's capacity is free, checks
+/// again that the job is wanted, then writes `running`. Returns the reservation, held until
+/// the job ends.
+///
+/// # Errors
+/// [`Failure::Duplicate`] when the `running` compare-and-set finds a terminal result.
 async fn start<'c>(
     ctx: &'c Context,
     job: &ValidJob,
@@ -202,42 +286,60 @@ async fn start<'c>(
     who: &mut Attempt,
 ) -> Result<crate::capacity::Reservation<'c>, Failure> {
     let reservation = ctx.capacity.reserve(sku.limits.cpus, sku.limits.memory_bytes).await;
+    recheck(ctx, job, "cancelled before it started").await?;
     who.started_at_ms = now_ms();
     let mut running = publish::base(job, who, JobStatus::Running);
     running.started_at_ms = Some(who.started_at_ms);
     let mut redis = ctx.redis.clone();
-    publish::publish(&mut redis, &ctx.settings.names, &running, job.result_ttl)
+    let written = publish::publish(&mut redis, &ctx.settings.names, &running, job.result_ttl)
         .await
         .map_err(|e| Failure::Infrastructure(format!("cannot write running status: {e}")))?;
+    if !written {
+        return Err(Failure::Duplicate);
+    }
     Ok(reservation)
 }
 
-/// Session open -> (capacity, `running`) -> stage -> run -> collect -> session save. A job of a
-/// busy session waits for the session before it takes any of the worker's capacity. The
-/// session lock is released whatever happens (if this future is dropped, with its lease).
-async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Attempt, container_id: &str) -> Result<JobResult, Failure> {
+/// Session open -> (capacity, `running`) -> stage -> run -> collect -> session save -> the
+/// stored result ([`conclude`]). A job of a busy session waits for the session before it takes
+/// any of the worker's capacity. The session lock is held until the result is stored, then
+/// released whatever happened (if this future is dropped, its lease frees it).
+async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Attempt, container_id: &str) -> Outcome {
     let opened = match &job.spec.session {
         None => None,
-        Some(name) => Some(session::open(ctx, job, name).await.map_err(|e| match e {
-            sessions::SessionError::Busy { .. } => {
-                Failure::Rejected(format!("{e} (waited {})", humantime::format_duration(ctx.settings.session_lock_wait)))
+        Some(name) => match session::open(ctx, name, &who.id).await {
+            Ok(opened) => Some(opened),
+            Err(e) => {
+                let failure = match e {
+                    sessions::SessionError::Busy { .. } => {
+                        Failure::Rejected(format!("{e} (waited {})", humantime::format_duration(ctx.settings.session_lock_wait)))
+                    }
+                    _ => Failure::Infrastructure(e.to_string()),
+                };
+                return conclude(ctx, job, who, Err(failure)).await;
             }
-            _ => Failure::Infrastructure(e.to_string()),
-        })?),
+        },
     };
     let body = async {
-        let _reservation = start(ctx, job, sku, who).await?;
-        execute_in(ctx, job, sku, who, container_id, opened.as_ref()).await
+        let ended = async {
+            if opened.is_some() {
+                recheck(ctx, job, "cancelled while it waited for its session").await?;
+            }
+            let _reservation = start(ctx, job, sku, who).await?;
+            execute_in(ctx, job, sku, who, container_id, opened.as_ref()).await
+        }
+        .await;
+        conclude(ctx, job, who, ended).await
     };
     let outcome = match &opened {
         None => body.await,
         Some(o) => tokio::select! {
             outcome = body => outcome,
-            () = session::keep(ctx, job, &o.name) => unreachable!("keep never returns"),
+            () = session::keep(ctx, &o.name, &o.holder) => unreachable!("keep never returns"),
         },
     };
     if let Some(opened) = &opened {
-        session::close(ctx, &opened.name, &job.spec.job_id).await;
+        session::close(ctx, &opened.name, &opened.holder).await;
     }
     outcome
 }
@@ -255,13 +357,15 @@ async fn execute_in(
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
     let restore = opened.map(|o| o.restore(ctx)).unwrap_or_default();
+    let resolv_conf = (job.spec.network == sandq_schemas::NetworkMode::Outbound).then(|| settings.resolv_conf());
     let place = stage::Placement {
         jobs_dir: &settings.jobs_dir,
         container_id,
-        sandbox_uid: settings.host_sandbox_uid(),
+        sandbox_uid: settings.host_sandbox_uid(who.slot),
         disk_bytes: sku.disk_bytes,
         outputs_bytes: settings.max_outputs_bytes,
         restore: &restore,
+        resolv_conf: resolv_conf.as_deref(),
     };
     let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(|e| match &e {
         StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
@@ -271,7 +375,7 @@ async fn execute_in(
     let stop_reason = AtomicU8::new(STOP_NONE);
     let outcome = async {
         let stop = stop_signal(ctx, &job.spec.job_id, &stop_reason);
-        let output = run::run(job, &dir, container_id, settings, sku.limits, who.number, stop)
+        let output = run::run(job, &dir, container_id, settings, sku.limits, who, stop)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
         if let Exit::Failed { step, message } = &output.report.exit {
@@ -281,7 +385,7 @@ async fn execute_in(
             if stop_reason.load(Ordering::SeqCst) != STOP_CANCEL {
                 return Err(Failure::Interrupted);
             }
-            let logs = store_logs(ctx, job, &output).await?;
+            let logs = store_logs(ctx, job, who, &output).await?;
             let mut result =
                 publish::finished(job, who, &output, collect::Collected::default(), sku.limits.memory_bytes, &logs);
             result.status = JobStatus::Cancelled;
@@ -293,7 +397,7 @@ async fn execute_in(
         let r = &output.report;
         info!(create_us = r.create_us, start_us = r.start_us, delete_us = r.delete_us, wall_ms = r.wall_ms, "container cycle");
         let baseline = session::Opened::baseline(&restore, job);
-        let collected = collect::collect(job, &dir.work, &baseline, sku.disk_bytes != 0, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
+        let collected = collect::collect(job, &who.id, &dir.work, &baseline, sku.disk_bytes != 0, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
         let caps = outputs::Caps {
@@ -302,7 +406,7 @@ async fn execute_in(
             max_inline_value: settings.max_inline_output_bytes,
         };
         let rich = if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
-            outputs::collect(&job.spec.job_id, &dir.out, caps, &ctx.s3, bucket)
+            outputs::collect(&job.spec.job_id, &who.id, &dir.out, caps, &ctx.s3, bucket)
                 .await
                 .map_err(|e| Failure::Infrastructure(e.to_string()))?
         } else {
@@ -310,11 +414,11 @@ async fn execute_in(
         };
         let session_info = match opened {
             Some(opened) => Some(
-                session::save(ctx, job, opened, &collected.files).await.map_err(|e| Failure::Infrastructure(e.to_string()))?,
+                session::save(ctx, job, opened, &collected.files, collected.skipped_total).await.map_err(|e| Failure::Infrastructure(e.to_string()))?,
             ),
             None => None,
         };
-        let logs = store_logs(ctx, job, &output).await?;
+        let logs = store_logs(ctx, job, who, &output).await?;
         let mut result = publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs);
         result.outputs = rich.outputs;
         result.outputs_dropped = rich.dropped;
@@ -328,15 +432,15 @@ async fn execute_in(
     outcome
 }
 
-/// Stores the captured streams' exact bytes in S3 (`jobs/<id>/stdout`, `jobs/<id>/stderr`).
-async fn store_logs(ctx: &Context, job: &ValidJob, output: &run::RunOutput) -> Result<publish::Logs, Failure> {
+/// Stores the captured streams' exact bytes in S3 (`jobs/<id>/<attempt id>/stdout` and `stderr`).
+async fn store_logs(ctx: &Context, job: &ValidJob, who: &Attempt, output: &run::RunOutput) -> Result<publish::Logs, Failure> {
     let bucket = &ctx.settings.services.s3.bucket;
     let mut logs = publish::Logs { inline_cap: ctx.settings.max_inline_output_bytes, ..Default::default() };
     for (stream, captured) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
         if captured.bytes.is_empty() {
             continue;
         }
-        let key = sandq_schemas::names::log_key(&job.spec.job_id, stream);
+        let key = sandq_schemas::names::log_key(&job.spec.job_id, &who.id, stream);
         sandq_submitter::storage::put_bytes(&ctx.s3, bucket, &key, captured.bytes.clone(), "application/octet-stream")
             .await
             .map_err(|e| Failure::Infrastructure(format!("cannot store {stream}: {e}")))?;

@@ -346,7 +346,7 @@ fn parse(bytes: &[u8], max_outputs: usize) -> ParseResult {
 }
 
 /// Parses the runner's outputs and stores images and large values in S3 under
-/// `jobs/<job_id>/outputs/`. Everything is bounded: [`Caps`], [`MAX_MIME_PER_OUTPUT`],
+/// `jobs/<job_id>/<attempt_id>/outputs/`. Everything is bounded: [`Caps`], [`MAX_MIME_PER_OUTPUT`],
 /// [`MAX_STORED_PER_JOB`], [`INLINE_BUDGET`] (error outputs included), [`MAX_LINES`];
 /// anything past a bound, malformed, or with an invalid MIME name is left out and counted in
 /// `dropped`. Parsing runs on a blocking thread.
@@ -355,6 +355,7 @@ fn parse(bytes: &[u8], max_outputs: usize) -> ParseResult {
 /// [`OutputsError::Upload`] when S3 fails.
 pub async fn collect(
     job_id: &str,
+    attempt_id: &str,
     out_dir: &Path,
     caps: Caps,
     s3: &aws_sdk_s3::Client,
@@ -383,7 +384,7 @@ pub async fn collect(
             } else {
                 stored += 1;
                 let file = format!("output-{index}-{n}.{}", extension(&mime));
-                let key = output_key(job_id, &file);
+                let key = output_key(job_id, attempt_id, &file);
                 let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
                 storage::put_bytes(s3, bucket, &key, bytes, &mime)
                     .await

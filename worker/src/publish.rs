@@ -49,6 +49,11 @@ pub struct Logs {
 pub struct Attempt {
     /// This worker.
     pub worker_id: String,
+    /// This processing's own id (`a<16 hex digits>`): every S3 object it writes is under
+    /// `jobs/<job_id>/<id>/` ([`sandq_schemas::names::attempt_prefix`]).
+    pub id: String,
+    /// The consumer slot running it (picks the user namespace range).
+    pub slot: usize,
     /// Delivery attempt, 1 for the first.
     pub number: u32,
     /// When the container started, Unix epoch ms.

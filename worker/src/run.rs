@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use sandq_schemas::{Runtime, ValidJob};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::sandbox::spec::{self, JobSandbox, SandboxLimits, SpecError};
@@ -127,17 +127,60 @@ pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs
     env
 }
 
-async fn capture(mut stream: impl AsyncRead + Unpin, cap: u64) -> Captured {
+/// Bytes per second the worker drains from a stream past its capture cap. Past the cap the
+/// bytes are spliced to `/dev/null` (no copy through the worker), and a program writing
+/// faster than this waits on its full pipe: an output flood costs the worker a few
+/// milliseconds of CPU a second instead of as much CPU as the job (security review F5).
+pub const DISCARD_BYTES_PER_S: u64 = 64 << 20;
+
+/// Pipe size while discarding, bytes: the most one splice moves.
+const DISCARD_PIPE_BYTES: usize = 1 << 20;
+
+/// Least time between two splices of one stream: with [`DISCARD_PIPE_BYTES`], at most 200 MiB/s
+/// a stream drains, for at most 200 wake-ups a second.
+const DISCARD_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Captures a stream (the read end of the sandbox's stdout or stderr pipe): the first `cap`
+/// bytes are kept, the rest counted and discarded at most [`DISCARD_BYTES_PER_S`].
+async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
+    use std::os::fd::AsFd;
     let mut captured = Captured::default();
+    let Ok(stream) = crate::sys::async_pipe(stream) else {
+        return captured;
+    };
     let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return captured,
-            Ok(n) => {
+    while (captured.bytes.len() as u64) < cap {
+        let Ok(mut ready) = stream.readable().await else { return captured };
+        match ready.try_io(|fd| crate::sys::read_once(fd.get_ref().as_fd(), &mut buf)) {
+            Ok(Ok(0)) | Ok(Err(_)) => return captured,
+            Ok(Ok(n)) => {
                 captured.total += n as u64;
                 let room = cap.saturating_sub(captured.bytes.len() as u64) as usize;
                 captured.bytes.extend_from_slice(&buf[..n.min(room)]);
             }
+            Err(_would_block) => {}
+        }
+    }
+    drop(buf);
+    // A 1 MiB pipe: each splice moves up to 1 MiB, so draining costs a wake-up per MiB rather
+    // than per 64 KiB (best effort: the default size only costs more wake-ups).
+    let _ = crate::sys::set_pipe_size(stream.get_ref().as_fd(), DISCARD_PIPE_BYTES as i32);
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else { return captured };
+    let started = tokio::time::Instant::now();
+    let mut discarded = 0u64;
+    loop {
+        let Ok(mut ready) = stream.readable().await else { return captured };
+        match ready.try_io(|fd| crate::sys::splice_out(fd.get_ref().as_fd(), null.as_fd(), DISCARD_PIPE_BYTES)) {
+            Ok(Ok(0)) | Ok(Err(_)) => return captured,
+            Ok(Ok(n)) => {
+                captured.total += n as u64;
+                discarded += n as u64;
+                // At most one wake-up per DISCARD_INTERVAL (the pipe fills meanwhile), and no
+                // faster than DISCARD_BYTES_PER_S on average.
+                let due = started + Duration::from_secs_f64(discarded as f64 / DISCARD_BYTES_PER_S as f64);
+                tokio::time::sleep_until(due.max(tokio::time::Instant::now() + DISCARD_INTERVAL)).await;
+            }
+            Err(_would_block) => {}
         }
     }
 }
@@ -154,22 +197,23 @@ pub async fn run(
     container_id: &str,
     settings: &Settings,
     limits: SandboxLimits,
-    attempt: u32,
+    who: &crate::publish::Attempt,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<RunOutput, RunError> {
+    let id_map = settings.id_map_for(who.slot);
     let cgroups_path = format!("/sandq/{container_id}");
-    let resolv_conf = settings.resolv_conf();
+    let resolv_conf = dir.src.join(crate::stage::RESOLV_CONF);
     let sandbox = JobSandbox {
         rootfs: &settings.rootfs,
         work_dir: &dir.work,
         src_dir: &dir.src,
         cgroups_path: &cgroups_path,
         args: command(job),
-        env: environment(job, &limits, attempt, settings.max_outputs_bytes),
+        env: environment(job, &limits, who.number, settings.max_outputs_bytes),
         uid: settings.sandbox_uid,
         gid: settings.sandbox_uid,
         limits,
-        id_map: settings.id_map,
+        id_map,
         seccomp: settings.seccomp,
         resolv_conf: (job.spec.network == sandq_schemas::NetworkMode::Outbound).then_some(resolv_conf.as_path()),
         out_dir: Some(&dir.out),
@@ -184,6 +228,7 @@ pub async fn run(
         report_path: dir.report.clone(),
         cgroups_path,
         outbound: job.spec.network == sandq_schemas::NetworkMode::Outbound,
+        userns: id_map,
     };
     let mut line = serde_json::to_vec(&request).map_err(|e| RunError::Helper(e.into()))?;
     line.push(b'\n');
@@ -206,8 +251,11 @@ pub async fn run(
     let mut control = child.stdin.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdin pipe")))?;
     control.write_all(&line).await.map_err(RunError::Helper)?;
     let cap = settings.max_output_bytes;
-    let stdout = tokio::spawn(capture(child.stdout.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdout pipe")))?, cap));
-    let stderr = tokio::spawn(capture(child.stderr.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stderr pipe")))?, cap));
+    let pipe = |fd: Option<std::io::Result<std::os::fd::OwnedFd>>, name: &str| {
+        fd.unwrap_or_else(|| Err(std::io::Error::other(format!("no {name} pipe")))).map_err(RunError::Helper)
+    };
+    let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
+    let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
     let deadline = tokio::time::Instant::now() + job.timeout + HELPER_GRACE;
     let exited = tokio::select! {
         status = tokio::time::timeout_at(deadline, child.wait()) => Some(status),

@@ -14,14 +14,11 @@ use crate::collect::{Baseline, WorkFile};
 use crate::job::Context;
 use crate::stage::Restore;
 
-/// Lease of a session lock beyond the job's timeout: staging, collecting and saving must end
-/// within it, or another job may take the session (a crashed worker's lock frees itself).
-pub const LOCK_LEASE_EXTRA: Duration = Duration::from_secs(300);
-
-/// The lease of a job's session lock: its timeout plus [`LOCK_LEASE_EXTRA`].
-fn lease(job: &ValidJob) -> Duration {
-    job.timeout + LOCK_LEASE_EXTRA
-}
+/// Lease of a session lock, renewed every third of it while the job holds the lock: a crashed
+/// worker's lock frees itself within this, and the redelivered job then takes it. The holder
+/// is the attempt id, unique per processing, so that a duplicate delivery of a running job
+/// waits for it instead of sharing the session (security review F3).
+pub const LOCK_LEASE: Duration = Duration::from_secs(30);
 
 /// A session opened for one job (its lock held).
 #[derive(Debug, Clone)]
@@ -34,6 +31,8 @@ pub struct Opened {
     pub fresh: bool,
     /// Started empty because the session had expired.
     pub expired: bool,
+    /// Who holds the lock: the attempt id of the job's processing.
+    pub holder: String,
 }
 
 impl Opened {
@@ -69,11 +68,11 @@ impl Opened {
 ///
 /// # Errors
 /// [`SessionError::Busy`] when the wait ran out; storage and Redis errors.
-pub async fn open(ctx: &Context, job: &ValidJob, name: &str) -> Result<Opened, SessionError> {
+pub async fn open(ctx: &Context, name: &str, holder: &str) -> Result<Opened, SessionError> {
     let settings = &ctx.settings;
     let (names, bucket) = (&settings.names, &settings.services.s3.bucket);
     let mut redis = ctx.redis.clone();
-    sessions::lock(&mut redis, names, name, &job.spec.job_id, lease(job), settings.session_lock_wait).await?;
+    sessions::lock(&mut redis, names, name, holder, LOCK_LEASE, settings.session_lock_wait).await?;
     let opened = async {
         let mut expired = sessions::take_expired_mark(&mut redis, names, name).await?;
         let loaded = match sessions::load(&ctx.s3, bucket, names, name).await {
@@ -95,28 +94,30 @@ pub async fn open(ctx: &Context, job: &ValidJob, name: &str) -> Result<Opened, S
             other => other,
         };
         let fresh = manifest.is_none();
-        Ok(Opened { name: name.to_owned(), manifest: manifest.unwrap_or_default(), fresh, expired })
+        Ok(Opened { name: name.to_owned(), manifest: manifest.unwrap_or_default(), fresh, expired, holder: holder.to_owned() })
     }
     .await;
     if opened.is_err() {
-        close(ctx, name, &job.spec.job_id).await;
+        close(ctx, name, holder).await;
     }
     opened
 }
 
 /// Saves the files now in `/work` as the session's new state: blobs for new content
 /// (server-side copies of the artifacts just uploaded, or of the inputs), the manifest, and
-/// deletion of blobs nothing refers to any more.
+/// deletion of blobs nothing refers to any more. `left_out`: files in `/work` the artifact
+/// walk did not collect (its `skipped_total`), which the session does not keep either and
+/// reports in `unsaved_files` (security review I8).
 ///
 /// # Errors
 /// Storage and Redis errors.
-pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkFile]) -> Result<SessionInfo, SessionError> {
+pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkFile], left_out: u64) -> Result<SessionInfo, SessionError> {
     let settings = &ctx.settings;
     let (names, bucket, name) = (&settings.names, &settings.services.s3.bucket, opened.name.as_str());
     let old_blobs: BTreeSet<&str> = opened.manifest.files.values().map(|f| f.sha256.as_str()).collect();
     let mut new_blobs = BTreeSet::new();
     let mut saved = 0;
-    let mut unsaved = 0;
+    let mut unsaved = left_out;
     let mut manifest_files = BTreeMap::new();
     let mut bytes = 0u64;
     for file in files {
@@ -149,8 +150,8 @@ pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkF
     let mut redis = ctx.redis.clone();
     // Fencing, as far as a lease goes: a job that lost the session (its lease ran out and
     // another job or the reaper took it) must not overwrite the manifest or delete blobs.
-    if !sessions::renew(&mut redis, names, name, &job.spec.job_id, lease(job)).await? {
-        return Err(SessionError::Busy { name: name.to_owned(), holder: "another job (this job's lease ran out)".into() });
+    if !sessions::renew(&mut redis, names, name, &opened.holder, LOCK_LEASE).await? {
+        return Err(SessionError::Busy { name: name.to_owned() });
     }
     sessions::store(&ctx.s3, bucket, &mut redis, names, name, &manifest).await?;
     // After the manifest: a blob is deleted only once no manifest refers to it.
@@ -189,12 +190,11 @@ pub fn unchanged(opened: &Opened) -> SessionInfo {
 
 /// Keeps the session's lock while the job runs: renews its lease every third of it. Never
 /// returns; dropped when the job ends.
-pub async fn keep(ctx: &Context, job: &ValidJob, name: &str) {
+pub async fn keep(ctx: &Context, name: &str, holder: &str) {
     let mut redis = ctx.redis.clone();
-    let lease = lease(job);
     loop {
-        tokio::time::sleep(lease / 3).await;
-        match sessions::renew(&mut redis, &ctx.settings.names, name, &job.spec.job_id, lease).await {
+        tokio::time::sleep(LOCK_LEASE / 3).await;
+        match sessions::renew(&mut redis, &ctx.settings.names, name, holder, LOCK_LEASE).await {
             Ok(true) => {}
             Ok(false) => tracing::warn!(session = name, "session lock lost (lease ran out); another job may use the session"),
             Err(e) => tracing::warn!(session = name, error = %e, "cannot renew session lock"),
@@ -203,9 +203,9 @@ pub async fn keep(ctx: &Context, job: &ValidJob, name: &str) {
 }
 
 /// Releases the session's lock (logged, not returned, on failure: the lease frees it).
-pub async fn close(ctx: &Context, name: &str, job_id: &str) {
+pub async fn close(ctx: &Context, name: &str, holder: &str) {
     let mut redis = ctx.redis.clone();
-    if let Err(e) = sessions::unlock(&mut redis, &ctx.settings.names, name, job_id).await {
+    if let Err(e) = sessions::unlock(&mut redis, &ctx.settings.names, name, holder).await {
         tracing::warn!(session = name, error = %e, "cannot release session lock; its lease will");
     }
 }

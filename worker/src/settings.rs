@@ -84,11 +84,13 @@ pub struct RawWorker {
     pub container_helper: Option<PathBuf>,
     /// uid and gid the program runs as inside the sandbox; default 1000.
     pub sandbox_uid: Option<u32>,
-    /// Give each sandbox its own user namespace, container ids `0..65536` mapped to host ids
-    /// `userns_host_base..+65536`, so that even container root is an unprivileged host user;
-    /// default true.
+    /// Give each sandbox its own user namespace, container ids `0..65536` mapped to the host ids
+    /// of its consumer slot, `userns_host_base + slot * 65536 ..+65536`, so that even container
+    /// root is an unprivileged host user and concurrent sandboxes share no per-user kernel
+    /// counter; default true.
     pub user_namespace: Option<bool>,
-    /// First host uid/gid of the user namespace range; default 100000.
+    /// First host uid/gid of the user namespace ranges (one range of 65,536 per consumer
+    /// slot); default 100000. Workers sharing a host need disjoint ranges.
     pub userns_host_base: Option<u32>,
     /// Apply the seccomp allowlist (`oci-bundles/seccomp.json`); default true.
     pub seccomp: Option<bool>,
@@ -379,6 +381,16 @@ impl RawConfig {
                 parsed
             }
         };
+        let id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
+            host_base: self.worker.userns_host_base.unwrap_or(100_000),
+            size: 65_536,
+        });
+        if let Some(map) = id_map {
+            let slots: usize = skus.values().map(|s| s.slots).sum();
+            if u64::from(map.host_base) + slots as u64 * u64::from(map.size) > u64::from(u32::MAX) {
+                return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
+            }
+        }
         let sandbox_uid = self.worker.sandbox_uid.unwrap_or(1000);
         if sandbox_uid >= 65_536 {
             return bad(format!("worker.sandbox_uid {sandbox_uid} must be below 65536 (the mapped range)"));
@@ -398,10 +410,7 @@ impl RawConfig {
             rootfs,
             container_helper,
             sandbox_uid,
-            id_map: self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
-                host_base: self.worker.userns_host_base.unwrap_or(100_000),
-                size: 65_536,
-            }),
+            id_map,
             seccomp: self.worker.seccomp.unwrap_or(true),
             outbound_network: self.worker.outbound_network.unwrap_or(true),
             nameservers,
@@ -432,9 +441,26 @@ impl Settings {
         self.state_root.with_file_name(format!("{}.resolv.conf", self.worker_id))
     }
 
-    /// The host uid (and gid) that owns files the program writes: the sandbox uid, shifted by
-    /// the user namespace mapping when there is one.
-    pub fn host_sandbox_uid(&self) -> u32 {
-        self.id_map.map_or(self.sandbox_uid, |m| m.host_base + self.sandbox_uid)
+    /// The user namespace mapping of the job in consumer slot `slot` (0-based, over all SKUs):
+    /// each slot has a range of its own, `host_base + slot * size`, so that no per-user kernel
+    /// counter (pipe buffers, epoll watches, and those charged to the namespace's owner: inotify,
+    /// pending signals, message queues) is shared between concurrent sandboxes (security review
+    /// F2). `None` without user namespaces.
+    pub fn id_map_for(&self, slot: usize) -> Option<crate::sandbox::spec::IdMap> {
+        self.id_map.map(|m| crate::sandbox::spec::IdMap {
+            host_base: m.host_base + u32::try_from(slot).unwrap_or(u32::MAX / m.size) * m.size,
+            size: m.size,
+        })
+    }
+
+    /// Consumer slots over all SKUs: slot indexes are `0..total_slots()`.
+    pub fn total_slots(&self) -> usize {
+        self.skus.values().map(|s| s.slots).sum()
+    }
+
+    /// The host uid (and gid) that owns files the program in slot `slot` writes: the sandbox
+    /// uid, shifted by the slot's user namespace mapping when there is one.
+    pub fn host_sandbox_uid(&self, slot: usize) -> u32 {
+        self.id_map_for(slot).map_or(self.sandbox_uid, |m| m.host_base + self.sandbox_uid)
     }
 }

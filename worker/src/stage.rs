@@ -3,7 +3,10 @@
 //! ```text
 //! <jobs_dir>/<container id>/     0711 root
 //!   bundle/config.json           the OCI runtime config
-//!   src/main.py                  source code, mounted read-only at /sandq
+//!   src/                         tmpfs (just large enough), mounted read-only at /sandq:
+//!     main.py                    the source code (or main.js), the notebook runner's files,
+//!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
+//!     out/                       the mount point of out/ below
 //!   work/                        mounted read-write at /work, owned by the sandbox uid
 //!   work.img                     the work filesystem, when the SKU has a disk quota
 //!   out/                         tmpfs (`max_outputs_bytes`), mounted at /sandq/out: the
@@ -116,7 +119,7 @@ fn wait_for_exit(pidfd: &std::os::fd::OwnedFd, limit: std::time::Duration) {
 /// Unmounts `<root>/work` (if a filesystem is mounted there) and removes `root`: for this run's
 /// job dirs and for those a killed worker left behind.
 pub fn remove_job_dir(root: &Path) {
-    for mounted in [root.join("work"), root.join("out")] {
+    for mounted in [root.join("work"), root.join("out"), root.join("src")] {
         // MNT_DETACH: a leftover process holding the mount must not keep the directory.
         match nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH) {
             Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
@@ -199,6 +202,9 @@ pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Clien
     stage_into(job, &dir, place, s3, bucket).await.map(|()| dir)
 }
 
+/// Name of an outbound job's `resolv.conf` in its `src/` (bind-mounted at `/etc/resolv.conf`).
+pub const RESOLV_CONF: &str = ".resolv.conf";
+
 /// Where and how a job is staged.
 #[derive(Debug, Clone, Copy)]
 pub struct Placement<'a> {
@@ -215,6 +221,8 @@ pub struct Placement<'a> {
     /// Session files to restore into `/work` before the inputs (an input of the same path
     /// wins).
     pub restore: &'a [Restore],
+    /// For an outbound job: the worker's `resolv.conf`, copied to `src/.resolv.conf`.
+    pub resolv_conf: Option<&'a Path>,
 }
 
 /// A session file to restore.
@@ -246,6 +254,22 @@ async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aw
     mkdir(&dir.root, 0o711)?;
     mkdir(&dir.bundle, 0o700)?;
     mkdir(&dir.src, 0o755)?;
+    // src/ and out/ are filesystems of their own, so that the sandbox's mountinfo shows `/` as
+    // their root rather than a host path naming the worker (security review I5).
+    let resolv_conf = match place.resolv_conf {
+        Some(path) => Some(std::fs::read(path).map_err(prepare(path))?),
+        None => None,
+    };
+    let runner_bytes: usize = RUNNER_FILES.iter().map(|(_, text)| text.len()).sum();
+    let src_bytes = job.spec.code.as_ref().map_or(0, String::len) + runner_bytes + resolv_conf.as_ref().map_or(0, Vec::len);
+    // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
+    let src_options = format!("size={},nr_inodes=16,mode=0755", src_bytes + (64 << 10));
+    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
+    nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
+        .map_err(|e| StageError::Filesystem(format!("source tmpfs: {e}")))?;
+    if let Some(bytes) = &resolv_conf {
+        write_new(&dir.src.join(RESOLV_CONF), bytes, 0o644)?;
+    }
     mkdir(&dir.work, 0o755)?;
     if disk_bytes != 0 {
         mount_work_fs(&dir.root, &dir.work, disk_bytes).await?;
@@ -267,7 +291,6 @@ async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aw
     }
     // nr_inodes: inodes are kernel memory cgroup v1 does not charge to the job.
     let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", place.outputs_bytes);
-    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.out, Some("tmpfs"), flags, Some(options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("outputs tmpfs: {e}")))?;
     // An input wins over a session file of the same path, and over one that is a directory

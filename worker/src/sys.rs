@@ -56,3 +56,157 @@ pub fn loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Moves up to `len` bytes from the pipe `from` to `to` without copying them through user
+/// space (`splice(2)` with `SPLICE_F_NONBLOCK`): how the worker discards a stream's bytes past
+/// its capture cap at a small fraction of the CPU a `read` costs (security review F5).
+///
+/// # Errors
+/// The kernel's error; `WouldBlock` when the pipe is empty.
+pub fn splice_out(from: std::os::fd::BorrowedFd<'_>, to: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    use nix::fcntl::{splice, SpliceFFlags};
+    splice(from, None, to, None, len, SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE).map_err(io::Error::from)
+}
+
+/// Reads into `buf` from `fd` once (`read(2)`), for a non-blocking fd polled by the caller.
+///
+/// # Errors
+/// The kernel's error; `WouldBlock` when nothing is there yet.
+pub fn read_once(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    nix::unistd::read(fd.as_raw_fd(), buf).map_err(io::Error::from)
+}
+
+/// Grows the pipe behind `fd` to `bytes` (`F_SETPIPE_SZ`; the kernel rounds up to a power of
+/// two of pages). Returns the new size.
+///
+/// # Errors
+/// The kernel's error (`EPERM` past `/proc/sys/fs/pipe-max-size` without `CAP_SYS_RESOURCE`).
+pub fn set_pipe_size(fd: std::os::fd::BorrowedFd<'_>, bytes: i32) -> io::Result<i32> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    use std::os::fd::AsRawFd;
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(bytes)).map_err(io::Error::from)
+}
+
+/// Puts `fd` in non-blocking mode (`O_NONBLOCK`), keeping its other status flags.
+///
+/// # Errors
+/// The kernel's error.
+pub fn set_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use std::os::fd::AsRawFd;
+    let flags = OFlag::from_bits_truncate(fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).map_err(io::Error::from)?);
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
+    Ok(())
+}
+
+/// Registers the read end of a pipe with tokio's reactor (in non-blocking mode), for
+/// [`read_once`] and [`splice_out`] driven by readiness.
+///
+/// # Errors
+/// The kernel's error from `fcntl`, or the reactor's from registering.
+pub fn async_pipe(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    use std::os::fd::AsFd;
+    set_nonblocking(fd.as_fd())?;
+    // SAFETY: an `OwnedFd` is a valid open descriptor that it alone closes, on drop; while the
+    // `AsyncFd` owns it, it stays open and `as_raw_fd` returns that same descriptor.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// A process holding a fresh user namespace whose owner is a dedicated host uid, for a
+/// container to join (`linux.namespaces[user].path`). Dropping it lets the process exit (the
+/// namespace lives on while the container's processes are in it) and reaps it.
+///
+/// Why (security review F2): the kernel charges per-user counters of everything inside a user
+/// namespace (inotify instances and watches, pending signals, POSIX message queue bytes...)
+/// to the namespace's *owner* in the parent namespace as well. A namespace youki creates is
+/// owned by host root, so one sandbox could exhaust root's counters for the host and for every
+/// other sandbox. Owned by a uid of its own slot's range, a sandbox can only exhaust that uid's.
+#[derive(Debug)]
+pub struct UsernsHolder {
+    pid: nix::unistd::Pid,
+    /// Write end of the pipe the holder blocks on (closed with the helper, should the helper
+    /// die before it kills the holder; the holder also has `PR_SET_PDEATHSIG`).
+    release: Option<OwnedFd>,
+}
+
+impl UsernsHolder {
+    /// `/proc/<pid>/ns/user`, the path a spec's user namespace entry takes.
+    pub fn ns_path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/proc/{}/ns/user", self.pid))
+    }
+}
+
+impl Drop for UsernsHolder {
+    fn drop(&mut self) {
+        // The container's processes were forked from the helper and inherited the write end
+        // too, so closing ours is not enough: kill the holder, then reap it.
+        drop(self.release.take());
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(self.pid, None);
+    }
+}
+
+/// Forks a holder that drops to host uid/gid `owner` (no supplementary groups) and unshares a
+/// user namespace, then writes its id maps: container ids `0..size` are host ids
+/// `host_base..host_base+size`. Must be called from a single-threaded process (the
+/// `sandq-container` helper).
+///
+/// # Errors
+/// The kernel's error from `pipe2`, `fork`, the holder's set-up (reported through a pipe), or
+/// writing the maps.
+pub fn spawn_userns_holder(owner: u32, host_base: u32, size: u32) -> io::Result<UsernsHolder> {
+    use nix::fcntl::OFlag;
+    use nix::unistd::{ForkResult, Gid, Uid};
+    use std::io::{Read, Write};
+    let (ready_r, ready_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let (hold_r, hold_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    // SAFETY: the helper is single-threaded (no lock can be held by another thread across the
+    // fork), and the child calls only async-signal-safe system calls (close, setgroups,
+    // setres[ug]id, prctl, unshare, write, read, _exit) before it exits; it never returns into
+    // the caller's code.
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        ForkResult::Child => {
+            drop(ready_r);
+            drop(hold_w);
+            let setup = nix::unistd::setgroups(&[])
+                .and_then(|()| nix::unistd::setresgid(Gid::from_raw(owner), Gid::from_raw(owner), Gid::from_raw(owner)))
+                .and_then(|()| nix::unistd::setresuid(Uid::from_raw(owner), Uid::from_raw(owner), Uid::from_raw(owner)))
+                // After the uid change, which clears it: die with the helper.
+                .and_then(|()| nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL))
+                .and_then(|()| nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER));
+            let status = match setup {
+                Ok(()) => 0u8,
+                Err(e) => u8::try_from(e as i32).unwrap_or(255),
+            };
+            let mut ready = std::fs::File::from(ready_w);
+            let _ = ready.write_all(&[status]);
+            drop(ready);
+            let mut hold = std::fs::File::from(hold_r);
+            let mut byte = [0u8; 1];
+            let _ = hold.read(&mut byte);
+            // SAFETY: _exit ends the child at once, without running the parent's atexit
+            // handlers or destructors of state it shares with the parent.
+            unsafe { libc::_exit(0) }
+        }
+        ForkResult::Parent { child } => {
+            drop(ready_w);
+            drop(hold_r);
+            let holder = UsernsHolder { pid: child, release: Some(hold_w) };
+            let mut status = [255u8; 1];
+            std::fs::File::from(ready_r).read_exact(&mut status)?;
+            if status[0] != 0 {
+                return Err(io::Error::other(format!(
+                    "user namespace holder set-up failed: {}",
+                    nix::errno::Errno::from_raw(i32::from(status[0]))
+                )));
+            }
+            let map = format!("0 {host_base} {size}\n");
+            for file in ["uid_map", "gid_map"] {
+                std::fs::write(format!("/proc/{child}/{file}"), &map)
+                    .map_err(|e| io::Error::other(format!("/proc/{child}/{file}: {e}")))?;
+            }
+            Ok(holder)
+        }
+    }
+}

@@ -18,16 +18,28 @@ pub enum ValidateError {
     /// This worker has no slots for the job's SKU (it reached the wrong queue).
     #[error("sku {0} is not served by this worker")]
     SkuNotServed(Sku),
+    /// The body's SKU is not the SKU of the queue it came from: a client allowed to publish
+    /// only small jobs (per routing key) must not get a larger sandbox (security review F7).
+    #[error("sku {body} in the job does not match the queue of sku {queue} it was published to")]
+    SkuMismatch {
+        /// The SKU the body names.
+        body: Sku,
+        /// The SKU of the queue the delivery came from.
+        queue: Sku,
+    },
 }
 
-/// Decodes and validates `body`.
+/// Decodes and validates `body`, delivered from the queue of SKU `queue`.
 ///
 /// # Errors
 /// [`ValidateError`]; the caller finds the job id, if any, with
 /// [`sandq_schemas::peek_job_id`].
-pub fn validate(body: &[u8], settings: &Settings) -> Result<ValidJob, ValidateError> {
+pub fn validate(body: &[u8], settings: &Settings, queue: Sku) -> Result<ValidJob, ValidateError> {
     let spec: JobSpec = sandq_schemas::decode(body)?;
     let valid = spec.validate(&settings.limits)?;
+    if valid.spec.sku != queue {
+        return Err(ValidateError::SkuMismatch { body: valid.spec.sku, queue });
+    }
     if !settings.skus.contains_key(&valid.spec.sku) {
         return Err(ValidateError::SkuNotServed(valid.spec.sku));
     }

@@ -100,6 +100,24 @@ fn run_main() -> i32 {
     }
 }
 
+/// Creates the user namespace of `map` owned by `map.host_base` ([`sys::spawn_userns_holder`])
+/// and rewrites `<bundle>/config.json` so that the container joins it.
+fn join_own_userns(bundle: &Path, map: super::spec::IdMap) -> Result<sys::UsernsHolder, String> {
+    use oci_spec::runtime::{LinuxNamespaceType, Spec};
+    let holder = sys::spawn_userns_holder(map.host_base, map.host_base, map.size).map_err(|e| format!("user namespace: {e}"))?;
+    let config = bundle.join("config.json");
+    let mut spec = Spec::load(&config).map_err(|e| format!("cannot read {}: {e}", config.display()))?;
+    let user = spec
+        .linux_mut()
+        .as_mut()
+        .and_then(|l| l.namespaces_mut().as_mut())
+        .and_then(|n| n.iter_mut().find(|n| n.typ() == LinuxNamespaceType::User))
+        .ok_or_else(|| "the spec has no user namespace to point at the holder's".to_owned())?;
+    user.set_path(Some(holder.ns_path()));
+    spec.save(&config).map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+    Ok(holder)
+}
+
 fn failed(step: &str, message: String) -> Exit {
     Exit::Failed { step: step.to_owned(), message }
 }
@@ -131,10 +149,21 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
         }
     };
     let t0 = Instant::now();
+    // The user namespace, owned by the slot's own uid: made here, joined by the container.
+    let holder = match request.userns.map(|map| join_own_userns(&request.bundle, map)).transpose() {
+        Ok(holder) => holder,
+        Err(message) => {
+            report.exit = failed("create", message);
+            return report;
+        }
+    };
     let built = ContainerBuilder::new(request.container_id.clone(), SyscallType::default())
         .with_root_path(request.state_root.clone())
         .and_then(|b| b.with_stdin(stdin).with_stdout(stdout).with_stderr(stderr).validate_id())
         .and_then(|b| b.as_init(&request.bundle).with_systemd(false).with_detach(true).build());
+    // The container's processes are in the namespace now (or creation failed): the holder
+    // can go.
+    drop(holder);
     report.create_us = t0.elapsed().as_micros() as u64;
     let mut container = match built {
         Ok(c) => c,

@@ -43,6 +43,11 @@ pub struct SandboxRequest {
     /// Attach the sandbox to the outbound network ([`network`]); otherwise loopback only.
     #[serde(default)]
     pub outbound: bool,
+    /// The user namespace's id map: the helper creates the namespace itself, owned by the
+    /// range's first host uid, and points the bundle's user namespace entry at it (see
+    /// [`crate::sys::UsernsHolder`]). `None`: the spec's own user namespace settings stand.
+    #[serde(default)]
+    pub userns: Option<spec::IdMap>,
 }
 
 /// How the program ended.

@@ -5,7 +5,9 @@
 //! - no connection to the worker's host (INPUT drops everything from the bridge);
 //! - no private (10/8, 172.16/12, 192.168/16), carrier-grade NAT (100.64/10) or link-local
 //!   (169.254/16, cloud metadata) destination;
-//! - no traffic between sandboxes (bridge ports are `isolated`).
+//! - no traffic between sandboxes (bridge ports are `isolated`);
+//! - no IPv6 at all: off on the bridge, the host's veth ends and inside the sandbox, and
+//!   `ip6tables` drops anything from or to the bridge (security review F4).
 //!
 //! [`setup_host`] runs once at worker start (idempotent); [`attach`] runs in the helper for each
 //! outbound container, between create and start. Addresses are handed out host-wide through
@@ -42,14 +44,29 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 }
 
 fn ensure_rule(table: &str, rule: &[&str]) -> Result<(), String> {
+    ensure_rule_with("iptables", table, rule)
+}
+
+fn ensure_rule_with(program: &str, table: &str, rule: &[&str]) -> Result<(), String> {
     let mut check = vec!["-t", table, "-C"];
     check.extend_from_slice(rule);
-    if run("iptables", &check).is_ok() {
+    if run(program, &check).is_ok() {
         return Ok(());
     }
     let mut append = vec!["-t", table, "-A"];
     append.extend_from_slice(rule);
-    run("iptables", &append)
+    run(program, &append)
+}
+
+/// Turns IPv6 off on `device` in the network namespace the caller is in (the sysctl files of
+/// `/proc/sys/net` belong to the namespace of the process that opens them). A no-op on a
+/// kernel without IPv6.
+fn disable_ipv6(device: &str) -> Result<(), String> {
+    let path = format!("/proc/sys/net/ipv6/conf/{device}/disable_ipv6");
+    if !Path::new("/proc/sys/net/ipv6").exists() {
+        return Ok(());
+    }
+    std::fs::write(&path, "1").map_err(|e| format!("{path}: {e}"))
 }
 
 /// The nameservers of the host's `/etc/resolv.conf`, loopback ones left out (a sandbox cannot
@@ -84,6 +101,15 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
         run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
     }
     run("ip", &["addr", "replace", &format!("{GATEWAY}/16"), "dev", BRIDGE])?;
+    // IPv4 only: no link-local IPv6 address on the bridge for a sandbox to reach the host by
+    // (security review F4), and every IPv6 packet from or to the bridge dropped in case a
+    // port or the bridge gets one anyway.
+    disable_ipv6(BRIDGE)?;
+    if Path::new("/proc/sys/net/ipv6").exists() {
+        ensure_rule_with("ip6tables", "filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
+        ensure_rule_with("ip6tables", "filter", &["FORWARD", "-i", BRIDGE, "-j", "DROP"])?;
+        ensure_rule_with("ip6tables", "filter", &["FORWARD", "-o", BRIDGE, "-j", "DROP"])?;
+    }
     run("ip", &["link", "set", BRIDGE, "up"])?;
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|e| format!("ip_forward: {e}"))?;
     std::fs::create_dir_all(ADDRESS_DIR).map_err(|e| format!("{ADDRESS_DIR}: {e}"))?;
@@ -169,6 +195,7 @@ pub fn attach(pid: i32, owner: &Path) -> Result<String, String> {
     let host = format!("sqh{tag:08x}");
     let sandbox = format!("sqc{tag:08x}");
     run("ip", &["link", "add", &host, "type", "veth", "peer", "name", &sandbox])?;
+    disable_ipv6(&host)?;
     run("ip", &["link", "set", &sandbox, "netns", &pid.to_string()])?;
     run("ip", &["link", "set", &host, "master", BRIDGE, "up"])?;
     run("bridge", &["link", "set", "dev", &host, "isolated", "on"])?;
@@ -180,6 +207,9 @@ pub fn attach(pid: i32, owner: &Path) -> Result<String, String> {
 /// # Errors
 /// The failing command.
 pub fn configure_inside(device: &str, address: Ipv4Addr) -> Result<(), String> {
+    for name in ["all", "default", device] {
+        disable_ipv6(name)?;
+    }
     run("ip", &["addr", "add", &format!("{address}/16"), "dev", device])?;
     run("ip", &["link", "set", device, "up"])?;
     run("ip", &["route", "add", "default", "via", &GATEWAY.to_string()])

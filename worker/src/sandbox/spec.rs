@@ -20,7 +20,7 @@ pub const TEMPLATE: &str = include_str!("../../../oci-bundles/config.template.js
 pub const SECCOMP: &str = include_str!("../../../oci-bundles/seccomp.json");
 
 /// A user namespace mapping: container ids `0..size` are host ids `host_base..host_base+size`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IdMap {
     /// First host uid/gid of the range.
     pub host_base: u32,
