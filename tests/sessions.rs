@@ -37,8 +37,9 @@ async fn files_persist_within_a_session_and_never_reach_another() {
     let info = first.session.as_ref().expect("session info");
     assert!(info.fresh && !info.expired, "{info:?}");
     assert_eq!((info.saved_files, info.files), (4, 4), "{info:?}");
-    // Two files with the same content share one blob: manifest + 3 blobs.
-    assert_eq!(session_objects(&names, &a).await.len(), 4);
+    // Two files with the same content share one blob: manifest + 3 blobs + the notebook state
+    // (the cell's `os`).
+    assert_eq!(session_objects(&names, &a).await.len(), 5);
 
     let second = run(&mut client, &session_job("print(open('notes.txt').read())\nimport os\nprint(sorted(os.listdir('sub')))\nprint(open('100% résumé?+&.txt').read())\n", &a)).await;
     assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
@@ -59,7 +60,7 @@ async fn files_persist_within_a_session_and_never_reach_another() {
     let info = third.session.as_ref().expect("session info");
     assert_eq!((info.deleted_files, info.files), (3, 1), "{info:?}");
     let objects = session_objects(&names, &a).await;
-    assert_eq!(objects.len(), 2, "manifest + the blob still used by sub/same.txt: {objects:?}");
+    assert_eq!(objects.len(), 3, "manifest + the blob still used by sub/same.txt + the state: {objects:?}");
     let fourth = run(&mut client, &session_job("import os\nprint(os.path.exists('notes.txt'), open('sub/same.txt').read())\n", &a)).await;
     assert_eq!(fourth.stdout.text, "False x\n");
 
@@ -111,7 +112,7 @@ async fn an_expired_session_is_deleted_from_s3_and_starts_fresh() {
     assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
     let info = first.session.as_ref().expect("session info");
     assert!(info.expires_at_ms > first.finished_at_ms.expect("finished") - 1000);
-    assert_eq!(session_objects(&names, &session).await.len(), 2, "manifest and one blob");
+    assert_eq!(session_objects(&names, &session).await.len(), 3, "manifest, one blob and the notebook state");
     // The reaper deletes it within a few periods of the expiry.
     let started = std::time::Instant::now();
     while !session_objects(&names, &session).await.is_empty() {
@@ -148,4 +149,63 @@ async fn an_input_wins_over_a_clashing_session_file() {
     assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
     assert_eq!(second.stdout.text, "a,b\n1,2\nkept kept\n");
     client.remove_session(&session, Duration::from_secs(10)).await.expect("rm");
+}
+
+/// A notebook session keeps its variables, functions, classes and imports from one job to the
+/// next, as a notebook does; cells are numbered; what cannot be saved is listed; a timed-out
+/// job leaves the previous state; other sessions and session-less jobs see none of it.
+#[tokio::test]
+async fn notebook_variables_persist_across_the_jobs_of_a_session() {
+    let mut client = client().await;
+    let (s, other) = (unique("state"), unique("other"));
+    let first = run(
+        &mut client,
+        &session_job(
+            "import io\nimport pandas as pd\nx = 1\ndf = pd.read_csv(io.StringIO('a,b\\n1,2\\n3,4\\n'))\n\
+             class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n\
+             def double(v):\n    return 2 * v\n\
+             p = Point(3, 4)\nf = open('/etc/hostname')\ng = (i for i in range(3))\nx\n",
+            &s,
+        ),
+    )
+    .await;
+    assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
+    assert_eq!(first.execution_count, Some(1));
+    let state = first.session.as_ref().and_then(|i| i.state.clone()).expect("state report");
+    assert!(state.saved && state.bytes > 0, "{state:?}");
+    for name in ["Point", "df", "double", "io", "p", "pd", "x"] {
+        assert!(state.variables.iter().any(|v| v == name), "{name} not saved: {state:?}");
+    }
+    let unsaved: Vec<(&str, &str)> = state.unsaved.iter().map(|u| (u.name.as_str(), u.reason.as_str())).collect();
+    assert_eq!(unsaved, [("f", "an open file cannot be saved"), ("g", "TypeError: cannot pickle 'generator' object")]);
+
+    let second = run(&mut client, &session_job("x += 1\nprint(x, int(df.b.sum()), p.norm(), double(21), type(p).__name__)\nq = Point(6, 8)\n", &s)).await;
+    assert_eq!(second.status, JobStatus::Succeeded, "{}", second.stderr.text);
+    assert_eq!(second.stdout.text, "2 6 5.0 42 Point\n");
+    assert_eq!(second.execution_count, Some(2));
+    assert_eq!(second.session.as_ref().and_then(|i| i.state.as_ref()).map(|st| st.restored), Some(7));
+
+    let third = run(&mut client, &session_job("print(x, q.norm(), isinstance(q, Point), df.shape)\n", &s)).await;
+    assert_eq!(third.stdout.text, "2 10.0 True (2, 2)\n", "{}", third.stderr.text);
+    assert_eq!(third.execution_count, Some(3));
+
+    // A timed-out job leaves the previous state (its cell still counts).
+    let mut slow = session_job("x = 100\nimport time\ntime.sleep(30)\n", &s);
+    slow.timeout = Some("2s".into());
+    let slow = run(&mut client, &slow).await;
+    assert_eq!(slow.status, JobStatus::TimedOut);
+    assert!(slow.session.as_ref().and_then(|i| i.state.as_ref()).is_some_and(|st| !st.saved));
+    let after = run(&mut client, &session_job("print(x)\n", &s)).await;
+    assert_eq!(after.stdout.text, "2\n", "{}", after.stderr.text);
+    assert_eq!(after.execution_count, Some(5));
+
+    // Nothing of it elsewhere.
+    let probe = "print([n for n in ('x', 'df', 'Point', 'p') if n in globals()])\n";
+    let elsewhere = run(&mut client, &session_job(probe, &other)).await;
+    assert_eq!(elsewhere.stdout.text, "[]\n");
+    assert_eq!(elsewhere.execution_count, Some(1));
+    let plain = run(&mut client, &python_job(probe, Sku::S)).await;
+    assert_eq!(plain.stdout.text, "[]\n");
+    assert_eq!(plain.execution_count, Some(1));
+    assert!(plain.session.is_none());
 }

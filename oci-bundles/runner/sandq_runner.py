@@ -814,6 +814,135 @@ def _flush_figures():
         _note("could not capture figures: %s: %s" % (type(exc).__name__, exc))
 
 
+# --------------------------------------------------------------------------------------
+# Session state: the variables, functions, classes and imports a cell leaves, pickled for
+# the next job of the session (by value for what the cell defined: cloudpickle), and loaded
+# back before that job's cell runs. Written and read only inside sandboxes of the session.
+
+_STATE_SKIP = {"In", "Out", "get_ipython", "exit", "quit", "open"}
+_STATE_MAX_LISTED = 1000
+_STATE_MAX_UNSAVED_LISTED = 100
+
+
+class _StateTooLarge(Exception):
+    pass
+
+
+class _CappedFile:
+    """A write-only file that raises _StateTooLarge past `limit` bytes, so that a huge object
+    is abandoned while it is being pickled rather than after it filled the memory."""
+
+    def __init__(self, f, limit):
+        self.f = f
+        self.left = limit
+
+    def write(self, data):
+        n = len(data)
+        if n > self.left:
+            raise _StateTooLarge()
+        self.left -= n
+        return self.f.write(data)
+
+
+def _pickler_module():
+    try:
+        import cloudpickle
+        return cloudpickle
+    except ImportError:
+        pass
+    try:
+        from joblib.externals import cloudpickle
+        return cloudpickle
+    except ImportError:
+        import pickle
+        return pickle
+
+
+def _reason(exc):
+    return ("%s: %s" % (type(exc).__name__, _safe_str(exc)))[:200]
+
+
+def load_state(ns, path):
+    """Loads the state at `path` into `ns`; returns (restored count, [not restored])."""
+    import pickle
+    not_restored = []
+    try:
+        with open(path, "rb") as f:
+            saved = pickle.load(f)
+        variables = saved["variables"]
+    except FileNotFoundError:
+        return 0, []
+    except Exception as exc:
+        return 0, [{"name": "*", "reason": "the saved state cannot be read: " + _reason(exc)}]
+    restored = 0
+    for name, blob in variables.items():
+        try:
+            ns[name] = pickle.loads(blob)
+            restored += 1
+        except Exception as exc:
+            not_restored.append({"name": name, "reason": _reason(exc)})
+    return restored, not_restored
+
+
+def save_state(ns, baseline, path, limit, seconds):
+    """Pickles the user's variables in `ns` (not the shell's own: `baseline`) to `path`, each on
+    its own so that one bad object only leaves itself out, within `limit` bytes and `seconds`.
+    Returns the report (names saved, left out with reasons, bytes, ms)."""
+    import io
+    import pickle
+    import time
+    t0 = time.monotonic()
+    module = _pickler_module()
+    saved, unsaved, total = {}, [], 0
+    for name in sorted(ns):
+        value = ns[name]
+        if name.startswith("_") or name in _STATE_SKIP:
+            continue
+        if name in baseline and baseline[name] is value:
+            continue
+        if time.monotonic() - t0 > seconds:
+            unsaved.append({"name": name, "reason": "over the time cap of %gs" % seconds})
+            continue
+        if isinstance(value, io.IOBase):
+            # cloudpickle would save a file's content and bring back a copy: not the open file.
+            unsaved.append({"name": name, "reason": "an open file cannot be saved"})
+            continue
+        buf = io.BytesIO()
+        try:
+            # Importable modules, functions and classes go by reference (re-imported on load);
+            # what the cells defined goes by value.
+            module.dump(value, _CappedFile(buf, limit - total), protocol=pickle.HIGHEST_PROTOCOL)
+        except _StateTooLarge:
+            unsaved.append({"name": name, "reason": "over the size cap of %d bytes" % limit})
+            continue
+        except BaseException as exc:  # anything the object's __reduce__ raises
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            unsaved.append({"name": name, "reason": _reason(exc)})
+            continue
+        blob = buf.getvalue()
+        saved[name] = blob
+        total += len(blob)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump({"version": 1, "variables": saved}, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+    return {
+        "variables": list(saved)[:_STATE_MAX_LISTED],
+        "unsaved": unsaved[:_STATE_MAX_UNSAVED_LISTED],
+        "bytes": os.path.getsize(path),
+        "save_ms": int((time.monotonic() - t0) * 1000),
+    }
+
+
+def _env_number(name, default, kind=int):
+    value = os.environ.get(name, "").strip()
+    try:
+        return kind(value) if value else default
+    except ValueError:
+        return default
+
+
 def main():
     if len(sys.argv) < 2:
         sys.stderr.write("usage: sandq_runner.py <script> [args...]\n")
@@ -872,6 +1001,15 @@ def main():
     except Exception:
         pass
 
+    # Session state: restore the previous cell's variables, number this cell.
+    baseline = dict(ns)
+    state_out = os.environ.get("SANDQ_STATE_OUT")
+    state_report = {"restored": 0, "not_restored": []}
+    state_in = os.environ.get("SANDQ_STATE_IN")
+    if state_in:
+        state_report["restored"], state_report["not_restored"] = load_state(ns, state_in)
+    shell.execution_count = max(1, _env_number("SANDQ_EXECUTION_COUNT", 1))
+
     if _T0 is not None:
         import time
         _note("runner ready after %.3f s" % (time.perf_counter() - _T0))
@@ -883,6 +1021,24 @@ def main():
         error = result.error_before_exec or result.error_in_exec
 
     _flush_figures()
+
+    if state_out:
+        # The cell ended by itself (a timeout, OOM kill or cancel never gets here): save.
+        try:
+            state_report.update(save_state(
+                ns, baseline, state_out,
+                _env_number("SANDQ_STATE_LIMIT", 64 << 20),
+                _env_number("SANDQ_STATE_TIME_LIMIT", 20.0, float)))
+        except Exception as exc:
+            _note("could not save the session state: " + _reason(exc))
+        report_path = os.environ.get("SANDQ_STATE_REPORT")
+        if report_path:
+            import json
+            try:
+                with open(report_path, "w") as f:
+                    json.dump(state_report, f)
+            except Exception as exc:
+                _note("could not write the state report: " + _reason(exc))
 
     if isinstance(error, SystemExit):
         return error  # handled by python itself: code, message to stderr, status

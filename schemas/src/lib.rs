@@ -18,7 +18,7 @@ pub mod validate;
 pub use job::{InputFile, JobSpec, NetworkMode, RunMode, Runtime, Sku};
 pub use result::{
     Artifact, CapturedOutput, ErrorInfo, ImageSize, JobResult, JobStatus, MimeValue, Output, OutputType, ResourceUsage, SessionInfo,
-    SkippedArtifact, TableShape,
+    SessionState, SkippedArtifact, TableShape, UnsavedVariable,
 };
 pub use validate::{Limits, ValidJob, ValidationError};
 

@@ -134,6 +134,10 @@ pub struct JobResult {
     /// The job's session, when it named one.
     #[serde(default)]
     pub session: Option<SessionInfo>,
+    /// A notebook-mode job's cell number, as Jupyter numbers cells: 1 without a session, and
+    /// one more than the session's previous notebook cell with one. Nil in script mode.
+    #[serde(default)]
+    pub execution_count: Option<u64>,
 }
 
 impl JobResult {
@@ -162,6 +166,7 @@ impl JobResult {
             outputs_dropped: 0,
             error: None,
             session: None,
+            execution_count: None,
         }
     }
 }
@@ -312,13 +317,57 @@ pub struct SessionInfo {
     pub files: u64,
     /// Their total size, bytes.
     pub bytes: u64,
-    /// Files left in `/work` that were not saved because the session is full: the worker's
-    /// `max_artifacts` files and `max_artifact_bytes` bytes, for the whole session. (Files
-    /// skipped as artifacts, listed in `skipped_artifacts`, are not saved either.)
+    /// Files left in `/work` that the session does not keep: those over its caps (the worker's
+    /// `max_artifacts` files and `max_artifact_bytes` bytes, for the whole session) and every
+    /// file the artifact walk skipped (`skipped_artifacts_total`).
     #[serde(default)]
     pub unsaved_files: u64,
     /// When the session expires unless another job uses it, Unix epoch milliseconds.
     pub expires_at_ms: u64,
+    /// The notebook state (variables, functions, classes, imports) this job restored and left
+    /// for the next job of the session; nil in script mode and for a Node.js job.
+    #[serde(default)]
+    pub state: Option<SessionState>,
+}
+
+/// A session's notebook state around one job: what was restored before the cell ran, and what
+/// was saved after it ended by itself (on a timeout, OOM kill or cancel the previous state
+/// stays, and `saved` is false). Reported by the runner inside the sandbox: it describes the
+/// job's own state only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionState {
+    /// Variables restored from the previous job before the cell ran.
+    #[serde(default)]
+    pub restored: u64,
+    /// Variables of the previous state that could not be restored, with the reason.
+    #[serde(default)]
+    pub not_restored: Vec<UnsavedVariable>,
+    /// Whether a new state was saved (false: the previous one, if any, stays).
+    #[serde(default)]
+    pub saved: bool,
+    /// Names of the variables saved (at most 1,000 listed).
+    #[serde(default)]
+    pub variables: Vec<String>,
+    /// Variables left out of the saved state, with the reason (at most 100 listed): objects
+    /// that cannot be pickled (open files, sockets, generators...), or over the size or time
+    /// cap.
+    #[serde(default)]
+    pub unsaved: Vec<UnsavedVariable>,
+    /// Size of the saved state, bytes.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Time the runner spent saving it, milliseconds.
+    #[serde(default)]
+    pub save_ms: u64,
+}
+
+/// A variable left out of a session's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnsavedVariable {
+    /// The variable's name.
+    pub name: String,
+    /// Why (`TypeError: cannot pickle '_io.TextIOWrapper' object`, `over the size cap`...).
+    pub reason: String,
 }
 
 /// A file the worker did not collect.
@@ -327,8 +376,8 @@ pub struct SkippedArtifact {
     /// Path relative to `/work`.
     pub path: String,
     /// Why: `symlink`, `hard_link`, `not_regular`, `too_many`, `too_large`, `too_deep`,
-    /// `unreadable`, `changed`, or `walk_limit` (the walk stopped after 250,000 entries; `path`
-    /// is the directory it was in).
+    /// `unreadable`, `changed`, `bad_name`, or `walk_limit` (the walk stopped after 250,000
+    /// entries; `path` is the directory it was in).
     pub reason: String,
 }
 

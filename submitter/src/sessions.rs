@@ -42,6 +42,13 @@ pub struct Manifest {
     /// Id of the last job that saved it.
     #[serde(default)]
     pub last_job_id: String,
+    /// The notebook state the last notebook job left (a pickle written inside a sandbox of
+    /// this session; only ever loaded inside one), stored as a blob like the files.
+    #[serde(default)]
+    pub state: Option<FileEntry>,
+    /// Notebook cells run in the session so far (the last one's `execution_count`).
+    #[serde(default)]
+    pub execution_count: u64,
 }
 
 impl Manifest {

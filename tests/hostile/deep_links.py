@@ -5,9 +5,9 @@
 # skipped file is counted.
 import os
 os.chdir("/work")
-# Variant 2 of the review (links.py, scaled down): a flat directory of 150,000 hard links
-# with 200-byte names, past the walk's 100,000-entry cap.
-for i in range(150000):
+# Variant 2 of the review (links.py, scaled down): a flat directory of 260,000 hard links
+# with 200-byte names, past the walk's 250,000-entry cap.
+for i in range(260000):
     src = "flat_src%d" % (i // 50000)  # ext4 allows 65,000 links to one inode
     if i % 50000 == 0:
         open(src, "w").close()
@@ -21,4 +21,4 @@ for s in range(4):
     open("src%d" % s, "w").close()
     for i in range(62400):
         os.link("src%d" % s, "%s%06d_%d" % (name, i, s))
-print("made", 150003 + 4 * 62401, "entries")
+print("made", 260006 + 4 * 62401, "entries")

@@ -357,6 +357,15 @@ async fn execute_in(
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
     let restore = opened.map(|o| o.restore(ctx)).unwrap_or_default();
+    // Notebook cells are numbered within their session, and a session's notebook state (its
+    // variables) travels with it: restored before the cell, saved after it.
+    let notebook = job.spec.run_mode() == sandq_schemas::RunMode::Notebook;
+    let state = opened.filter(|_| notebook).and_then(|o| o.state(ctx));
+    let cell = run::Cell {
+        execution_count: opened.map_or(0, |o| o.manifest.execution_count) + 1,
+        save_state: (notebook && opened.is_some()).then_some((settings.max_state_bytes, settings.max_state_save)),
+        restore_state: state.is_some(),
+    };
     let resolv_conf = (job.spec.network == sandq_schemas::NetworkMode::Outbound).then(|| settings.resolv_conf());
     let place = stage::Placement {
         jobs_dir: &settings.jobs_dir,
@@ -366,6 +375,8 @@ async fn execute_in(
         outputs_bytes: settings.max_outputs_bytes,
         restore: &restore,
         resolv_conf: resolv_conf.as_deref(),
+        state: state.as_ref(),
+        state_bytes: if cell.save_state.is_some() { 2 * settings.max_state_bytes } else { 0 },
     };
     let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(|e| match &e {
         StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
@@ -375,7 +386,7 @@ async fn execute_in(
     let stop_reason = AtomicU8::new(STOP_NONE);
     let outcome = async {
         let stop = stop_signal(ctx, &job.spec.job_id, &stop_reason);
-        let output = run::run(job, &dir, container_id, settings, sku.limits, who, stop)
+        let output = run::run(job, &dir, container_id, settings, sku.limits, who, &cell, stop)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
         if let Exit::Failed { step, message } = &output.report.exit {
@@ -414,7 +425,21 @@ async fn execute_in(
         };
         let session_info = match opened {
             Some(opened) => Some(
-                session::save(ctx, job, opened, &collected.files, collected.skipped_total).await.map_err(|e| Failure::Infrastructure(e.to_string()))?,
+                {
+                    let left = match cell.save_state {
+                        Some(_) => {
+                            // Saved only when the cell ended by itself: a timeout or an OOM kill
+                            // leaves the previous state.
+                            let by_itself = matches!(output.report.exit, Exit::Exited { .. }) && output.report.stats.oom_kills == 0;
+                            Some(session::read_state(&dir.out, settings.max_state_bytes, by_itself).await)
+                        }
+                        None => None,
+                    };
+                    let count = notebook.then_some(cell.execution_count);
+                    session::save(ctx, job, opened, &collected.files, collected.skipped_total, count, left)
+                        .await
+                        .map_err(|e| Failure::Infrastructure(e.to_string()))?
+                },
             ),
             None => None,
         };
@@ -424,6 +449,7 @@ async fn execute_in(
         result.outputs_dropped = rich.dropped;
         result.error = rich.error;
         result.session = session_info;
+        result.execution_count = notebook.then_some(cell.execution_count);
         publish::presign(&mut result, &ctx.s3, bucket, settings.artifact_url_ttl).await;
         Ok(result)
     }

@@ -92,13 +92,28 @@ pub fn command(job: &ValidJob) -> Vec<String> {
     argv
 }
 
+/// A notebook cell's place in its session, for the runner.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Cell {
+    /// This cell's `execution_count` (`SANDQ_EXECUTION_COUNT`).
+    pub execution_count: u64,
+    /// For a session job: save the state after the cell, within this many bytes
+    /// (`SANDQ_STATE_LIMIT`) and this time (`SANDQ_STATE_TIME_LIMIT`), to
+    /// `/sandq/out/state.out` (`SANDQ_STATE_OUT`), with a report at `/sandq/out/state.json`
+    /// (`SANDQ_STATE_REPORT`).
+    pub save_state: Option<(u64, Duration)>,
+    /// The session's previous state is at `/sandq/out/state.in` (`SANDQ_STATE_IN`).
+    pub restore_state: bool,
+}
+
 /// The program's environment: the sandbox's own variables, then the job's (validated not to
 /// override them). Nothing of the worker's environment (credentials, service addresses) is
 /// passed, except OpenBLAS's CPU-type overrides, which some hosts need for correct results.
 ///
-/// Notebook mode adds `SANDQ_OUTPUTS` ([`OUTPUTS_FILE`]) and `SANDQ_OUTPUT_LIMIT` (bytes the
-/// runner may write there: `outputs_bytes` less 64 KiB of slack for the tmpfs's own use).
-pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs_bytes: u64) -> Vec<String> {
+/// Notebook mode adds `SANDQ_OUTPUTS` ([`OUTPUTS_FILE`]), `SANDQ_OUTPUT_LIMIT` (bytes the
+/// runner may write there: `outputs_bytes` less 64 KiB of slack for the tmpfs's own use) and
+/// the session state variables of [`Cell`].
+pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs_bytes: u64, cell: &Cell) -> Vec<String> {
     let threads = (limits.cpus.ceil() as u64).max(1);
     let mut env = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
@@ -117,6 +132,16 @@ pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs
     if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
         env.push(format!("SANDQ_OUTPUTS={OUTPUTS_FILE}"));
         env.push(format!("SANDQ_OUTPUT_LIMIT={}", outputs_bytes.saturating_sub(64 << 10)));
+        env.push(format!("SANDQ_EXECUTION_COUNT={}", cell.execution_count.max(1)));
+        if let Some((bytes, time)) = cell.save_state {
+            env.push(format!("SANDQ_STATE_OUT=/sandq/out/{}", crate::stage::STATE_OUT));
+            env.push(format!("SANDQ_STATE_REPORT=/sandq/out/{}", crate::stage::STATE_REPORT));
+            env.push(format!("SANDQ_STATE_LIMIT={bytes}"));
+            env.push(format!("SANDQ_STATE_TIME_LIMIT={}", time.as_secs_f64()));
+        }
+        if cell.restore_state {
+            env.push(format!("SANDQ_STATE_IN=/sandq/out/{}", crate::stage::STATE_IN));
+        }
     }
     for name in ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"] {
         if let Ok(value) = std::env::var(name) {
@@ -191,6 +216,7 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
 ///
 /// # Errors
 /// [`RunError`], all infrastructure failures; the program's own failures are in the report.
+#[allow(clippy::too_many_arguments)] // each is one input of the sandbox; a struct would only rename them
 pub async fn run(
     job: &ValidJob,
     dir: &JobDir,
@@ -198,6 +224,7 @@ pub async fn run(
     settings: &Settings,
     limits: SandboxLimits,
     who: &crate::publish::Attempt,
+    cell: &Cell,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<RunOutput, RunError> {
     let id_map = settings.id_map_for(who.slot);
@@ -209,7 +236,7 @@ pub async fn run(
         src_dir: &dir.src,
         cgroups_path: &cgroups_path,
         args: command(job),
-        env: environment(job, &limits, who.number, settings.max_outputs_bytes),
+        env: environment(job, &limits, who.number, settings.max_outputs_bytes, cell),
         uid: settings.sandbox_uid,
         gid: settings.sandbox_uid,
         limits,

@@ -3,9 +3,10 @@
 //! Storage layout and locking: [`sandq_submitter::sessions`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Duration;
 
-use sandq_schemas::{SessionInfo, ValidJob};
+use sandq_schemas::{SessionInfo, SessionState, UnsavedVariable, ValidJob};
 use sandq_submitter::client::now_ms;
 use sandq_submitter::sessions::{self, FileEntry, Manifest, SessionError};
 use sandq_submitter::storage;
@@ -36,6 +37,16 @@ pub struct Opened {
 }
 
 impl Opened {
+    /// The notebook state to restore (the previous notebook job's), if there is one.
+    pub fn state(&self, ctx: &Context) -> Option<Restore> {
+        self.manifest.state.as_ref().map(|f| Restore {
+            path: crate::stage::STATE_IN.to_owned(),
+            key: ctx.settings.names.session_blob_key(&self.name, &f.sha256),
+            size: f.size,
+            sha256: f.sha256.clone(),
+        })
+    }
+
     /// The files to restore into `/work`.
     pub fn restore(&self, ctx: &Context) -> Vec<Restore> {
         self.manifest
@@ -103,19 +114,148 @@ pub async fn open(ctx: &Context, name: &str, holder: &str) -> Result<Opened, Ses
     opened
 }
 
+/// Most bytes of the runner's state report read.
+const MAX_STATE_REPORT_BYTES: u64 = 256 << 10;
+
+/// The notebook state a job left in its outputs tmpfs.
+#[derive(Debug, Default)]
+pub struct LeftState {
+    /// The new state file (open), its SHA-256 and size; `None`: nothing new to save (the job
+    /// did not end by itself, or the runner saved nothing), the previous state stays.
+    pub file: Option<(tokio::fs::File, String, u64)>,
+    /// What the runner reported, bounded.
+    pub report: SessionState,
+}
+
+/// What the runner writes to `state.json` (untrusted: bounded on read, clipped after).
+#[derive(Debug, Default, serde::Deserialize)]
+struct RunnerReport {
+    #[serde(default)]
+    restored: u64,
+    #[serde(default)]
+    not_restored: Vec<UnsavedVariable>,
+    #[serde(default)]
+    variables: Vec<String>,
+    #[serde(default)]
+    unsaved: Vec<UnsavedVariable>,
+    #[serde(default)]
+    save_ms: u64,
+}
+
+fn clip(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+}
+
+/// Opens `path` for reading without following a symlink or blocking on a FIFO, if it is a
+/// regular file of at most `max` bytes.
+fn open_regular(path: &Path, max: u64) -> Option<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    (meta.is_file() && meta.len() <= max).then_some((file, meta.len()))
+}
+
+/// Reads the state a notebook job left in `out` (its outputs tmpfs; everything there was
+/// written by the sandbox): the report, and the new state when the job `ended_by_itself` (an
+/// exit, not a timeout, OOM kill or cancel) and it is a regular file of at most `max_bytes`.
+/// The state itself is only hashed here, never parsed: it is loaded only inside a sandbox of
+/// the same session.
+pub async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool) -> LeftState {
+    let mut left = LeftState::default();
+    if let Some((file, len)) = open_regular(&out.join(crate::stage::STATE_REPORT), MAX_STATE_REPORT_BYTES) {
+        use std::io::Read;
+        let mut bytes = Vec::with_capacity(len as usize);
+        if file.take(MAX_STATE_REPORT_BYTES).read_to_end(&mut bytes).is_ok() {
+            let report: RunnerReport = serde_json::from_slice(&bytes).unwrap_or_default();
+            let listed = |mut list: Vec<UnsavedVariable>| {
+                list.truncate(100);
+                for v in &mut list {
+                    clip(&mut v.name, 200);
+                    clip(&mut v.reason, 200);
+                }
+                list
+            };
+            left.report.restored = report.restored;
+            left.report.not_restored = listed(report.not_restored);
+            left.report.unsaved = listed(report.unsaved);
+            left.report.variables = report.variables;
+            left.report.variables.truncate(1000);
+            for name in &mut left.report.variables {
+                clip(name, 200);
+            }
+            left.report.save_ms = report.save_ms;
+        }
+    }
+    if ended_by_itself {
+        if let Some((file, size)) = open_regular(&out.join(crate::stage::STATE_OUT), max_bytes) {
+            let mut file = tokio::fs::File::from_std(file);
+            if let Ok((sha256, hashed)) = storage::digest_open_file(&mut file).await {
+                use tokio::io::AsyncSeekExt;
+                if hashed == size && file.seek(std::io::SeekFrom::Start(0)).await.is_ok() {
+                    left.report.saved = true;
+                    left.report.bytes = size;
+                    left.file = Some((file, sha256, size));
+                }
+            }
+        }
+    }
+    if !left.report.saved {
+        left.report.variables.clear();
+        left.report.unsaved.clear();
+        left.report.save_ms = 0;
+    }
+    left
+}
+
 /// Saves the files now in `/work` as the session's new state: blobs for new content
 /// (server-side copies of the artifacts just uploaded, or of the inputs), the manifest, and
 /// deletion of blobs nothing refers to any more. `left_out`: files in `/work` the artifact
 /// walk did not collect (its `skipped_total`), which the session does not keep either and
-/// reports in `unsaved_files` (security review I8).
+/// reports in `unsaved_files` (security review I8). For a notebook job, `cell` is its
+/// `execution_count` and `state` the notebook state it left (stored as a blob; without a new
+/// one the previous state stays).
 ///
 /// # Errors
 /// Storage and Redis errors.
-pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkFile], left_out: u64) -> Result<SessionInfo, SessionError> {
+pub async fn save(
+    ctx: &Context,
+    job: &ValidJob,
+    opened: &Opened,
+    files: &[WorkFile],
+    left_out: u64,
+    cell: Option<u64>,
+    state: Option<LeftState>,
+) -> Result<SessionInfo, SessionError> {
     let settings = &ctx.settings;
     let (names, bucket, name) = (&settings.names, &settings.services.s3.bucket, opened.name.as_str());
-    let old_blobs: BTreeSet<&str> = opened.manifest.files.values().map(|f| f.sha256.as_str()).collect();
+    let old_blobs: BTreeSet<&str> =
+        opened.manifest.files.values().chain(opened.manifest.state.as_ref()).map(|f| f.sha256.as_str()).collect();
     let mut new_blobs = BTreeSet::new();
+    let mut state_entry = opened.manifest.state.clone();
+    let mut state_report = None;
+    if let Some(left) = state {
+        if let Some((file, sha256, size)) = left.file {
+            if !old_blobs.contains(sha256.as_str()) {
+                let blob = names.session_blob_key(name, &sha256);
+                storage::put_file(&ctx.s3, bucket, &blob, file, "state", "application/octet-stream").await?;
+            }
+            state_entry = Some(FileEntry { sha256, size });
+        }
+        state_report = Some(left.report);
+    }
+    if let Some(entry) = &state_entry {
+        new_blobs.insert(entry.sha256.clone());
+    }
     let mut saved = 0;
     let mut unsaved = left_out;
     let mut manifest_files = BTreeMap::new();
@@ -146,6 +286,8 @@ pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkF
         updated_at_ms: now,
         expires_at_ms: now + settings.session_idle_timeout.as_millis() as u64,
         last_job_id: job.spec.job_id.clone(),
+        state: state_entry,
+        execution_count: cell.unwrap_or(opened.manifest.execution_count),
     };
     let mut redis = ctx.redis.clone();
     // Fencing, as far as a lease goes: a job that lost the session (its lease ran out and
@@ -169,6 +311,7 @@ pub async fn save(ctx: &Context, job: &ValidJob, opened: &Opened, files: &[WorkF
         bytes: manifest.bytes(),
         unsaved_files: unsaved,
         expires_at_ms: manifest.expires_at_ms,
+        state: state_report,
     })
 }
 
@@ -185,6 +328,7 @@ pub fn unchanged(opened: &Opened) -> SessionInfo {
         bytes: opened.manifest.bytes(),
         unsaved_files: 0,
         expires_at_ms: opened.manifest.expires_at_ms,
+        state: None,
     }
 }
 

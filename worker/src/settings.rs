@@ -61,6 +61,15 @@ pub struct RawSessions {
     /// How often this worker deletes expired sessions; default `60s`.
     #[serde(default, with = "humantime_serde")]
     pub reap_interval: Option<Duration>,
+    /// Largest notebook state (the pickled variables a notebook job leaves for the next job of
+    /// its session), bytes; variables past it are left out and listed. Default 64 MiB. The
+    /// outputs tmpfs grows by twice this for session notebook jobs (the state restored and the
+    /// state saved), charged to the job's memory as it is written.
+    pub max_state_bytes: Option<u64>,
+    /// Longest time the runner may spend saving the state after the cell; variables not saved
+    /// by then are left out and listed. Default `20s` (within the job's own timeout).
+    #[serde(default, with = "humantime_serde")]
+    pub max_state_save: Option<Duration>,
 }
 
 fn default_namespace() -> String {
@@ -247,6 +256,10 @@ pub struct Settings {
     pub session_lock_wait: Duration,
     /// Session reaper period.
     pub session_reap_interval: Duration,
+    /// Largest notebook state of a session, bytes.
+    pub max_state_bytes: u64,
+    /// Longest time the runner spends saving a notebook state.
+    pub max_state_save: Duration,
     /// Infrastructure attempts per job.
     pub max_attempts: u32,
     /// Job limits.
@@ -425,6 +438,8 @@ impl RawConfig {
             session_idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
             session_lock_wait: self.sessions.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
             session_reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
+            max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
+            max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
             max_attempts,
             limits,
             skus,

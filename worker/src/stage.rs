@@ -223,7 +223,19 @@ pub struct Placement<'a> {
     pub restore: &'a [Restore],
     /// For an outbound job: the worker's `resolv.conf`, copied to `src/.resolv.conf`.
     pub resolv_conf: Option<&'a Path>,
+    /// A session's notebook state to restore, downloaded (size and SHA-256 checked) to
+    /// `out/state.in` ([`STATE_IN`]); its `path` is not used.
+    pub state: Option<&'a Restore>,
+    /// Bytes added to the outputs tmpfs for the notebook state (restored and saved).
+    pub state_bytes: u64,
 }
+
+/// The notebook state restored for the job, in its outputs tmpfs (`/sandq/out/state.in`).
+pub const STATE_IN: &str = "state.in";
+/// The notebook state the runner saves, in the outputs tmpfs (`/sandq/out/state.out`).
+pub const STATE_OUT: &str = "state.out";
+/// The runner's report on the state (JSON), in the outputs tmpfs (`/sandq/out/state.json`).
+pub const STATE_REPORT: &str = "state.json";
 
 /// A session file to restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,9 +302,16 @@ async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aw
         }
     }
     // nr_inodes: inodes are kernel memory cgroup v1 does not charge to the job.
-    let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", place.outputs_bytes);
+    let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", place.outputs_bytes + place.state_bytes);
     nix::mount::mount(Some("tmpfs"), &dir.out, Some("tmpfs"), flags, Some(options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("outputs tmpfs: {e}")))?;
+    if let Some(state) = place.state {
+        let path = dir.out.join(STATE_IN);
+        let mut file = tokio::fs::File::from_std(open_new(&path, 0o644)?);
+        storage::get_to_file(s3, bucket, &state.key, &mut file, STATE_IN, Some(state.size), Some(&state.sha256))
+            .await
+            .map_err(|source| StageError::Download { path: STATE_IN.to_owned(), source })?;
+    }
     // An input wins over a session file of the same path, and over one that is a directory
     // prefix of it or has it as one (`data` vs `data/x.csv`): both cannot exist.
     let clashes = |restored: &str| {
