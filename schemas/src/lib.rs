@@ -17,7 +17,7 @@ pub mod validate;
 
 pub use job::{InputFile, JobSpec, NetworkMode, RunMode, Runtime, Sku};
 pub use result::{
-    Artifact, CapturedOutput, ErrorInfo, ImageSize, JobResult, JobStatus, MimeValue, Output, OutputType, ResourceUsage, SessionInfo,
+    Artifact, CapturedOutput, ErrorInfo, ImageSize, JobResult, JobStatus, MimeValue, Output, OutputType, ResourceUsage, SandboxStart, SessionInfo,
     SessionState, SkippedArtifact, TableShape, UnsavedVariable,
 };
 pub use validate::{Limits, ValidJob, ValidationError};

@@ -138,6 +138,21 @@ pub struct JobResult {
     /// one more than the session's previous notebook cell with one. Nil in script mode.
     #[serde(default)]
     pub execution_count: Option<u64>,
+    /// How the job got its sandbox; nil when it never ran.
+    #[serde(default)]
+    pub sandbox: Option<SandboxStart>,
+}
+
+/// How a job got its sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxStart {
+    /// It was handed a warm sandbox (started before the job arrived, with the runner's modules
+    /// preloaded) rather than starting one.
+    pub warm: bool,
+    /// From the job taking its share of the worker's capacity (`started_at_ms`) to the program
+    /// starting, milliseconds: staging its files, and for a cold start making and starting the
+    /// container; for a warm start staging its files and the handover.
+    pub sandbox_wait_ms: u64,
 }
 
 impl JobResult {
@@ -167,6 +182,7 @@ impl JobResult {
             error: None,
             session: None,
             execution_count: None,
+            sandbox: None,
         }
     }
 }

@@ -54,6 +54,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         cgroups_path,
         outbound: false,
         userns: id_map,
+        warm: false,
     };
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandq-container"))
         .arg("run")

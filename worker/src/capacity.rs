@@ -7,6 +7,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 /// Cores (in millicores) and memory (in MiB) left to hand out.
 #[derive(Debug)]
 pub struct Capacity {
+    total_millicores: usize,
     millicores: Semaphore,
     mebibytes: Semaphore,
 }
@@ -30,9 +31,15 @@ impl Capacity {
     /// A capacity of `cpus` cores and `memory_bytes` of memory.
     pub fn new(cpus: f64, memory_bytes: u64) -> Self {
         Capacity {
+            total_millicores: millicores(cpus) as usize,
             millicores: Semaphore::new(millicores(cpus) as usize),
             mebibytes: Semaphore::new(mebibytes(memory_bytes) as usize),
         }
+    }
+
+    /// True when no job holds any of the capacity (nothing runs).
+    pub fn is_idle(&self) -> bool {
+        self.millicores.available_permits() == self.total_millicores
     }
 
     /// Waits until `cpus` cores and `memory_bytes` are free and takes them. Always in the same

@@ -33,6 +33,8 @@ pub struct Context {
     pub abort: tokio::sync::watch::Receiver<bool>,
     /// Cores and memory left for running jobs.
     pub capacity: Arc<crate::capacity::Capacity>,
+    /// Warm sandboxes ready for jobs.
+    pub warm: Arc<crate::warm::Pool>,
 }
 
 /// How often a running job's cancel key is checked (a cancelled job dies within about this).
@@ -360,35 +362,85 @@ async fn execute_in(
     // Notebook cells are numbered within their session, and a session's notebook state (its
     // variables) travels with it: restored before the cell, saved after it.
     let notebook = job.spec.run_mode() == sandq_schemas::RunMode::Notebook;
-    let state = opened.filter(|_| notebook).and_then(|o| o.state(ctx));
+    // The state is Python's (pickles); a Node.js cell neither reads nor changes it.
+    let python_cell = notebook && job.spec.runtime == sandq_schemas::Runtime::Python;
+    let state = opened.filter(|_| python_cell).and_then(|o| o.state(ctx));
     let cell = run::Cell {
         execution_count: opened.map_or(0, |o| o.manifest.execution_count) + 1,
-        save_state: (notebook && opened.is_some()).then_some((settings.max_state_bytes, settings.max_state_save)),
+        save_state: (python_cell && opened.is_some()).then_some((settings.max_state_bytes, settings.max_state_save)),
         restore_state: state.is_some(),
     };
     let resolv_conf = (job.spec.network == sandq_schemas::NetworkMode::Outbound).then(|| settings.resolv_conf());
+    let stage_failure = |e: StageError| match &e {
+        StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
+        StageError::OverQuota { .. } => Failure::Rejected(e.to_string()),
+        _ => Failure::Infrastructure(e.to_string()),
+    };
+    // A warm sandbox when one fits the job and is ready; else a cold start.
+    let warm = if crate::warm::eligible(job) { ctx.warm.take(job.spec.sku) } else { None };
+    let warm_id = warm.as_ref().map(|w| w.container_id.clone());
+    let (container_id, sandbox_uid) = match (&warm_id, &warm) {
+        (Some(id), Some(w)) => (id.as_str(), w.sandbox_uid),
+        _ => (container_id, settings.host_sandbox_uid(who.slot)),
+    };
+    if warm.is_some() {
+        info!(container_id, warm = true, "container id");
+    }
     let place = stage::Placement {
         jobs_dir: &settings.jobs_dir,
         container_id,
-        sandbox_uid: settings.host_sandbox_uid(who.slot),
+        sandbox_uid,
         disk_bytes: sku.disk_bytes,
         outputs_bytes: settings.max_outputs_bytes,
         restore: &restore,
         resolv_conf: resolv_conf.as_deref(),
         state: state.as_ref(),
-        state_bytes: if cell.save_state.is_some() { 2 * settings.max_state_bytes } else { 0 },
+        // Every Python notebook job gets room for a session state: the same tmpfs as a warm
+        // sandbox's, session or not.
+        state_bytes: if python_cell { 2 * settings.max_state_bytes } else { 0 },
+        src_bytes: crate::warm::src_bytes(settings),
     };
-    let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(|e| match &e {
-        StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
-        StageError::OverQuota { .. } => Failure::Rejected(e.to_string()),
-        _ => Failure::Infrastructure(e.to_string()),
-    })?;
+    let env = run::environment(job, &sku.limits, who.number, settings.max_outputs_bytes, &cell);
+    let (dir, started, handover) = match warm {
+        Some(w) => {
+            stage::check_quota(job, &place).map_err(stage_failure)?;
+            let (dir, started, lease) = w.into_parts();
+            stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            let env = env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+            (dir, started, Some((run::Handover { env, args: job.spec.args.clone() }, lease)))
+        }
+        None => {
+            let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            let launch = run::Launch {
+                container_id,
+                args: run::command(job),
+                env,
+                limits: sku.limits,
+                id_map: settings.id_map_for(who.slot),
+                outbound: job.spec.network == sandq_schemas::NetworkMode::Outbound,
+                warm: false,
+                timeout: job.timeout,
+            };
+            let started = run::start(&dir, settings, &launch).await.map_err(|e| Failure::Infrastructure(e.to_string()))?;
+            (dir, started, None)
+        }
+    };
+    let warm_start = handover.is_some();
+    // The warm sandbox's user namespace range stays taken until the job is over.
+    let (handover, _lease) = handover.map_or((None, None), |(h, l)| (Some(h), Some(l)));
+    // From `running` (capacity taken) to the sandbox ready for the program.
+    let staged_ms = now_ms().saturating_sub(who.started_at_ms);
     let stop_reason = AtomicU8::new(STOP_NONE);
     let outcome = async {
         let stop = stop_signal(ctx, &job.spec.job_id, &stop_reason);
-        let output = run::run(job, &dir, container_id, settings, sku.limits, who, &cell, stop)
+        let output = started
+            .finish(&dir, settings, job.timeout, handover.as_ref(), stop)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
+        // Until the program started: staging (and the handover), or for a cold start also
+        // making and starting the container.
+        let start_ms = if warm_start { 0 } else { (output.report.create_us + output.report.start_us) / 1000 };
+        let sandbox = sandq_schemas::SandboxStart { warm: warm_start, sandbox_wait_ms: staged_ms + start_ms };
         if let Exit::Failed { step, message } = &output.report.exit {
             return Err(Failure::Infrastructure(format!("sandbox {step} failed: {message}")));
         }
@@ -403,6 +455,7 @@ async fn execute_in(
             result.signal = Some("SIGKILL".into());
             result.reason = Some("cancelled while running".into());
             result.session = opened.map(session::unchanged);
+            result.sandbox = Some(sandbox);
             return Ok(result);
         }
         let r = &output.report;
@@ -450,6 +503,7 @@ async fn execute_in(
         result.error = rich.error;
         result.session = session_info;
         result.execution_count = notebook.then_some(cell.execution_count);
+        result.sandbox = Some(sandbox);
         publish::presign(&mut result, &ctx.s3, bucket, settings.artifact_url_ttl).await;
         Ok(result)
     }

@@ -23,3 +23,4 @@ pub mod settings;
 pub mod stage;
 pub mod sys;
 pub mod validate;
+pub mod warm;

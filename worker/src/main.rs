@@ -88,7 +88,8 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
     let grace = settings.shutdown_grace;
     let capacity = Arc::new(sandq_worker::capacity::Capacity::new(settings.capacity_cpus, settings.capacity_memory_bytes));
     info!(cpus = settings.capacity_cpus, memory_bytes = settings.capacity_memory_bytes, skus = ?settings.skus.keys().collect::<Vec<_>>(), "capacity");
-    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity };
+    let warm = Arc::new(sandq_worker::warm::Pool::new(settings.warm_per_sku, settings.total_slots(), settings.warm_ranges()));
+    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity, warm };
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_shutdown_signal(exit_on_stdin_eof).await;
@@ -99,8 +100,10 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
         let _ = abort_tx.send(true);
     });
     tokio::spawn(sandq_worker::session::reaper(ctx.clone(), rx.clone()));
+    tokio::spawn(sandq_worker::warm::refill(ctx.clone(), rx.clone()));
     info!(worker_id = %ctx.settings.worker_id, rootfs = %ctx.settings.rootfs.display(), "worker started");
-    sandq_worker::consume::run(ctx, rx).await;
+    sandq_worker::consume::run(ctx.clone(), rx).await;
+    ctx.warm.drain().await;
     info!("worker stopped");
     Ok(())
 }

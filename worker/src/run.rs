@@ -63,6 +63,9 @@ pub enum RunError {
         /// Why the report could not be read.
         message: String,
     },
+    /// A warm start's handover could not be made (the runner is not waiting).
+    #[error("cannot hand the job over to the warm sandbox: {0}")]
+    Handover(std::io::Error),
     /// The helper overran the timeout plus [`HELPER_GRACE`] and was killed.
     #[error("sandq-container did not finish within the timeout plus {HELPER_GRACE:?}")]
     HelperHung,
@@ -114,24 +117,11 @@ pub struct Cell {
 /// runner may write there: `outputs_bytes` less 64 KiB of slack for the tmpfs's own use) and
 /// the session state variables of [`Cell`].
 pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs_bytes: u64, cell: &Cell) -> Vec<String> {
-    let threads = (limits.cpus.ceil() as u64).max(1);
-    let mut env = vec![
-        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
-        "HOME=/tmp".to_owned(),
-        "TMPDIR=/tmp".to_owned(),
-        "LANG=C.UTF-8".to_owned(),
-        "MPLBACKEND=Agg".to_owned(),
-        "MPLCONFIGDIR=/tmp/matplotlib".to_owned(),
-        "PYTHONDONTWRITEBYTECODE=1".to_owned(),
-        format!("OMP_NUM_THREADS={threads}"),
-        format!("OPENBLAS_NUM_THREADS={threads}"),
-        format!("SANDQ_JOB_ID={}", job.spec.job_id),
-        format!("SANDQ_SKU={}", job.spec.sku),
-        format!("SANDQ_ATTEMPT={attempt}"),
-    ];
-    if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
-        env.push(format!("SANDQ_OUTPUTS={OUTPUTS_FILE}"));
-        env.push(format!("SANDQ_OUTPUT_LIMIT={}", outputs_bytes.saturating_sub(64 << 10)));
+    let notebook = job.spec.run_mode() == sandq_schemas::RunMode::Notebook;
+    let mut env = sandbox_environment(job.spec.sku, limits, notebook.then_some(outputs_bytes));
+    env.push(format!("SANDQ_JOB_ID={}", job.spec.job_id));
+    env.push(format!("SANDQ_ATTEMPT={attempt}"));
+    if notebook {
         env.push(format!("SANDQ_EXECUTION_COUNT={}", cell.execution_count.max(1)));
         if let Some((bytes, time)) = cell.save_state {
             env.push(format!("SANDQ_STATE_OUT=/sandq/out/{}", crate::stage::STATE_OUT));
@@ -143,12 +133,36 @@ pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs
             env.push(format!("SANDQ_STATE_IN=/sandq/out/{}", crate::stage::STATE_IN));
         }
     }
+    env.extend(job.spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+    env
+}
+
+/// The part of the environment that depends on the sandbox, not the job: what a warm sandbox
+/// starts with before its job's environment replaces it. `outputs_bytes`: notebook mode's
+/// outputs budget (`SANDQ_OUTPUTS`, `SANDQ_OUTPUT_LIMIT`).
+pub fn sandbox_environment(sku: sandq_schemas::Sku, limits: &SandboxLimits, outputs_bytes: Option<u64>) -> Vec<String> {
+    let threads = (limits.cpus.ceil() as u64).max(1);
+    let mut env = vec![
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+        "HOME=/tmp".to_owned(),
+        "TMPDIR=/tmp".to_owned(),
+        "LANG=C.UTF-8".to_owned(),
+        "MPLBACKEND=Agg".to_owned(),
+        "MPLCONFIGDIR=/tmp/matplotlib".to_owned(),
+        "PYTHONDONTWRITEBYTECODE=1".to_owned(),
+        format!("OMP_NUM_THREADS={threads}"),
+        format!("OPENBLAS_NUM_THREADS={threads}"),
+        format!("SANDQ_SKU={sku}"),
+    ];
+    if let Some(bytes) = outputs_bytes {
+        env.push(format!("SANDQ_OUTPUTS={OUTPUTS_FILE}"));
+        env.push(format!("SANDQ_OUTPUT_LIMIT={}", bytes.saturating_sub(64 << 10)));
+    }
     for name in ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"] {
         if let Ok(value) = std::env::var(name) {
             env.push(format!("{name}={value}"));
         }
     }
-    env.extend(job.spec.env.iter().map(|(k, v)| format!("{k}={v}")));
     env
 }
 
@@ -210,9 +224,224 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
     }
 }
 
-/// Writes the bundle, runs the container to completion, and reads the helper's report. When
-/// `stop` resolves first (cancellation, shutdown past its grace), the helper kills the container
-/// and the report's exit is [`crate::sandbox::Exit::Killed`].
+/// What a sandbox is started with.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    /// Its container id (random).
+    pub container_id: &'a str,
+    /// The program's argv.
+    pub args: Vec<String>,
+    /// The program's environment.
+    pub env: Vec<String>,
+    /// SKU limits.
+    pub limits: SandboxLimits,
+    /// The user namespace range ([`Settings::id_map_for`]).
+    pub id_map: Option<crate::sandbox::spec::IdMap>,
+    /// Attach to the outbound network.
+    pub outbound: bool,
+    /// A warm start: the program waits for its job, and the clock starts at the handover.
+    pub warm: bool,
+    /// Wall-clock limit (a cold start's, from the start; a warm start sends its job's own).
+    pub timeout: Duration,
+}
+
+/// A started helper and its container (running, or for a warm start waiting for its job).
+/// Dropped unfinished, its control pipe closes and the helper kills and deletes the container.
+#[derive(Debug)]
+pub struct Started {
+    container_id: String,
+    child: tokio::process::Child,
+    control: tokio::process::ChildStdin,
+    stdout: tokio::task::JoinHandle<Captured>,
+    stderr: tokio::task::JoinHandle<Captured>,
+    warm: bool,
+}
+
+/// A warm start's handover: the job's environment and arguments (the program after the
+/// runner's own argv).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Handover {
+    /// `NAME` -> value, the whole environment a cold start would have had.
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Arguments after the script.
+    pub args: Vec<String>,
+}
+
+/// Writes the bundle and starts the helper, which creates and starts the container.
+///
+/// # Errors
+/// [`RunError`], infrastructure failures.
+pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Result<Started, RunError> {
+    let cgroups_path = format!("/sandq/{}", launch.container_id);
+    let resolv_conf = dir.src.join(crate::stage::RESOLV_CONF);
+    let sandbox = JobSandbox {
+        rootfs: &settings.rootfs,
+        work_dir: &dir.work,
+        src_dir: &dir.src,
+        cgroups_path: &cgroups_path,
+        args: launch.args.clone(),
+        env: launch.env.clone(),
+        uid: settings.sandbox_uid,
+        gid: settings.sandbox_uid,
+        limits: launch.limits,
+        id_map: launch.id_map,
+        seccomp: settings.seccomp,
+        resolv_conf: launch.outbound.then_some(resolv_conf.as_path()),
+        out_dir: Some(&dir.out),
+    };
+    spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
+    let request = SandboxRequest {
+        container_id: launch.container_id.to_owned(),
+        bundle: dir.bundle.clone(),
+        state_root: settings.state_root.clone(),
+        stdin_path: Some(dir.stdin.clone()),
+        timeout_ms: launch.timeout.as_millis() as u64,
+        report_path: dir.report.clone(),
+        cgroups_path,
+        outbound: launch.outbound,
+        userns: launch.id_map,
+        warm: launch.warm,
+    };
+    let mut line = serde_json::to_vec(&request).map_err(|e| RunError::Helper(e.into()))?;
+    line.push(b'\n');
+    let mut child = Command::new(&settings.container_helper)
+        .arg("run")
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Not kill_on_drop: if this is dropped (the job task aborted, a warm sandbox
+        // discarded), closing the control pipe makes the helper kill, reap and delete the
+        // container; a SIGKILLed helper would leave it running.
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(RunError::Helper)?;
+    // Until its status is collected, a dropped job dir waits for this helper.
+    if let Some(pidfd) = child.id().and_then(|pid| i32::try_from(pid).ok()).and_then(|pid| crate::sys::pidfd_open(pid).ok()) {
+        dir.helper_started(pidfd);
+    }
+    let mut control = child.stdin.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdin pipe")))?;
+    control.write_all(&line).await.map_err(RunError::Helper)?;
+    let cap = settings.max_output_bytes;
+    let pipe = |fd: Option<std::io::Result<std::os::fd::OwnedFd>>, name: &str| {
+        fd.unwrap_or_else(|| Err(std::io::Error::other(format!("no {name} pipe")))).map_err(RunError::Helper)
+    };
+    let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
+    let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
+    Ok(Started { container_id: launch.container_id.to_owned(), child, control, stdout, stderr, warm: launch.warm })
+}
+
+impl Started {
+    /// True while the helper runs (a warm sandbox that died is discarded).
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Stops a container nobody will use (a warm sandbox at shutdown) and waits for its
+    /// helper to delete it, so that dropping `dir` then removes the dir at once.
+    pub async fn discard(mut self, dir: &JobDir) {
+        let _ = self.control.write_all(b"kill\n").await;
+        drop(self.control);
+        if tokio::time::timeout(HELPER_GRACE, self.child.wait()).await.is_ok() {
+            dir.helper_exited();
+        }
+    }
+
+    /// Runs the container to completion and reads the helper's report. A warm start first
+    /// hands the job over (`handover` into `src/`, a byte into the runner's FIFO, then
+    /// `go <timeout_ms>` to the helper). When `stop` resolves first (cancellation, shutdown
+    /// past its grace), the helper kills the container and the report's exit is
+    /// [`crate::sandbox::Exit::Killed`].
+    ///
+    /// # Errors
+    /// [`RunError`], all infrastructure failures; the program's own failures are in the
+    /// report.
+    pub async fn finish(
+        mut self,
+        dir: &JobDir,
+        settings: &Settings,
+        timeout: Duration,
+        handover: Option<&Handover>,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<RunOutput, RunError> {
+        if self.warm {
+            let handover = handover.ok_or_else(|| RunError::Helper(std::io::Error::other("a warm start needs a handover")))?;
+            hand_over(dir, handover).await.map_err(RunError::Handover)?;
+            let line = format!("go {}\n", timeout.as_millis());
+            self.control.write_all(line.as_bytes()).await.map_err(RunError::Helper)?;
+        }
+        let Started { container_id, mut child, mut control, stdout, stderr, .. } = self;
+        let deadline = tokio::time::Instant::now() + timeout + HELPER_GRACE;
+        let exited = tokio::select! {
+            status = tokio::time::timeout_at(deadline, child.wait()) => Some(status),
+            () = stop => None,
+        };
+        let exited = match exited {
+            Some(exited) => exited,
+            None => {
+                // Cancelled or shutting down: the helper kills the container and reports `Killed`.
+                let _ = control.write_all(b"kill\n").await;
+                tokio::time::timeout_at(deadline, child.wait()).await
+            }
+        };
+        let status = match exited {
+            Ok(status) => {
+                dir.helper_exited();
+                status.map_err(RunError::Helper)?
+            }
+            Err(_) => {
+                let _ = child.kill().await;
+                dir.helper_exited();
+                delete_container(settings, &container_id).await;
+                return Err(RunError::HelperHung);
+            }
+        };
+        drop(control);
+        // Every writer of the pipes is gone with the container's pid namespace; the bound only
+        // guards against a leaked writer keeping a reader task alive.
+        let stdout = tokio::time::timeout(Duration::from_secs(5), stdout).await.ok().and_then(Result::ok).unwrap_or_default();
+        let stderr = tokio::time::timeout(Duration::from_secs(5), stderr).await.ok().and_then(Result::ok).unwrap_or_default();
+        let report = read_report(&dir.report)
+            .await
+            .map_err(|message| RunError::NoReport { status: status.to_string(), message })?;
+        Ok(RunOutput { report, stdout, stderr })
+    }
+}
+
+/// Writes the handover where the warm runner reads it, then wakes the runner through its FIFO
+/// (opened non-blocking: no reader means the runner is not waiting, and the start fails
+/// rather than hangs).
+async fn hand_over(dir: &JobDir, handover: &Handover) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let bytes = serde_json::to_vec(handover).map_err(std::io::Error::other)?;
+    let path = dir.src.join(crate::stage::WARM_HANDOVER);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))?;
+    let go = dir.out.join(crate::stage::WARM_GO);
+    let mut last = None;
+    for _ in 0..100 {
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&go);
+        match opened {
+            Ok(mut fifo) => return std::io::Write::write_all(&mut fifo, b"g"),
+            // ENXIO: the runner has not opened its end yet (it is about to).
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the warm runner is not waiting")))
+}
+
+/// Writes the bundle, runs the container to completion (a cold start), and reads the helper's
+/// report; see [`Started::finish`].
 ///
 /// # Errors
 /// [`RunError`], all infrastructure failures; the program's own failures are in the report.
@@ -227,96 +456,17 @@ pub async fn run(
     cell: &Cell,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<RunOutput, RunError> {
-    let id_map = settings.id_map_for(who.slot);
-    let cgroups_path = format!("/sandq/{container_id}");
-    let resolv_conf = dir.src.join(crate::stage::RESOLV_CONF);
-    let sandbox = JobSandbox {
-        rootfs: &settings.rootfs,
-        work_dir: &dir.work,
-        src_dir: &dir.src,
-        cgroups_path: &cgroups_path,
+    let launch = Launch {
+        container_id,
         args: command(job),
         env: environment(job, &limits, who.number, settings.max_outputs_bytes, cell),
-        uid: settings.sandbox_uid,
-        gid: settings.sandbox_uid,
         limits,
-        id_map,
-        seccomp: settings.seccomp,
-        resolv_conf: (job.spec.network == sandq_schemas::NetworkMode::Outbound).then_some(resolv_conf.as_path()),
-        out_dir: Some(&dir.out),
-    };
-    spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
-    let request = SandboxRequest {
-        container_id: container_id.to_owned(),
-        bundle: dir.bundle.clone(),
-        state_root: settings.state_root.clone(),
-        stdin_path: dir.stdin.clone(),
-        timeout_ms: job.timeout.as_millis() as u64,
-        report_path: dir.report.clone(),
-        cgroups_path,
+        id_map: settings.id_map_for(who.slot),
         outbound: job.spec.network == sandq_schemas::NetworkMode::Outbound,
-        userns: id_map,
+        warm: false,
+        timeout: job.timeout,
     };
-    let mut line = serde_json::to_vec(&request).map_err(|e| RunError::Helper(e.into()))?;
-    line.push(b'\n');
-    let mut child = Command::new(&settings.container_helper)
-        .arg("run")
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Not kill_on_drop: if this future is dropped (the job task aborted), closing the
-        // control pipe makes the helper kill, reap and delete the container; a SIGKILLed helper
-        // would leave it running.
-        .kill_on_drop(false)
-        .spawn()
-        .map_err(RunError::Helper)?;
-    // Until its status is collected below, a dropped job dir waits for this helper.
-    if let Some(pidfd) = child.id().and_then(|pid| i32::try_from(pid).ok()).and_then(|pid| crate::sys::pidfd_open(pid).ok()) {
-        dir.helper_started(pidfd);
-    }
-    let mut control = child.stdin.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdin pipe")))?;
-    control.write_all(&line).await.map_err(RunError::Helper)?;
-    let cap = settings.max_output_bytes;
-    let pipe = |fd: Option<std::io::Result<std::os::fd::OwnedFd>>, name: &str| {
-        fd.unwrap_or_else(|| Err(std::io::Error::other(format!("no {name} pipe")))).map_err(RunError::Helper)
-    };
-    let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
-    let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
-    let deadline = tokio::time::Instant::now() + job.timeout + HELPER_GRACE;
-    let exited = tokio::select! {
-        status = tokio::time::timeout_at(deadline, child.wait()) => Some(status),
-        () = stop => None,
-    };
-    let exited = match exited {
-        Some(exited) => exited,
-        None => {
-            // Cancelled or shutting down: the helper kills the container and reports `Killed`.
-            let _ = control.write_all(b"kill\n").await;
-            tokio::time::timeout_at(deadline, child.wait()).await
-        }
-    };
-    let status = match exited {
-        Ok(status) => {
-            dir.helper_exited();
-            status.map_err(RunError::Helper)?
-        }
-        Err(_) => {
-            let _ = child.kill().await;
-            dir.helper_exited();
-            delete_container(settings, container_id).await;
-            return Err(RunError::HelperHung);
-        }
-    };
-    drop(control);
-    // Every writer of the pipes is gone with the container's pid namespace; the bound only
-    // guards against a leaked writer keeping a reader task alive.
-    let stdout = tokio::time::timeout(Duration::from_secs(5), stdout).await.ok().and_then(Result::ok).unwrap_or_default();
-    let stderr = tokio::time::timeout(Duration::from_secs(5), stderr).await.ok().and_then(Result::ok).unwrap_or_default();
-    let report = read_report(&dir.report)
-        .await
-        .map_err(|message| RunError::NoReport { status: status.to_string(), message })?;
-    Ok(RunOutput { report, stdout, stderr })
+    start(dir, settings, &launch).await?.finish(dir, settings, job.timeout, None, stop).await
 }
 
 async fn read_report(path: &Path) -> Result<SandboxReport, String> {

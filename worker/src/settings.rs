@@ -44,6 +44,21 @@ pub struct RawConfig {
     /// Sessions.
     #[serde(default)]
     pub sessions: RawSessions,
+    /// Warm sandboxes.
+    #[serde(default)]
+    pub warm: RawWarm,
+}
+
+/// `[warm]`: sandboxes started before any job arrives ([`crate::warm`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWarm {
+    /// Warm sandboxes kept ready per SKU this worker serves; default 1; 0 turns warm starts
+    /// off (every job starts cold).
+    pub per_sku: Option<usize>,
+    /// Modules the warm runner imports before its job, comma-separated; default
+    /// `numpy,pandas,matplotlib` (matplotlib with pyplot, Agg backend).
+    pub preload: Option<String>,
 }
 
 /// `[sessions]`.
@@ -260,6 +275,10 @@ pub struct Settings {
     pub max_state_bytes: u64,
     /// Longest time the runner spends saving a notebook state.
     pub max_state_save: Duration,
+    /// Warm sandboxes kept per SKU served (0: none).
+    pub warm_per_sku: usize,
+    /// Modules a warm runner preloads (`SANDQ_PRELOAD`).
+    pub warm_preload: String,
     /// Infrastructure attempts per job.
     pub max_attempts: u32,
     /// Job limits.
@@ -399,7 +418,9 @@ impl RawConfig {
             size: 65_536,
         });
         if let Some(map) = id_map {
-            let slots: usize = skus.values().map(|s| s.slots).sum();
+            // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
+            // keeps its range while its job runs, and one is made meanwhile).
+            let slots: usize = skus.values().map(|s| s.slots).sum::<usize>() + 2 * self.warm.per_sku.unwrap_or(1) * skus.len();
             if u64::from(map.host_base) + slots as u64 * u64::from(map.size) > u64::from(u32::MAX) {
                 return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
             }
@@ -440,6 +461,8 @@ impl RawConfig {
             session_reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
             max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
             max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
+            warm_per_sku: self.warm.per_sku.unwrap_or(1),
+            warm_preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
             max_attempts,
             limits,
             skus,
@@ -468,9 +491,15 @@ impl Settings {
         })
     }
 
-    /// Consumer slots over all SKUs: slot indexes are `0..total_slots()`.
+    /// Consumer slots over all SKUs: slot indexes are `0..total_slots()`; warm sandboxes
+    /// take the indexes after them, `total_slots()..total_slots() + warm_ranges()`.
     pub fn total_slots(&self) -> usize {
         self.skus.values().map(|s| s.slots).sum()
+    }
+
+    /// User namespace ranges set aside for warm sandboxes.
+    pub fn warm_ranges(&self) -> usize {
+        2 * self.warm_per_sku * self.skus.len()
     }
 
     /// The host uid (and gid) that owns files the program in slot `slot` writes: the sandbox

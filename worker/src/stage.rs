@@ -41,8 +41,8 @@ pub struct JobDir {
     pub src: PathBuf,
     /// Mounted at `/work`.
     pub work: PathBuf,
-    /// Program's stdin, if the job has any.
-    pub stdin: Option<PathBuf>,
+    /// Program's stdin: a file, empty unless the job has stdin.
+    pub stdin: PathBuf,
     /// Helper's report.
     pub report: PathBuf,
     /// The outputs tmpfs, mounted at `/sandq/out` (notebook mode's `outputs.jsonl`).
@@ -166,41 +166,145 @@ pub enum StageError {
     },
 }
 
-fn prepare(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
+fn prepare_error(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
     move |source| StageError::Prepare { path: path.to_path_buf(), source }
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<(), StageError> {
-    std::fs::DirBuilder::new().mode(mode).create(path).map_err(prepare(path))
+    std::fs::DirBuilder::new().mode(mode).create(path).map_err(prepare_error(path))
 }
 
-/// Creates the job directory for `container_id` and stages code, stdin and inputs.
+/// Creates the job directory for `container_id` and stages code, stdin and inputs (a cold
+/// start: [`prepare`] then [`fill`]).
 ///
 /// # Errors
 /// [`StageError`]; the partly made directory is removed.
-///
-/// The returned [`JobDir`] removes the directory when dropped.
 pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<JobDir, StageError> {
-    let Placement { jobs_dir, container_id, disk_bytes, .. } = *place;
-    let input_bytes: u64 =
-        job.spec.inputs.iter().map(|i| i.size).chain(place.restore.iter().map(|r| r.size)).sum();
-    if disk_bytes != 0 && input_bytes > disk_bytes {
-        return Err(StageError::OverQuota { bytes: input_bytes, quota: disk_bytes });
+    check_quota(job, place)?;
+    let shape = Shape {
+        jobs_dir: place.jobs_dir,
+        container_id: place.container_id,
+        sandbox_uid: place.sandbox_uid,
+        disk_bytes: place.disk_bytes,
+        out_bytes: place.outputs_bytes + place.state_bytes,
+        src_bytes: place.src_bytes,
+        notebook: job.spec.run_mode() == sandq_schemas::RunMode::Notebook,
+        warm: false,
+    };
+    let dir = prepare(&shape).await?;
+    // On error `dir` is dropped here, which removes the partly made directory.
+    fill(job, &dir, place, s3, bucket).await.map(|()| dir)
+}
+
+/// Fails when the inputs and restored files alone exceed the `/work` quota.
+///
+/// # Errors
+/// [`StageError::OverQuota`].
+pub fn check_quota(job: &ValidJob, place: &Placement<'_>) -> Result<(), StageError> {
+    let input_bytes: u64 = job.spec.inputs.iter().map(|i| i.size).chain(place.restore.iter().map(|r| r.size)).sum();
+    if place.disk_bytes != 0 && input_bytes > place.disk_bytes {
+        return Err(StageError::OverQuota { bytes: input_bytes, quota: place.disk_bytes });
     }
-    let root = jobs_dir.join(container_id);
+    Ok(())
+}
+
+/// What a job dir is made for, before its job is known (a warm sandbox) or with it.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    /// This worker's job dirs.
+    pub jobs_dir: &'a Path,
+    /// The container id (the job dir's name).
+    pub container_id: &'a str,
+    /// Host uid owning `/work` and the outputs tmpfs.
+    pub sandbox_uid: u32,
+    /// `/work` quota, bytes; 0: none.
+    pub disk_bytes: u64,
+    /// Size of the outputs tmpfs, bytes (outputs, and a session's state twice).
+    pub out_bytes: u64,
+    /// Bytes the job's own files need in `src/` beyond the runner's (code, `resolv.conf`, the
+    /// handover of a warm start).
+    pub src_bytes: usize,
+    /// Put the notebook runner's files in `src/`.
+    pub notebook: bool,
+    /// A warm sandbox: also the FIFO `out/.go` its runner waits on.
+    pub warm: bool,
+}
+
+/// Makes a job dir without anything of a job in it: directories, the `src/` and `out/` tmpfs
+/// (with the runner's files), the `/work` filesystem, an empty `stdin` file, and for a warm
+/// sandbox the FIFO its runner waits on.
+///
+/// # Errors
+/// [`StageError`]; the partly made directory is removed.
+pub async fn prepare(shape: &Shape<'_>) -> Result<JobDir, StageError> {
+    let root = shape.jobs_dir.join(shape.container_id);
     let dir = JobDir {
         bundle: root.join("bundle"),
         src: root.join("src"),
         work: root.join("work"),
-        stdin: job.spec.stdin.as_ref().map(|_| root.join("stdin")),
+        stdin: root.join("stdin"),
         report: root.join("report.json"),
         out: root.join("out"),
         root,
         helper: std::sync::Mutex::new(None),
     };
-    // On error `dir` is dropped here, which removes the partly made directory.
-    stage_into(job, &dir, place, s3, bucket).await.map(|()| dir)
+    prepare_into(&dir, shape).await.map(|()| dir)
 }
+
+async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError> {
+    let uid = shape.sandbox_uid;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root.parent().unwrap_or(Path::new("/")))
+        .map_err(prepare_error(&dir.root))?;
+    // 0711: the container's init, an unprivileged host uid under a user namespace, must
+    // traverse it to bind-mount work/ and src/; it cannot list it.
+    mkdir(&dir.root, 0o711)?;
+    mkdir(&dir.bundle, 0o700)?;
+    mkdir(&dir.src, 0o755)?;
+    // src/ and out/ are filesystems of their own, so that the sandbox's mountinfo shows `/` as
+    // their root rather than a host path naming the worker (security review I5).
+    let runner_bytes: usize = if shape.notebook { RUNNER_FILES.iter().map(|(_, text)| text.len()).sum() } else { 0 };
+    // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
+    let src_options = format!("size={},nr_inodes=16,mode=0755", shape.src_bytes + runner_bytes + (64 << 10));
+    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
+    nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
+        .map_err(|e| StageError::Filesystem(format!("source tmpfs: {e}")))?;
+    mkdir(&dir.work, 0o755)?;
+    if shape.disk_bytes != 0 {
+        mount_work_fs(&dir.root, &dir.work, shape.disk_bytes).await?;
+        std::fs::set_permissions(&dir.work, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(prepare_error(&dir.work))?;
+        // mkfs leaves a lost+found the program does not need.
+        let _ = std::fs::remove_dir(dir.work.join("lost+found"));
+    }
+    std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare_error(&dir.work))?;
+    mkdir(&dir.out, 0o700)?;
+    mkdir(&dir.src.join("out"), 0o755)?;
+    if shape.notebook {
+        for (name, text) in RUNNER_FILES {
+            write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
+        }
+    }
+    // nr_inodes: inodes are kernel memory cgroup v1 does not charge to the job.
+    let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", shape.out_bytes);
+    nix::mount::mount(Some("tmpfs"), &dir.out, Some("tmpfs"), flags, Some(options.as_str()))
+        .map_err(|e| StageError::Filesystem(format!("outputs tmpfs: {e}")))?;
+    // Always a file, empty unless the job has stdin: a cold and a warm start look the same.
+    write_new(&dir.stdin, b"", 0o600)?;
+    if shape.warm {
+        let go = dir.out.join(WARM_GO);
+        nix::unistd::mkfifo(&go, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(|e| StageError::Filesystem(format!("warm-start fifo: {e}")))?;
+        std::os::unix::fs::lchown(&go, Some(uid), Some(uid)).map_err(prepare_error(&go))?;
+    }
+    Ok(())
+}
+
+/// The FIFO a warm runner waits on, in the outputs tmpfs (`/sandq/out/.go`).
+pub const WARM_GO: &str = ".go";
+/// Created by a warm runner once it is ready for a job (`/sandq/out/.ready`).
+pub const WARM_READY: &str = ".ready";
+/// The handover of a warm start, in `src/` (`/sandq/handover.json`, read-only for the
+/// sandbox): the job's environment and arguments.
+pub const WARM_HANDOVER: &str = "handover.json";
 
 /// Name of an outbound job's `resolv.conf` in its `src/` (bind-mounted at `/etc/resolv.conf`).
 pub const RESOLV_CONF: &str = ".resolv.conf";
@@ -228,6 +332,9 @@ pub struct Placement<'a> {
     pub state: Option<&'a Restore>,
     /// Bytes added to the outputs tmpfs for the notebook state (restored and saved).
     pub state_bytes: u64,
+    /// Room in `src/` for the job's files (code, `resolv.conf`, a warm start's handover): the
+    /// same for every job, so that a cold and a warm start look alike (`mountinfo` shows it).
+    pub src_bytes: usize,
 }
 
 /// The notebook state restored for the job, in its outputs tmpfs (`/sandq/out/state.in`).
@@ -257,54 +364,21 @@ const RUNNER_FILES: [(&str, &str); 2] = [
     ("sandq_mpl.py", include_str!("../../oci-bundles/runner/sandq_mpl.py")),
 ];
 
-async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), StageError> {
-    let (uid, disk_bytes) = (place.sandbox_uid, place.disk_bytes);
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir.root.parent().unwrap_or(Path::new("/")))
-        .map_err(prepare(&dir.root))?;
-    // 0711: the container's init, an unprivileged host uid under a user namespace, must
-    // traverse it to bind-mount work/ and src/; it cannot list it.
-    mkdir(&dir.root, 0o711)?;
-    mkdir(&dir.bundle, 0o700)?;
-    mkdir(&dir.src, 0o755)?;
-    // src/ and out/ are filesystems of their own, so that the sandbox's mountinfo shows `/` as
-    // their root rather than a host path naming the worker (security review I5).
-    let resolv_conf = match place.resolv_conf {
-        Some(path) => Some(std::fs::read(path).map_err(prepare(path))?),
-        None => None,
-    };
-    let runner_bytes: usize = RUNNER_FILES.iter().map(|(_, text)| text.len()).sum();
-    let src_bytes = job.spec.code.as_ref().map_or(0, String::len) + runner_bytes + resolv_conf.as_ref().map_or(0, Vec::len);
-    // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
-    let src_options = format!("size={},nr_inodes=16,mode=0755", src_bytes + (64 << 10));
-    let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
-    nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
-        .map_err(|e| StageError::Filesystem(format!("source tmpfs: {e}")))?;
-    if let Some(bytes) = &resolv_conf {
-        write_new(&dir.src.join(RESOLV_CONF), bytes, 0o644)?;
+/// Puts a job into a prepared dir: `resolv.conf`, code, the session's state and files, stdin,
+/// inputs.
+///
+/// # Errors
+/// [`StageError`].
+pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), StageError> {
+    let uid = place.sandbox_uid;
+    if let Some(path) = place.resolv_conf {
+        let bytes = std::fs::read(path).map_err(prepare_error(path))?;
+        write_new(&dir.src.join(RESOLV_CONF), &bytes, 0o644)?;
     }
-    mkdir(&dir.work, 0o755)?;
-    if disk_bytes != 0 {
-        mount_work_fs(&dir.root, &dir.work, disk_bytes).await?;
-        std::fs::set_permissions(&dir.work, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(prepare(&dir.work))?;
-        // mkfs leaves a lost+found the program does not need.
-        let _ = std::fs::remove_dir(dir.work.join("lost+found"));
-    }
-    std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare(&dir.work))?;
     if let Some(code) = &job.spec.code {
         let path = dir.src.join(job.spec.runtime.main_file());
         write_new(&path, code.as_bytes(), 0o644)?;
     }
-    mkdir(&dir.out, 0o700)?;
-    mkdir(&dir.src.join("out"), 0o755)?;
-    if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
-        for (name, text) in RUNNER_FILES {
-            write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
-        }
-    }
-    // nr_inodes: inodes are kernel memory cgroup v1 does not charge to the job.
-    let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", place.outputs_bytes + place.state_bytes);
-    nix::mount::mount(Some("tmpfs"), &dir.out, Some("tmpfs"), flags, Some(options.as_str()))
-        .map_err(|e| StageError::Filesystem(format!("outputs tmpfs: {e}")))?;
     if let Some(state) = place.state {
         let path = dir.out.join(STATE_IN);
         let mut file = tokio::fs::File::from_std(open_new(&path, 0o644)?);
@@ -327,8 +401,14 @@ async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aw
             .map_err(|e| StageError::Filesystem(format!("session path {:?}: {e}", file.path)))?;
         place_file(dir, uid, &file.path, &file.key, file.size, &file.sha256, s3, bucket).await?;
     }
-    if let (Some(path), Some(bytes)) = (&dir.stdin, &job.spec.stdin) {
-        write_new(path, bytes, 0o600)?;
+    if let Some(bytes) = &job.spec.stdin {
+        // The same inode the container may already hold as its stdin (a warm start).
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&dir.stdin)
+            .map_err(prepare_error(&dir.stdin))?;
+        std::io::Write::write_all(&mut file, bytes).map_err(prepare_error(&dir.stdin))?;
     }
     for input in &job.spec.inputs {
         // Paths were validated: relative, no '.', '..' or empty components.
@@ -356,7 +436,7 @@ async fn place_file(
     for component in &components[..components.len() - 1] {
         parent.push(component);
         match std::fs::DirBuilder::new().mode(0o755).create(&parent) {
-            Ok(()) => std::os::unix::fs::chown(&parent, Some(uid), Some(uid)).map_err(prepare(&parent))?,
+            Ok(()) => std::os::unix::fs::chown(&parent, Some(uid), Some(uid)).map_err(prepare_error(&parent))?,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(StageError::Prepare { path: parent.clone(), source: e }),
         }
@@ -366,7 +446,7 @@ async fn place_file(
     storage::get_to_file(s3, bucket, key, &mut file, rel, Some(size), Some(sha256))
         .await
         .map_err(|source| StageError::Download { path: rel.to_owned(), source })?;
-    std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare(&dest))?;
+    std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare_error(&dest))?;
     Ok(())
 }
 
@@ -383,12 +463,12 @@ async fn mount_work_fs(root: &Path, work: &Path, size: u64) -> Result<(), StageE
         .ok_or_else(|| fs_error("templates", "job dir has no data dir".into()))?;
     let template = templates.join(format!("ext4-{size}-i4096.img"));
     if !template.exists() {
-        std::fs::create_dir_all(&templates).map_err(prepare(&templates))?;
+        std::fs::create_dir_all(&templates).map_err(prepare_error(&templates))?;
         // Made under a unique name and renamed, so that workers sharing the data dir never
         // copy a half-formatted template.
         let partial = templates.join(format!(".ext4-{size}-{}-{:08x}.img", std::process::id(), rand::random::<u32>()));
         let file = open_new(&partial, 0o600)?;
-        file.set_len(size).map_err(prepare(&partial))?;
+        file.set_len(size).map_err(prepare_error(&partial))?;
         drop(file);
         let mkfs = tokio::process::Command::new("mkfs.ext4")
             .args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-i", "4096", "-E", "lazy_itable_init=1,nodiscard"])
@@ -400,7 +480,7 @@ async fn mount_work_fs(root: &Path, work: &Path, size: u64) -> Result<(), StageE
             let _ = std::fs::remove_file(&partial);
             return Err(fs_error("mkfs.ext4", String::from_utf8_lossy(&mkfs.stderr).into_owned()));
         }
-        std::fs::rename(&partial, &template).map_err(prepare(&template))?;
+        std::fs::rename(&partial, &template).map_err(prepare_error(&template))?;
     }
     let image = root.join("work.img");
     let copy = tokio::process::Command::new("cp")
@@ -433,10 +513,10 @@ fn open_new(path: &Path, mode: u32) -> Result<std::fs::File, StageError> {
         .mode(mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(prepare(path))
+        .map_err(prepare_error(path))
 }
 
 fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StageError> {
     use std::io::Write;
-    open_new(path, mode)?.write_all(bytes).map_err(prepare(path))
+    open_new(path, mode)?.write_all(bytes).map_err(prepare_error(path))
 }

@@ -217,8 +217,28 @@ fn supervise(
         return failed("start", chain(&e));
     }
     report.start_us = t1.elapsed().as_micros() as u64;
+    let mut timeout_ms = request.timeout_ms;
+    if request.warm {
+        // Started ahead of its job: no clock until the worker hands the job over.
+        match wait_for_go(pidfd.as_fd(), control) {
+            Go::Go(ms) => timeout_ms = ms,
+            Go::Exited => {
+                // The warm runner died before any job: report how, like any exit.
+                return match waitpid(pid, None) {
+                    Ok(WaitStatus::Exited(_, code)) => Exit::Exited { code },
+                    Ok(WaitStatus::Signaled(_, signal, _)) => Exit::Signaled { signal: signal.as_str().to_owned() },
+                    other => failed("wait", format!("warm sandbox ended: {other:?}")),
+                };
+            }
+            Go::Stop(exit) => {
+                kill_all(container);
+                let _ = waitpid(pid, None);
+                return exit;
+            }
+        }
+    }
     let started = Instant::now();
-    let deadline = started + Duration::from_millis(request.timeout_ms);
+    let deadline = started + Duration::from_millis(timeout_ms);
     let mut outcome: Option<Exit> = None;
     loop {
         let now = Instant::now();
@@ -265,6 +285,45 @@ fn supervise(
         Ok(WaitStatus::Signaled(_, signal, _)) => Exit::Signaled { signal: signal.as_str().to_owned() },
         Ok(other) => failed("wait", format!("unexpected wait status {other:?}")),
         Err(e) => failed("wait", format!("waitpid: {e}")),
+    }
+}
+
+/// How the wait of a warm sandbox for its job ended.
+enum Go {
+    /// `go <timeout_ms>`: the job is handed over.
+    Go(u64),
+    /// The sandbox's init exited first.
+    Exited,
+    /// `kill`, end-of-file or an error: stop the container with this exit.
+    Stop(Exit),
+}
+
+/// Waits without a deadline for the control line `go <timeout_ms>`, a kill, or the init's exit.
+fn wait_for_go(pidfd: BorrowedFd<'_>, control: &File) -> Go {
+    let mut line = Vec::new();
+    loop {
+        match poll_two(pidfd, control.as_fd(), -1) {
+            Ok((true, _)) => return Go::Exited,
+            Ok((false, true)) => {
+                let mut buf = [0u8; 64];
+                match (&*control).read(&mut buf) {
+                    Ok(0) | Err(_) => return Go::Stop(Exit::Killed),
+                    Ok(n) => line.extend_from_slice(&buf[..n]),
+                }
+                if line.windows(4).any(|w| w == b"kill") || line.len() > 256 {
+                    return Go::Stop(Exit::Killed);
+                }
+                if let Some(end) = line.iter().position(|b| *b == b'\n') {
+                    let text = String::from_utf8_lossy(&line[..end]).into_owned();
+                    return match text.strip_prefix("go ").and_then(|ms| ms.trim().parse().ok()) {
+                        Some(ms) => Go::Go(ms),
+                        None => Go::Stop(failed("wait", format!("bad control line {text:?}"))),
+                    };
+                }
+            }
+            Ok((false, false)) => {}
+            Err(e) => return Go::Stop(failed("wait", format!("poll: {e}"))),
+        }
     }
 }
 

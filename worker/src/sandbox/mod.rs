@@ -7,6 +7,7 @@
 //! - argv: `sandq-container run` (or `sandq-container cleanup <state_root>`);
 //! - stdin: one line of JSON, a [`SandboxRequest`]; then the pipe stays open as the control
 //!   channel: a line `kill` or end-of-file (the worker died or gave up) kills the container;
+//!   for a warm start, a line `go <timeout_ms>` starts the job's clock;
 //! - stdout / stderr: handed to the container as its own stdout / stderr (the helper writes
 //!   nothing to them);
 //! - the [`SandboxReport`] is written as JSON to `report_path`; exit code 0 when a report was
@@ -48,6 +49,11 @@ pub struct SandboxRequest {
     /// [`crate::sys::UsernsHolder`]). `None`: the spec's own user namespace settings stand.
     #[serde(default)]
     pub userns: Option<spec::IdMap>,
+    /// A warm start: after `start`, wait (without a deadline) for a control line
+    /// `go <timeout_ms>`; the timeout runs from then. The program is the notebook runner in
+    /// `--warm` mode, which waits for its job itself.
+    #[serde(default)]
+    pub warm: bool,
 }
 
 /// How the program ended.

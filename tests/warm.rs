@@ -1,0 +1,182 @@
+//! Warm sandboxes (issue 8 part 1): a job handed a warm sandbox gives the same result, and
+//! sees the same sandbox, as one that starts cold; a warm sandbox serves one job only; and a
+//! worker killed with SIGKILL while warm sandboxes wait leaves nothing behind after restart.
+//! Workers of their own (an isolated namespace each), one with warm sandboxes, one without.
+
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
+use sandq_submitter::Client;
+use sandq_tests::{exits_within, isolated_worker_log, python_job, run, Isolated};
+
+/// What a program can observe of its sandbox, as JSON: environment (less the job id), ids,
+/// cwd, argv, user namespace size, mounts (mount point, root, fs type, options; not the
+/// kernel's mount and device numbers, which vary per container), rlimits, CPU affinity, files in
+/// `/work` and `/tmp`, stdin.
+const PROBE: &str = r#"
+import json, os, resource, sys
+mounts = []
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    sep = f.index("-")
+    mounts.append([f[4], f[3], f[sep + 1], f[5], f[sep + 3]])
+info = {
+    "env": {k: v for k, v in os.environ.items() if k != "SANDQ_JOB_ID"},
+    "ids": [os.getuid(), os.getgid(), os.geteuid(), os.getegid(), os.getgroups()],
+    "cwd": os.getcwd(),
+    "argv": sys.argv,
+    "uid_map_size": open("/proc/self/uid_map").read().split()[2],
+    "mounts": sorted(mounts),
+    "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")},
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "work": sorted(os.listdir("/work")),
+    "tmp": sorted(os.listdir("/tmp")),
+    "stdin": sys.stdin.read(),
+    "hostname": os.uname().nodename,
+}
+print(json.dumps(info, sort_keys=True))
+"#;
+
+fn probe_job() -> JobSpec {
+    let mut spec = python_job(PROBE, Sku::S);
+    spec.args = vec!["one".into(), "two words".into()];
+    spec.env.insert("USER_VAR".into(), "x=y".into());
+    spec.stdin = Some(b"from stdin\n".to_vec());
+    spec
+}
+
+/// Runs `spec` until it has a result whose `sandbox.warm` is `warm` (a warm worker may still be
+/// filling its pool for the first job).
+async fn run_until(client: &mut Client, make: impl Fn() -> JobSpec, warm: bool) -> JobResult {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let result = run(client, &make()).await;
+        if result.sandbox.is_some_and(|s| s.warm == warm) {
+            return result;
+        }
+        assert!(Instant::now() < deadline, "no {} start: {:?}", if warm { "warm" } else { "cold" }, result.sandbox);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn stop(mut worker: Child) {
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(60)), "the worker did not exit");
+}
+
+#[tokio::test]
+async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
+    let world = Isolated::new().await;
+    let warm_id = format!("{}-warm", world.namespace);
+    let cold_id = format!("{}-cold", world.namespace);
+    let warm_worker = world.start_worker_ready(&warm_id, &[("SANDQ__WARM__PER_SKU", "1")]);
+    let mut client = world.client().await;
+    let warm = run_until(&mut client, probe_job, true).await;
+    stop(warm_worker);
+    let cold_worker = world.start_worker_ready(&cold_id, &[("SANDQ__WARM__PER_SKU", "0")]);
+    let cold = run_until(&mut client, probe_job, false).await;
+    stop(cold_worker);
+
+    assert_eq!(warm.status, JobStatus::Succeeded, "{}", warm.stderr.text);
+    assert_eq!(cold.status, JobStatus::Succeeded, "{}", cold.stderr.text);
+    let (w, c): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&warm.stdout.text).expect("warm probe"), serde_json::from_str(&cold.stdout.text).expect("cold probe"));
+    assert_eq!(w, c, "a warm sandbox looks different from a cold one");
+    // Values computed here, not by the code under test.
+    assert_eq!(w["argv"], serde_json::json!(["/sandq/main.py", "one", "two words"]));
+    assert_eq!(w["env"]["USER_VAR"], "x=y");
+    assert_eq!(w["env"]["SANDQ_SKU"], "S");
+    assert_eq!(w["stdin"], "from stdin\n");
+    assert_eq!(w["cwd"], "/work");
+    assert_eq!(w["ids"], serde_json::json!([1000, 1000, 1000, 1000, []]));
+    // The same result fields, apart from the job's identity and timings.
+    for (a, b) in [(&warm, &cold)] {
+        assert_eq!((a.exit_code, &a.stderr.text, a.outputs.len(), a.error.is_none()), (b.exit_code, &b.stderr.text, b.outputs.len(), b.error.is_none()));
+        assert_eq!(a.execution_count, b.execution_count);
+    }
+    world.delete_queues().await;
+}
+
+#[tokio::test]
+async fn a_warm_sandbox_serves_one_job_only() {
+    let world = Isolated::new().await;
+    let id = format!("{}-one", world.namespace);
+    let worker = world.start_worker_ready(&id, &[("SANDQ__WARM__PER_SKU", "1")]);
+    let mut client = world.client().await;
+    let first = run_until(&mut client, || python_job("open('/tmp/left', 'w').write('x')\nopen('/work/left', 'w').write('x')\nprint('first')", Sku::S), true).await;
+    assert_eq!(first.stdout.text, "first\n");
+    let second = run_until(&mut client, || python_job("import os\nprint(os.path.exists('/tmp/left'), os.path.exists('/work/left'))", Sku::S), true).await;
+    assert_eq!(second.stdout.text, "False False\n", "the second job saw the first one's files");
+    let log = isolated_worker_log(&id);
+    let (a, b) = (
+        sandq_tests::container_id_in_log(&log, &first.job_id).expect("first container"),
+        sandq_tests::container_id_in_log(&log, &second.job_id).expect("second container"),
+    );
+    assert_ne!(a, b, "two jobs got the same sandbox");
+    stop(worker);
+    world.delete_queues().await;
+}
+
+/// Container ids of the warm sandboxes a worker started, from its log.
+fn warm_ids(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("warm sandbox started"))
+        .filter_map(|l| l.split("container_id=\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn leftovers(worker_id: &str, container: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for dir in [format!("/var/lib/sandq/{worker_id}/{container}"), format!("/run/sandq/{worker_id}/{container}")] {
+        if Path::new(&dir).exists() {
+            found.push(dir);
+        }
+    }
+    for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/cpu/sandq", "/sys/fs/cgroup/sandq"] {
+        let path = Path::new(dir).join(container);
+        if path.exists() {
+            found.push(path.display().to_string());
+        }
+    }
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if std::fs::read_to_string(entry.path().join("cgroup")).is_ok_and(|c| c.contains(container)) {
+            found.push(format!("process {:?}", entry.file_name()));
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    if mounts.contains(container) {
+        found.push("a mount".into());
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_sigkilled_worker_leaves_no_warm_sandbox_after_restart() {
+    let world = Isolated::new().await;
+    let id = format!("{}-kill", world.namespace);
+    let mut worker = world.start_worker_ready(&id, &[("SANDQ__WARM__PER_SKU", "1")]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ids = loop {
+        let ids = warm_ids(&isolated_worker_log(&id));
+        if ids.len() >= 2 {
+            break ids;
+        }
+        assert!(Instant::now() < deadline, "no warm sandboxes started");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Their runners are up and waiting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!leftovers(&id, &ids[0]).is_empty(), "the warm sandbox was not where this test looks");
+    sandq_tests::signal(&worker, "KILL");
+    let _ = worker.wait();
+    let restarted = world.start_worker_ready(&id, &[("SANDQ__WARM__PER_SKU", "0")]);
+    for container in &ids {
+        assert_eq!(leftovers(&id, container), Vec::<String>::new(), "warm sandbox {container} left behind");
+    }
+    stop(restarted);
+    world.delete_queues().await;
+}

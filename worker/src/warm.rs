@@ -1,0 +1,212 @@
+//! Warm sandboxes (issue 8): for each SKU it serves, the worker keeps `warm.per_sku` sandboxes
+//! started before any job arrives: the job dir prepared (its own `/work` filesystem, the
+//! `src/` and outputs tmpfs), the container created and started with the SKU's limits,
+//! namespaces, seccomp and its own user namespace range, and the notebook runner started in
+//! `--warm` mode with its shell made and `warm.preload` imported. A job takes one when it is
+//! dequeued: its files are staged into the sandbox's dir ([`crate::stage::fill`]), its
+//! environment and arguments handed over, and its timeout starts then
+//! ([`crate::run::Started::finish`]).
+//!
+//! Rules:
+//! - a warm sandbox serves exactly one job and is then deleted like any other: never reused,
+//!   never shared;
+//! - only jobs it can serve exactly as a cold start would take one ([`eligible`]): Python in
+//!   notebook mode, code rather than an entry point in `/work`, no network; the others start
+//!   cold, as do jobs that find none ready;
+//! - refill happens in the background and only while no job runs (the worker's capacity is all
+//!   free): warming never delays or slows a running job, so under sustained load the pool
+//!   drains and jobs start cold;
+//! - warm sandboxes live in this process only: they are removed at shutdown ([`Pool::drain`])
+//!   and, after a crash, by the start-up clean-up like any container; a new image, runner or
+//!   limit means a new worker process, so a new pool.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sandq_schemas::{NetworkMode, RunMode, Runtime, Sku, ValidJob};
+use tracing::{info, warn};
+
+use crate::job::Context;
+use crate::run::{self, Launch, Started};
+use crate::stage::{self, JobDir, Shape};
+
+/// How often the refill looks at the pool.
+const REFILL_PERIOD: Duration = Duration::from_millis(200);
+
+/// A sandbox started ahead of its job.
+#[derive(Debug)]
+pub struct WarmSandbox {
+    /// Its container id (random).
+    pub container_id: String,
+    /// Its job dir (the job's files go here).
+    pub dir: JobDir,
+    /// The running helper and container.
+    pub started: Started,
+    /// Host uid owning `/work` (the sandbox uid in its user namespace range).
+    pub sandbox_uid: u32,
+    /// When it was started.
+    pub created: Instant,
+    /// Its user namespace range, given back when the sandbox is gone.
+    index: IndexLease,
+}
+
+impl WarmSandbox {
+    /// Its dir, its running helper, and its user namespace range's lease, which the job must
+    /// hold until the sandbox is deleted (the range is then free for another sandbox).
+    pub fn into_parts(self) -> (JobDir, Started, IndexLease) {
+        (self.dir, self.started, self.index)
+    }
+}
+
+/// A user namespace range index on loan from the pool, given back on drop.
+#[derive(Debug)]
+pub struct IndexLease {
+    index: usize,
+    free: std::sync::Arc<Mutex<Vec<usize>>>,
+}
+
+impl Drop for IndexLease {
+    fn drop(&mut self) {
+        if let Ok(mut free) = self.free.lock() {
+            free.push(self.index);
+        }
+    }
+}
+
+/// The warm sandboxes of one worker.
+#[derive(Debug)]
+pub struct Pool {
+    ready: Mutex<BTreeMap<Sku, Vec<WarmSandbox>>>,
+    free: std::sync::Arc<Mutex<Vec<usize>>>,
+    per_sku: usize,
+}
+
+/// True when `job` can run in a warm sandbox exactly as it would in a cold one.
+pub fn eligible(job: &ValidJob) -> bool {
+    job.spec.runtime == Runtime::Python
+        && job.spec.run_mode() == RunMode::Notebook
+        && job.spec.entrypoint.is_none()
+        && job.spec.code.is_some()
+        && job.spec.network == NetworkMode::None
+}
+
+impl Pool {
+    /// An empty pool keeping `per_sku` sandboxes per SKU, with the user namespace range indexes
+    /// `first_index..first_index + ranges` to hand out.
+    pub fn new(per_sku: usize, first_index: usize, ranges: usize) -> Self {
+        Pool {
+            ready: Mutex::new(BTreeMap::new()),
+            free: std::sync::Arc::new(Mutex::new((first_index..first_index + ranges).rev().collect())),
+            per_sku,
+        }
+    }
+
+    /// Takes a ready warm sandbox of `sku` (its runner waiting for a job), if there is one.
+    /// Sandboxes found dead on the way are dropped (their dirs removed).
+    pub fn take(&self, sku: Sku) -> Option<WarmSandbox> {
+        let mut ready = self.ready.lock().ok()?;
+        let list = ready.get_mut(&sku)?;
+        while let Some(index) = list.iter().position(|w| w.dir.out.join(stage::WARM_READY).exists()) {
+            let mut warm = list.swap_remove(index);
+            if warm.started.alive() {
+                return Some(warm);
+            }
+            warn!(container_id = warm.container_id, "a warm sandbox died while waiting; discarding it");
+        }
+        None
+    }
+
+    fn count(&self, sku: Sku) -> usize {
+        self.ready.lock().map(|r| r.get(&sku).map_or(0, Vec::len)).unwrap_or(0)
+    }
+
+    /// Removes every warm sandbox, waiting for each helper to kill and delete its container.
+    pub async fn drain(&self) {
+        let all: Vec<WarmSandbox> = match self.ready.lock() {
+            Ok(mut ready) => std::mem::take(&mut *ready).into_values().flatten().collect(),
+            Err(_) => return,
+        };
+        for warm in all {
+            warm.started.discard(&warm.dir).await;
+        }
+    }
+}
+
+/// Room in `src/` for a job's files, warm or cold: the largest code, and a handover (args and
+/// env are at most 1 MiB together) or a `resolv.conf`.
+pub fn src_bytes(settings: &crate::settings::Settings) -> usize {
+    settings.limits.max_code_bytes + (2 << 20)
+}
+
+/// Starts one warm sandbox of `sku`.
+async fn make(ctx: &Context, sku: Sku, index: IndexLease) -> Result<WarmSandbox, String> {
+    let settings = &ctx.settings;
+    let sku_settings = settings.skus.get(&sku).copied().ok_or("sku not served")?;
+    let container_id = format!("j-{:032x}", rand::random::<u128>());
+    let id_map = settings.id_map_for(index.index);
+    let sandbox_uid = id_map.map_or(settings.sandbox_uid, |m| m.host_base + settings.sandbox_uid);
+    let shape = Shape {
+        jobs_dir: &settings.jobs_dir,
+        container_id: &container_id,
+        sandbox_uid,
+        disk_bytes: sku_settings.disk_bytes,
+        out_bytes: settings.max_outputs_bytes + 2 * settings.max_state_bytes,
+        src_bytes: src_bytes(settings),
+        notebook: true,
+        warm: true,
+    };
+    let dir = stage::prepare(&shape).await.map_err(|e| e.to_string())?;
+    let mut env = run::sandbox_environment(sku, &sku_settings.limits, Some(settings.max_outputs_bytes));
+    env.push(format!("SANDQ_PRELOAD={}", settings.warm_preload));
+    let launch = Launch {
+        container_id: &container_id,
+        args: vec!["python3".into(), "/sandq/sandq_runner.py".into(), "--warm".into()],
+        env,
+        limits: sku_settings.limits,
+        id_map,
+        outbound: false,
+        warm: true,
+        timeout: settings.limits.max_timeout,
+    };
+    let started = run::start(&dir, settings, &launch).await.map_err(|e| e.to_string())?;
+    Ok(WarmSandbox { container_id, dir, started, sandbox_uid, created: Instant::now(), index })
+}
+
+/// Keeps the pool filled while the worker is idle, until `shutdown` turns true.
+pub async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let pool = ctx.warm.clone();
+    if pool.per_sku == 0 {
+        return;
+    }
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(REFILL_PERIOD) => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        for sku in ctx.settings.skus.keys().copied() {
+            // Only into idle capacity: never beside a running job.
+            if !ctx.capacity.is_idle() || pool.count(sku) >= pool.per_sku {
+                continue;
+            }
+            let Some(index) = pool.free.lock().ok().and_then(|mut f| f.pop()) else { continue };
+            let lease = IndexLease { index, free: pool.free.clone() };
+            let t0 = Instant::now();
+            match make(&ctx, sku, lease).await {
+                Ok(warm) => {
+                    info!(%sku, container_id = warm.container_id, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
+                    if let Ok(mut ready) = pool.ready.lock() {
+                        ready.entry(sku).or_default().push(warm);
+                    }
+                }
+                Err(e) => {
+                    warn!(%sku, error = e, "cannot start a warm sandbox; retrying later");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+        }
+    }
+}
