@@ -73,7 +73,8 @@ pub enum RunError {
 pub const OUTPUTS_FILE: &str = "/sandq/out/outputs.jsonl";
 
 /// The program's argv inside the sandbox: `python3 /sandq/sandq_runner.py <script> args...`
-/// in notebook mode, `python3 <script> args...` or `node <script> args...` in script mode.
+/// or `node /sandq/sandq_runner.js <script> args...` in notebook mode, `python3 <script>
+/// args...` or `node <script> args...` in script mode.
 pub fn command(job: &ValidJob) -> Vec<String> {
     let interpreter = match job.spec.runtime {
         Runtime::Python => "python3",
@@ -85,7 +86,9 @@ pub fn command(job: &ValidJob) -> Vec<String> {
     };
     let mut argv = vec![interpreter.to_owned()];
     if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
-        argv.push("/sandq/sandq_runner.py".to_owned());
+        if let Some((runner, _)) = crate::stage::runner_files(job.spec.runtime).first() {
+            argv.push(format!("/sandq/{runner}"));
+        }
     }
     argv.push(script);
     argv.extend(job.spec.args.iter().cloned());
@@ -308,5 +311,32 @@ pub async fn delete_container(settings: &Settings, container_id: &str) {
         .await;
     if let Err(e) = status {
         tracing::error!(container_id, error = %e, "cannot run sandq-container delete");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandq_schemas::{JobSpec, RunMode, Sku, validate::Limits};
+
+    fn argv(runtime: Runtime, mode: Option<RunMode>) -> Vec<String> {
+        let mut spec = JobSpec::new("job-1", Sku::S, runtime, "1");
+        spec.mode = mode;
+        spec.args = vec!["a".into()];
+        command(&spec.validate(&Limits::default()).expect("valid"))
+    }
+
+    #[test]
+    fn notebook_mode_runs_the_runtimes_runner_and_script_mode_the_interpreter() {
+        assert_eq!(argv(Runtime::Python, None), ["python3", "/sandq/sandq_runner.py", "/sandq/main.py", "a"]);
+        assert_eq!(argv(Runtime::Node, None), ["node", "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
+        assert_eq!(argv(Runtime::Node, Some(RunMode::Notebook)), ["node", "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
+        assert_eq!(argv(Runtime::Python, Some(RunMode::Script)), ["python3", "/sandq/main.py", "a"]);
+        assert_eq!(argv(Runtime::Node, Some(RunMode::Script)), ["node", "/sandq/main.js", "a"]);
+        // The runner named is one the stage writes.
+        for runtime in [Runtime::Python, Runtime::Node] {
+            let runner = argv(runtime, None)[1].trim_start_matches("/sandq/").to_owned();
+            assert!(crate::stage::runner_files(runtime).iter().any(|(name, _)| *name == runner), "{runtime:?}");
+        }
     }
 }

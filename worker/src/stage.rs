@@ -4,7 +4,8 @@
 //! <jobs_dir>/<container id>/     0711 root
 //!   bundle/config.json           the OCI runtime config
 //!   src/                         tmpfs (just large enough), mounted read-only at /sandq:
-//!     main.py                    the source code (or main.js), the notebook runner's files,
+//!     main.py                    the source code (or main.js), the notebook runner's files
+//!                                (sandq_runner.py and sandq_mpl.py, or sandq_runner.js),
 //!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
 //!     out/                       the mount point of out/ below
 //!   work/                        mounted read-write at /work, owned by the sandbox uid
@@ -238,12 +239,24 @@ pub struct Restore {
     pub sha256: String,
 }
 
-/// The notebook runner and its matplotlib backend, written next to the user's code (the image
-/// stays as built; see `oci-bundles/runner/README.md`).
+/// The Python notebook runner and its matplotlib backend, written next to the user's code
+/// (the image stays as built; see `oci-bundles/runner/README.md`).
 const RUNNER_FILES: [(&str, &str); 2] = [
     ("sandq_runner.py", include_str!("../../oci-bundles/runner/sandq_runner.py")),
     ("sandq_mpl.py", include_str!("../../oci-bundles/runner/sandq_mpl.py")),
 ];
+
+/// The Node.js notebook runner, written next to the user's code like [`RUNNER_FILES`].
+const NODE_RUNNER_FILES: [(&str, &str); 1] = [("sandq_runner.js", include_str!("../../oci-bundles/runner/sandq_runner.js"))];
+
+/// The notebook runner's files for a runtime: the first is the one the interpreter runs
+/// ([`crate::run::command`]).
+pub fn runner_files(runtime: sandq_schemas::Runtime) -> &'static [(&'static str, &'static str)] {
+    match runtime {
+        sandq_schemas::Runtime::Python => &RUNNER_FILES,
+        sandq_schemas::Runtime::Node => &NODE_RUNNER_FILES,
+    }
+}
 
 async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), StageError> {
     let (uid, disk_bytes) = (place.sandbox_uid, place.disk_bytes);
@@ -260,7 +273,7 @@ async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aw
         Some(path) => Some(std::fs::read(path).map_err(prepare(path))?),
         None => None,
     };
-    let runner_bytes: usize = RUNNER_FILES.iter().map(|(_, text)| text.len()).sum();
+    let runner_bytes: usize = runner_files(job.spec.runtime).iter().map(|(_, text)| text.len()).sum();
     let src_bytes = job.spec.code.as_ref().map_or(0, String::len) + runner_bytes + resolv_conf.as_ref().map_or(0, Vec::len);
     // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
     let src_options = format!("size={},nr_inodes=16,mode=0755", src_bytes + (64 << 10));
@@ -285,7 +298,7 @@ async fn stage_into(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aw
     mkdir(&dir.out, 0o700)?;
     mkdir(&dir.src.join("out"), 0o755)?;
     if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
-        for (name, text) in RUNNER_FILES {
+        for (name, text) in runner_files(job.spec.runtime) {
             write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
         }
     }
