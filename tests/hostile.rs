@@ -331,12 +331,30 @@ async fn non_utf8_output_is_kept_exactly() {
 async fn disk_fill_stops_at_the_job_quota() {
     let _serial = SERIAL.lock().await;
     let mut client = client().await;
+    // Measured with the warm pool full both times: each warm sandbox's filesystem holds some
+    // of the host's disk (its ext4 metadata) while it waits.
+    settle_warm_pool().await;
     let free_before = free_bytes("/var/lib/sandq");
     let result = run_case(&mut client, "disk_fill.py", "60s", None).await;
+    settle_warm_pool().await;
     assert!(result.stderr.text.contains("No space left on device"), "no ENOSPC: {}", result.stderr.text);
     assert_eq!(result.status, JobStatus::Failed, "{result:?}");
     let free_after = free_bytes("/var/lib/sandq");
     assert!(free_after + (64 << 20) >= free_before, "the host lost {} bytes", free_before.saturating_sub(free_after));
+}
+
+/// Waits until the worker has started no warm sandbox for 3 s (its pool is full again).
+async fn settle_warm_pool() {
+    let count = || sandq_tests::worker_log().matches("warm sandbox started").count();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut last = (count(), std::time::Instant::now());
+    while last.1.elapsed() < std::time::Duration::from_secs(3) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let now = count();
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        }
+    }
 }
 
 fn free_bytes(path: &str) -> u64 {
@@ -550,7 +568,9 @@ def listing(path):
     except OSError as e:
         return type(e).__name__
 print("diskstats", repr(open("/proc/diskstats").read()))
-for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block"]:
+print("partitions", repr(open("/proc/partitions").read()))
+print("uevent_seqnum", repr(open("/sys/kernel/uevent_seqnum").read()))
+for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi"]:
     print(path, listing(path))
 mountinfo = open("/proc/self/mountinfo").read()
 print("mountinfo names /var/lib/sandq:", "/var/lib/sandq" in mountinfo)
@@ -563,7 +583,8 @@ print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountin
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
     assert_eq!(
         result.stdout.text,
-        "diskstats ''\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
+        "diskstats ''\npartitions ''\nuevent_seqnum ''\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
+         /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n\
          mountinfo names /var/lib/sandq: False\nmountinfo names the worker: False\n"
     );
 }

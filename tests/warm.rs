@@ -13,15 +13,19 @@ use sandq_tests::{exits_within, isolated_worker_log, python_job, run, Isolated};
 
 /// What a program can observe of its sandbox, as JSON: environment (less the job id), ids,
 /// cwd, argv, user namespace size, mounts (mount point, root, fs type, options; not the
-/// kernel's mount and device numbers, which vary per container), rlimits, CPU affinity, files in
+/// kernel's mount and device numbers, which vary per container, nor the host uid in options,
+/// which varies per slot), rlimits, CPU affinity, files in
 /// `/work` and `/tmp`, stdin.
 const PROBE: &str = r#"
 import json, os, resource, sys
+import re
 mounts = []
 for line in open("/proc/self/mountinfo"):
     f = line.split()
     sep = f.index("-")
-    mounts.append([f[4], f[3], f[sep + 1], f[5], f[sep + 3]])
+    # uid=/gid= options name the sandbox's host ids, which differ by slot (own id range).
+    options = re.sub(r"\b(uid|gid)=\d+", r"\1=N", f[sep + 3])
+    mounts.append([f[4], f[3], f[sep + 1], f[5], options])
 info = {
     "env": {k: v for k, v in os.environ.items() if k != "SANDQ_JOB_ID"},
     "ids": [os.getuid(), os.getgid(), os.geteuid(), os.getegid(), os.getgroups()],

@@ -61,7 +61,7 @@ def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namesp
         "submitted_at_ms": now_ms,
     }
     if mode is not None:
-        job["mode"] = mode  # "notebook" (Python's default) or "script"
+        job["mode"] = mode  # "notebook" (the default) or "script"
     if session is not None:
         job["session"] = session
     if stdin is not None:

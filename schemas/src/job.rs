@@ -57,9 +57,10 @@ pub struct JobSpec {
     /// `expired`). `None`: no deadline.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
-    /// How a Python program runs: `notebook` (default for Python: one IPython cell whose
-    /// last expression, `display()` calls and figures come back as MIME bundles in
-    /// `JobResult::outputs`) or `script` (`python3 main.py`). Node.js runs as a script only.
+    /// How the program runs: `notebook` (the default: like one notebook cell, whose last
+    /// expression's value (and for Python `display()` calls and figures) comes back as MIME
+    /// bundles in `JobResult::outputs`, an uncaught error in `JobResult::error`) or `script`
+    /// (`python3 main.py` / `node main.js`). `None`: notebook.
     #[serde(default)]
     pub mode: Option<RunMode>,
     /// Session whose files are restored into `/work` before the program runs and saved from
@@ -73,8 +74,9 @@ pub struct JobSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunMode {
-    /// Python only: the code runs as one notebook cell in IPython's `InteractiveShell`; the
-    /// result's `outputs` holds its rich outputs.
+    /// The code runs as one notebook cell (Python: in IPython's `InteractiveShell`; Node.js:
+    /// as the body of an async function, top-level `await` allowed); the result's `outputs`
+    /// holds its rich outputs and `error` its uncaught error.
     Notebook,
     /// `python3 main.py` / `node main.js`: stdout, stderr and the exit code only.
     Script,
@@ -82,8 +84,8 @@ pub enum RunMode {
 
 impl JobSpec {
     /// A job running `code` with every optional field empty: no inputs, args, stdin or env,
-    /// the worker's default timeout and result TTL, no network, notebook mode for Python, no
-    /// session, no deadline. Set the rest on the returned value.
+    /// the worker's default timeout and result TTL, no network, notebook mode, no session, no
+    /// deadline. Set the rest on the returned value.
     pub fn new(job_id: impl Into<String>, sku: Sku, runtime: Runtime, code: impl Into<String>) -> Self {
         JobSpec {
             schema_version: crate::SCHEMA_VERSION,
@@ -106,14 +108,9 @@ impl JobSpec {
         }
     }
 
-    /// The mode this job runs in: the one it names, else `notebook` for Python and `script`
-    /// for Node.js.
+    /// The mode this job runs in: the one it names, else `notebook` (for every runtime).
     pub fn run_mode(&self) -> RunMode {
-        match (self.mode, self.runtime) {
-            (Some(mode), _) => mode,
-            (None, Runtime::Python) => RunMode::Notebook,
-            (None, Runtime::Node) => RunMode::Script,
-        }
+        self.mode.unwrap_or(RunMode::Notebook)
     }
 }
 

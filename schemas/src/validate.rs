@@ -190,9 +190,6 @@ pub enum ValidationError {
         /// The mode as sent.
         mode: NetworkMode,
     },
-    /// `mode: notebook` with a runtime that has no notebook mode (Node.js).
-    #[error("mode \"notebook\" needs runtime \"python\"; Node.js jobs run as scripts")]
-    Mode,
     /// The session name is not 1 to 64 of `[A-Za-z0-9_.-]` or starts with `.`.
     #[error("session name {name:?} is not 1 to 64 of [A-Za-z0-9_.-] not starting with '.'")]
     Session {
@@ -409,9 +406,6 @@ impl JobSpec {
                 return Err(ValidationError::Env { name: name.clone(), reason: "NAME=value is 128 KiB or longer (the kernel's MAX_ARG_STRLEN)" });
             }
         }
-        if self.mode == Some(crate::RunMode::Notebook) && self.runtime == crate::Runtime::Node {
-            return Err(ValidationError::Mode);
-        }
         if let Some(session) = &self.session {
             check_session_name(session)?;
         }
@@ -462,11 +456,17 @@ mod tests {
             j.session = Some(name.to_owned());
             assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::Session { .. })), "{name:?}");
         }
-        let mut j = job();
-        j.runtime = Runtime::Node;
-        j.mode = Some(crate::RunMode::Notebook);
-        assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::Mode)));
-        assert_eq!(job().run_mode(), crate::RunMode::Notebook);
+        // Both runtimes have both modes; notebook is the default of each.
+        for runtime in [Runtime::Python, Runtime::Node] {
+            let mut j = job();
+            j.runtime = runtime;
+            assert_eq!(j.run_mode(), crate::RunMode::Notebook, "{runtime:?}");
+            for mode in [crate::RunMode::Notebook, crate::RunMode::Script] {
+                j.mode = Some(mode);
+                assert_eq!(j.run_mode(), mode);
+                assert!(j.clone().validate(&Limits::default()).is_ok(), "{runtime:?} {mode:?}");
+            }
+        }
     }
 
     #[test]

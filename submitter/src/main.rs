@@ -113,9 +113,10 @@ struct JobArgs {
     /// Job id; default a random UUID.
     #[arg(long)]
     id: Option<String>,
-    /// How Python runs: notebook (one IPython cell: the last expression, display(), tables and
-    /// charts come back as rich outputs) or script (python3 main.py). Default notebook for
-    /// Python, script for Node.js.
+    /// How the code runs: notebook (the default: like one notebook cell, the last expression's
+    /// value comes back as a rich output, and for Python display(), tables and charts too; an
+    /// uncaught error as the result's error; Node.js allows top-level await) or script (plain
+    /// python3 main.py / node main.js).
     #[arg(long, value_parser = ["notebook", "script"])]
     mode: Option<String>,
     /// Session: files left in /work are saved and restored into the next job of the same

@@ -59,7 +59,10 @@ pub async fn process(ctx: &Context, delivery: &Delivery, queue: sandq_schemas::S
 }
 
 async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) -> Outcome {
-    let job_id = sandq_schemas::peek_job_id(&delivery.data).or_else(|| {
+    // Only the start of the body: `job_id` comes first from every client, and a huge crafted
+    // body is not walked through.
+    let prefix = &delivery.data[..delivery.data.len().min(64 << 10)];
+    let job_id = sandq_schemas::peek_job_id(prefix).or_else(|| {
         let id = delivery.properties.message_id().as_ref()?.to_string();
         sandq_schemas::validate::check_job_id(&id).ok().map(|()| id)
     });
@@ -67,6 +70,15 @@ async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) ->
         warn!(reason, "rejected a message without a usable job id; dead-lettering it");
         return Outcome::Unidentifiable;
     };
+    // A message that names a job already running elsewhere (forged, or a broken duplicate)
+    // must not end that job (security re-review N6): drop it.
+    let mut redis = ctx.redis.clone();
+    if let Ok(Some(current)) = results::read(&mut redis, &ctx.settings.names, &job_id).await {
+        if current.status == JobStatus::Running || current.status.is_terminal() {
+            warn!(%job_id, reason, status = %current.status, "rejected a message naming a job that is running or finished; dropping it");
+            return Outcome::Stored;
+        }
+    }
     warn!(%job_id, reason, "rejected job");
     let mut result = JobResult::new(job_id, JobStatus::Rejected);
     result.reason = Some(reason.to_owned());

@@ -76,7 +76,8 @@ pub enum RunError {
 pub const OUTPUTS_FILE: &str = "/sandq/out/outputs.jsonl";
 
 /// The program's argv inside the sandbox: `python3 /sandq/sandq_runner.py <script> args...`
-/// in notebook mode, `python3 <script> args...` or `node <script> args...` in script mode.
+/// or `node /sandq/sandq_runner.js <script> args...` in notebook mode, `python3 <script>
+/// args...` or `node <script> args...` in script mode.
 pub fn command(job: &ValidJob) -> Vec<String> {
     let interpreter = match job.spec.runtime {
         Runtime::Python => "python3",
@@ -88,7 +89,9 @@ pub fn command(job: &ValidJob) -> Vec<String> {
     };
     let mut argv = vec![interpreter.to_owned()];
     if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
-        argv.push("/sandq/sandq_runner.py".to_owned());
+        if let Some((runner, _)) = crate::stage::runner_files(job.spec.runtime).first() {
+            argv.push(format!("/sandq/{runner}"));
+        }
     }
     argv.push(script);
     argv.extend(job.spec.args.iter().cloned());
@@ -187,7 +190,11 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
     let Ok(stream) = crate::sys::async_pipe(stream) else {
         return captured;
     };
-    let mut buf = vec![0u8; 64 * 1024];
+    // A 1 MiB pipe, read at most every DISCARD_INTERVAL: a program writing a byte at a time
+    // wakes the worker 200 times a second, not once per write (security re-review N2); the
+    // pipe holds what comes meanwhile (best effort: the default size only costs more wake-ups).
+    let _ = crate::sys::set_pipe_size(stream.get_ref().as_fd(), DISCARD_PIPE_BYTES as i32);
+    let mut buf = vec![0u8; DISCARD_PIPE_BYTES];
     while (captured.bytes.len() as u64) < cap {
         let Ok(mut ready) = stream.readable().await else { return captured };
         match ready.try_io(|fd| crate::sys::read_once(fd.get_ref().as_fd(), &mut buf)) {
@@ -196,14 +203,12 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
                 captured.total += n as u64;
                 let room = cap.saturating_sub(captured.bytes.len() as u64) as usize;
                 captured.bytes.extend_from_slice(&buf[..n.min(room)]);
+                tokio::time::sleep(DISCARD_INTERVAL).await;
             }
             Err(_would_block) => {}
         }
     }
     drop(buf);
-    // A 1 MiB pipe: each splice moves up to 1 MiB, so draining costs a wake-up per MiB rather
-    // than per 64 KiB (best effort: the default size only costs more wake-ups).
-    let _ = crate::sys::set_pipe_size(stream.get_ref().as_fd(), DISCARD_PIPE_BYTES as i32);
     let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else { return captured };
     let started = tokio::time::Instant::now();
     let mut discarded = 0u64;
@@ -485,5 +490,32 @@ pub async fn delete_container(settings: &Settings, container_id: &str) {
         .await;
     if let Err(e) = status {
         tracing::error!(container_id, error = %e, "cannot run sandq-container delete");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandq_schemas::{JobSpec, RunMode, Sku, validate::Limits};
+
+    fn argv(runtime: Runtime, mode: Option<RunMode>) -> Vec<String> {
+        let mut spec = JobSpec::new("job-1", Sku::S, runtime, "1");
+        spec.mode = mode;
+        spec.args = vec!["a".into()];
+        command(&spec.validate(&Limits::default()).expect("valid"))
+    }
+
+    #[test]
+    fn notebook_mode_runs_the_runtimes_runner_and_script_mode_the_interpreter() {
+        assert_eq!(argv(Runtime::Python, None), ["python3", "/sandq/sandq_runner.py", "/sandq/main.py", "a"]);
+        assert_eq!(argv(Runtime::Node, None), ["node", "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
+        assert_eq!(argv(Runtime::Node, Some(RunMode::Notebook)), ["node", "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
+        assert_eq!(argv(Runtime::Python, Some(RunMode::Script)), ["python3", "/sandq/main.py", "a"]);
+        assert_eq!(argv(Runtime::Node, Some(RunMode::Script)), ["node", "/sandq/main.js", "a"]);
+        // The runner named is one the stage writes.
+        for runtime in [Runtime::Python, Runtime::Node] {
+            let runner = argv(runtime, None)[1].trim_start_matches("/sandq/").to_owned();
+            assert!(crate::stage::runner_files(runtime).iter().any(|(name, _)| *name == runner), "{runtime:?}");
+        }
     }
 }

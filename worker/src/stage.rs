@@ -4,7 +4,8 @@
 //! <jobs_dir>/<container id>/     0711 root
 //!   bundle/config.json           the OCI runtime config
 //!   src/                         tmpfs (just large enough), mounted read-only at /sandq:
-//!     main.py                    the source code (or main.js), the notebook runner's files,
+//!     main.py                    the source code (or main.js), the notebook runner's files
+//!                                (sandq_runner.py and sandq_mpl.py, or sandq_runner.js),
 //!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
 //!     out/                       the mount point of out/ below
 //!   work/                        mounted read-write at /work, owned by the sandbox uid
@@ -188,7 +189,7 @@ pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Clien
         disk_bytes: place.disk_bytes,
         out_bytes: place.outputs_bytes + place.state_bytes,
         src_bytes: place.src_bytes,
-        notebook: job.spec.run_mode() == sandq_schemas::RunMode::Notebook,
+        runner: (job.spec.run_mode() == sandq_schemas::RunMode::Notebook).then_some(job.spec.runtime),
         warm: false,
     };
     let dir = prepare(&shape).await?;
@@ -224,8 +225,8 @@ pub struct Shape<'a> {
     /// Bytes the job's own files need in `src/` beyond the runner's (code, `resolv.conf`, the
     /// handover of a warm start).
     pub src_bytes: usize,
-    /// Put the notebook runner's files in `src/`.
-    pub notebook: bool,
+    /// Put this runtime's notebook runner files in `src/`.
+    pub runner: Option<sandq_schemas::Runtime>,
     /// A warm sandbox: also the FIFO `out/.go` its runner waits on.
     pub warm: bool,
 }
@@ -262,7 +263,8 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     mkdir(&dir.src, 0o755)?;
     // src/ and out/ are filesystems of their own, so that the sandbox's mountinfo shows `/` as
     // their root rather than a host path naming the worker (security review I5).
-    let runner_bytes: usize = if shape.notebook { RUNNER_FILES.iter().map(|(_, text)| text.len()).sum() } else { 0 };
+    let runner = shape.runner.map(runner_files).unwrap_or_default();
+    let runner_bytes: usize = runner.iter().map(|(_, text)| text.len()).sum();
     // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
     let src_options = format!("size={},nr_inodes=16,mode=0755", shape.src_bytes + runner_bytes + (64 << 10));
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
@@ -278,10 +280,8 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare_error(&dir.work))?;
     mkdir(&dir.out, 0o700)?;
     mkdir(&dir.src.join("out"), 0o755)?;
-    if shape.notebook {
-        for (name, text) in RUNNER_FILES {
-            write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
-        }
+    for (name, text) in runner {
+        write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
     }
     // nr_inodes: inodes are kernel memory cgroup v1 does not charge to the job.
     let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", shape.out_bytes);
@@ -357,12 +357,24 @@ pub struct Restore {
     pub sha256: String,
 }
 
-/// The notebook runner and its matplotlib backend, written next to the user's code (the image
-/// stays as built; see `oci-bundles/runner/README.md`).
+/// The Python notebook runner and its matplotlib backend, written next to the user's code
+/// (the image stays as built; see `oci-bundles/runner/README.md`).
 const RUNNER_FILES: [(&str, &str); 2] = [
     ("sandq_runner.py", include_str!("../../oci-bundles/runner/sandq_runner.py")),
     ("sandq_mpl.py", include_str!("../../oci-bundles/runner/sandq_mpl.py")),
 ];
+
+/// The Node.js notebook runner, written next to the user's code like [`RUNNER_FILES`].
+const NODE_RUNNER_FILES: [(&str, &str); 1] = [("sandq_runner.js", include_str!("../../oci-bundles/runner/sandq_runner.js"))];
+
+/// The notebook runner's files for a runtime: the first is the one the interpreter runs
+/// ([`crate::run::command`]).
+pub fn runner_files(runtime: sandq_schemas::Runtime) -> &'static [(&'static str, &'static str)] {
+    match runtime {
+        sandq_schemas::Runtime::Python => &RUNNER_FILES,
+        sandq_schemas::Runtime::Node => &NODE_RUNNER_FILES,
+    }
+}
 
 /// Puts a job into a prepared dir: `resolv.conf`, code, the session's state and files, stdin,
 /// inputs.

@@ -15,6 +15,16 @@ pub enum ValidateError {
     /// Decoded, but breaks a rule or a limit.
     #[error(transparent)]
     Invalid(#[from] sandq_schemas::ValidationError),
+    /// The body is larger than any valid job could be: refused before it is decoded, since
+    /// decoding a crafted message costs many times its size (security re-review N1: 100 MB of
+    /// 5-byte input entries took the worker to 1.7 GB).
+    #[error("message of {size} bytes is larger than any valid job ({max} bytes at most)")]
+    TooLarge {
+        /// The body's size, bytes.
+        size: usize,
+        /// The largest body accepted, bytes.
+        max: usize,
+    },
     /// This worker has no slots for the job's SKU (it reached the wrong queue).
     #[error("sku {0} is not served by this worker")]
     SkuNotServed(Sku),
@@ -35,6 +45,10 @@ pub enum ValidateError {
 /// [`ValidateError`]; the caller finds the job id, if any, with
 /// [`sandq_schemas::peek_job_id`].
 pub fn validate(body: &[u8], settings: &Settings, queue: Sku) -> Result<ValidJob, ValidateError> {
+    let max = max_body_bytes(&settings.limits);
+    if body.len() > max {
+        return Err(ValidateError::TooLarge { size: body.len(), max });
+    }
     let spec: JobSpec = sandq_schemas::decode(body)?;
     let valid = spec.validate(&settings.limits)?;
     if valid.spec.sku != queue {
@@ -44,4 +58,11 @@ pub fn validate(body: &[u8], settings: &Settings, queue: Sku) -> Result<ValidJob
         return Err(ValidateError::SkuNotServed(valid.spec.sku));
     }
     Ok(valid)
+}
+
+/// The largest body a valid job can have, bytes: its code and stdin at their limits, plus
+/// 4 MiB for everything else (1,000 inputs of at most 1 KiB paths, args and env at most 1 MiB
+/// together, the other fields).
+pub fn max_body_bytes(limits: &sandq_schemas::Limits) -> usize {
+    limits.max_code_bytes + limits.max_stdin_bytes + (4 << 20)
 }

@@ -77,6 +77,8 @@ impl Drop for IndexLease {
 /// The warm sandboxes of one worker.
 #[derive(Debug)]
 pub struct Pool {
+    /// Set by [`Pool::drain`]: no sandbox is added any more.
+    closed: std::sync::atomic::AtomicBool,
     ready: Mutex<BTreeMap<Sku, Vec<WarmSandbox>>>,
     free: std::sync::Arc<Mutex<Vec<usize>>>,
     per_sku: usize,
@@ -96,6 +98,7 @@ impl Pool {
     /// `first_index..first_index + ranges` to hand out.
     pub fn new(per_sku: usize, first_index: usize, ranges: usize) -> Self {
         Pool {
+            closed: std::sync::atomic::AtomicBool::new(false),
             ready: Mutex::new(BTreeMap::new()),
             free: std::sync::Arc::new(Mutex::new((first_index..first_index + ranges).rev().collect())),
             per_sku,
@@ -123,6 +126,7 @@ impl Pool {
 
     /// Removes every warm sandbox, waiting for each helper to kill and delete its container.
     pub async fn drain(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let all: Vec<WarmSandbox> = match self.ready.lock() {
             Ok(mut ready) => std::mem::take(&mut *ready).into_values().flatten().collect(),
             Err(_) => return,
@@ -153,7 +157,7 @@ async fn make(ctx: &Context, sku: Sku, index: IndexLease) -> Result<WarmSandbox,
         disk_bytes: sku_settings.disk_bytes,
         out_bytes: settings.max_outputs_bytes + 2 * settings.max_state_bytes,
         src_bytes: src_bytes(settings),
-        notebook: true,
+        runner: Some(Runtime::Python),
         warm: true,
     };
     let dir = stage::prepare(&shape).await.map_err(|e| e.to_string())?;
@@ -198,8 +202,17 @@ pub async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<boo
             match make(&ctx, sku, lease).await {
                 Ok(warm) => {
                     info!(%sku, container_id = warm.container_id, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
+                    let mut warm = Some(warm);
                     if let Ok(mut ready) = pool.ready.lock() {
-                        ready.entry(sku).or_default().push(warm);
+                        // Checked under the lock drain() takes: a sandbox made while the
+                        // worker shuts down is never left in the pool.
+                        if !pool.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                            ready.entry(sku).or_default().extend(warm.take());
+                        }
+                    }
+                    if let Some(late) = warm {
+                        late.started.discard(&late.dir).await;
+                        return;
                     }
                 }
                 Err(e) => {
