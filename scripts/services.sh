@@ -101,12 +101,28 @@ if ! wait_port 3900 0; then
   wait_port 3900 60 || { log "garage did not start; see $garage_dir/garage.log"; exit 1; }
 fi
 for _ in $(seq 1 50); do garage status >/dev/null 2>&1 && break; sleep 0.2; done
-if garage layout show 2>/dev/null | grep -q "No nodes currently have a role"; then
+# A fresh Garage has no layout: give this node a role and apply it. The output is captured
+# before it is searched: `cmd | grep -q` under pipefail fails when grep exits early and the
+# writer gets SIGPIPE, which once left a new machine's layout unassigned.
+layout=$(garage layout show 2>&1) || { log "garage layout show failed: $layout"; exit 1; }
+if grep -q "No nodes currently have a role" <<<"$layout"; then
   node=$(garage node id -q | cut -d@ -f1)
+  log "garage: assigning a layout to node ${node:0:16}"
   garage layout assign -z dc1 -c 1G "$node" >/dev/null
-  garage layout apply --version 1 >/dev/null
+  layout=$(garage layout show 2>&1)
 fi
-garage key info sandq-key >/dev/null 2>&1 || garage key create sandq-key >/dev/null
+if grep -q "garage layout apply" <<<"$layout"; then
+  # Staged changes (just assigned, or left by an interrupted earlier run): apply the version
+  # the server proposes.
+  version=$(grep -o 'garage layout apply --version [0-9]*' <<<"$layout" | awk '{print $NF}' | head -n 1)
+  garage layout apply --version "$version" >/dev/null
+fi
+# The layout takes a moment to become active: retry the first admin call until it is ready.
+for attempt in $(seq 1 50); do
+  if garage key info sandq-key >/dev/null 2>&1 || garage key create sandq-key >/dev/null 2>&1; then break; fi
+  [ "$attempt" = 50 ] && { log "garage: cannot create the access key (layout not ready?)"; garage layout show >&2 || true; exit 1; }
+  sleep 0.2
+done
 garage bucket info sandq >/dev/null 2>&1 || garage bucket create sandq >/dev/null
 garage bucket allow --read --write --owner sandq --key sandq-key >/dev/null
 key_info=$(garage key info sandq-key --show-secret)
