@@ -18,6 +18,11 @@ garage_version=2.5.0
 garage_bin="$cache/garage-$garage_version/bin/garage"
 garage_dir=${SANDQ_GARAGE_DIR:-/var/lib/sandq-garage}
 garage_conf="$garage_dir/garage.toml"
+garage_port=3900
+garage_rpc_port=3901
+garage_admin_port=3903
+redis_port=6379
+amqp_port=5672
 log() { echo "services: $*" >&2; }
 
 apt_updated=0
@@ -29,15 +34,18 @@ need_pkg() { # need_pkg COMMAND PACKAGE...
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
 
-wait_port() { # wait_port PORT SECONDS
-  for _ in $(seq 1 $(( $2 * 5 ))); do
+wait_port() { # wait_port PORT SECONDS: whether 127.0.0.1:PORT accepts within SECONDS (0: now)
+  local tries=$(( $2 * 5 ))
+  for i in $(seq 0 "$tries"); do
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.2
+    [ "$i" -lt "$tries" ] && sleep 0.2
   done
   return 1
 }
 
+need_pkg cc build-essential   # cargo's linker and C build scripts (Garage, libseccomp-sys)
 need_pkg pkg-config pkg-config
+need_pkg python3 python3       # the sandbox image's build and the tests' Python client
 dpkg -s libseccomp-dev >/dev/null 2>&1 || { apt-get update -qq >&2; apt_updated=1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev >&2; }
 need_pkg curl curl
 need_pkg ip iproute2
@@ -45,60 +53,78 @@ need_pkg iptables iptables   # the outbound network mode's NAT and firewall
 
 # --- Redis ---------------------------------------------------------------------------------
 need_pkg redis-server redis-server
-if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  log "starting redis"
+if ! redis-cli -h 127.0.0.1 -p "$redis_port" ping >/dev/null 2>&1; then
+  log "starting redis on port $redis_port"
   mkdir -p /var/lib/redis /var/log/redis
-  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$redis_port" --save "" --appendonly no \
     --dir /var/lib/redis --logfile /var/log/redis/ci.log >&2
-  wait_port 6379 30 || { log "redis did not start"; exit 1; }
+  wait_port "$redis_port" 30 || { log "redis did not start"; exit 1; }
 fi
 
 # --- RabbitMQ ------------------------------------------------------------------------------
 need_pkg rabbitmq-server rabbitmq-server
-if ! wait_port 5672 1; then
+if ! wait_port "$amqp_port" 1; then
   log "starting rabbitmq"
   rabbitmq-server -detached >&2 || true
-  wait_port 5672 120 || { log "rabbitmq did not start"; exit 1; }
+  wait_port "$amqp_port" 120 || { log "rabbitmq did not start"; exit 1; }
 fi
 # The port opens before the broker accepts connections; wait until it answers.
-for _ in $(seq 1 60); do rabbitmqctl -q await_startup >/dev/null 2>&1 && break; sleep 1; done
+for attempt in $(seq 1 60); do
+  rabbitmqctl -q await_startup >/dev/null 2>&1 && break
+  [ "$attempt" = 60 ] && { log "rabbitmq did not finish starting"; exit 1; }
+  sleep 1
+done
 
 # --- Garage (S3) ---------------------------------------------------------------------------
 if [ ! -x "$garage_bin" ]; then
+  command -v cargo >/dev/null || { log "cargo not found: install Rust (rustup.rs), then run this again"; exit 1; }
   log "building garage $garage_version (once; ~15 minutes on 2 cores)"
   cargo install garage --version "$garage_version" --locked --root "$cache/garage-$garage_version" >&2
 fi
 mkdir -p "$garage_dir/meta" "$garage_dir/data"
-if [ ! -f "$garage_conf" ]; then
-  cat > "$garage_conf" <<EOF
+# The config is written on every run (the ports may differ from the last one's), keeping the
+# RPC secret of an existing one.
+rpc_secret=$(sed -n 's/^rpc_secret = "\([0-9a-f]*\)"$/\1/p' "$garage_conf" 2>/dev/null || true)
+[ -n "$rpc_secret" ] || rpc_secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+cat > "$garage_conf.tmp" <<EOF
 metadata_dir = "$garage_dir/meta"
 data_dir = "$garage_dir/data"
 db_engine = "sqlite"
 replication_factor = 1
-rpc_bind_addr = "127.0.0.1:3901"
-rpc_public_addr = "127.0.0.1:3901"
-rpc_secret = "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+rpc_bind_addr = "127.0.0.1:$garage_rpc_port"
+rpc_public_addr = "127.0.0.1:$garage_rpc_port"
+rpc_secret = "$rpc_secret"
 
 [s3_api]
 s3_region = "garage"
-api_bind_addr = "127.0.0.1:3900"
+api_bind_addr = "127.0.0.1:$garage_port"
 root_domain = ".s3.garage.localhost"
 
 [admin]
-api_bind_addr = "127.0.0.1:3903"
+api_bind_addr = "127.0.0.1:$garage_admin_port"
 EOF
+garage_server="garage -c $garage_conf server"   # its command line (any version), for pgrep and pkill
+if cmp -s "$garage_conf.tmp" "$garage_conf"; then
+  rm -f "$garage_conf.tmp"
+else
+  chmod 600 "$garage_conf.tmp"
+  mv "$garage_conf.tmp" "$garage_conf"
+  # A garage still running on the old config is replaced below by one on the new config.
+  if pkill -KILL -f "$garage_server" 2>/dev/null; then log "garage config changed: restarting garage"; fi
 fi
 garage() { "$garage_bin" -c "$garage_conf" "$@"; }
-if ! wait_port 3900 0; then
+if ! wait_port "$garage_port" 0 || ! pgrep -f "$garage_server" >/dev/null; then
   # A garage without its S3 listener (still shutting down, or it lost the port to one that
   # was) would hold the RPC port and never serve: kill it before starting a new one.
-  pkill -KILL -f "$garage_bin -c $garage_conf server" 2>/dev/null || true
-  for _ in $(seq 1 50); do pgrep -f "$garage_bin -c $garage_conf server" >/dev/null || break; sleep 0.1; done
-  log "starting garage"
+  pkill -KILL -f "$garage_server" 2>/dev/null || true
+  for _ in $(seq 1 50); do pgrep -f "$garage_server" >/dev/null || break; sleep 0.1; done
+  wait_port "$garage_port" 0 && { log "port $garage_port is taken by another program"; exit 1; }
+  log "starting garage on port $garage_port ($garage_dir)"
   # setsid: its own session and process group, so that nothing cleaning up the caller's
   # process group (a CI step, a terminal closing) takes the S3 server down with it.
   setsid nohup "$garage_bin" -c "$garage_conf" server >>"$garage_dir/garage.log" 2>&1 < /dev/null &
-  wait_port 3900 60 || { log "garage did not start; see $garage_dir/garage.log"; exit 1; }
+  echo $! > "$garage_dir/garage.pid"
+  wait_port "$garage_port" 60 || { log "garage did not start; see $garage_dir/garage.log"; exit 1; }
 fi
 for _ in $(seq 1 50); do garage status >/dev/null 2>&1 && break; sleep 0.2; done
 # A fresh Garage has no layout: give this node a role and apply it. The output is captured
@@ -114,7 +140,9 @@ fi
 if grep -q "garage layout apply" <<<"$layout"; then
   # Staged changes (just assigned, or left by an interrupted earlier run): apply the version
   # the server proposes.
-  version=$(grep -o 'garage layout apply --version [0-9]*' <<<"$layout" | awk '{print $NF}' | head -n 1)
+  version=$(sed -n 's/.*garage layout apply --version \([0-9][0-9]*\).*/\1/p' <<<"$layout")
+  version=${version%%$'\n'*}
+  [ -n "$version" ] || { log "garage: no version to apply in: $layout"; exit 1; }
   garage layout apply --version "$version" >/dev/null
 fi
 # The layout takes a moment to become active: retry the first admin call until it is ready.
@@ -126,8 +154,8 @@ done
 garage bucket info sandq >/dev/null 2>&1 || garage bucket create sandq >/dev/null
 garage bucket allow --read --write --owner sandq --key sandq-key >/dev/null
 key_info=$(garage key info sandq-key --show-secret)
-key_id=$(echo "$key_info" | awk -F': *' '/Key ID/ {print $2; exit}')
-secret=$(echo "$key_info" | awk -F': *' '/Secret key/ {print $2; exit}')
+key_id=$(awk -F': *' '/Key ID/ {print $2; exit}' <<<"$key_info")
+secret=$(awk -F': *' '/Secret key/ {print $2; exit}' <<<"$key_info")
 [ -n "$key_id" ] && [ -n "$secret" ] || { log "cannot read garage key"; exit 1; }
 
 # --- Sandbox image -------------------------------------------------------------------------
@@ -141,13 +169,13 @@ cat > "$config.tmp" <<EOF
 namespace = "sandq"
 
 [amqp]
-url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+url = "amqp://guest:guest@127.0.0.1:$amqp_port/%2f"
 
 [redis]
-url = "redis://127.0.0.1:6379/"
+url = "redis://127.0.0.1:$redis_port/"
 
 [s3]
-endpoint = "http://127.0.0.1:3900"
+endpoint = "http://127.0.0.1:$garage_port"
 region = "garage"
 bucket = "sandq"
 access_key_id = "$key_id"
