@@ -46,6 +46,9 @@ wait_port() { # wait_port PORT SECONDS: whether 127.0.0.1:PORT accepts within SE
 need_pkg cc build-essential   # cargo's linker and C build scripts (Garage, libseccomp-sys)
 need_pkg pkg-config pkg-config
 need_pkg python3 python3       # the sandbox image's build and the tests' Python client
+# build-rootfs.sh fetches a wheel with pip (checked here: a change to that script is a change of
+# the image's cache key, and rebuilds it).
+python3 -m pip --version >/dev/null 2>&1 || need_pkg pip3 python3-pip
 dpkg -s libseccomp-dev >/dev/null 2>&1 || { apt-get update -qq >&2; apt_updated=1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev >&2; }
 need_pkg curl curl
 need_pkg ip iproute2
