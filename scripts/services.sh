@@ -9,6 +9,22 @@
 #   - the config file the worker and the CLI read by default ($SANDQ_CONFIG, default
 #     /etc/sandq/sandq.toml).
 # Needs root. Safe to run any number of times.
+#
+# Another instance of the services (CI brings up one from nothing per run, .ci/run) is chosen by
+# environment variables; unset, each has the default above:
+#   SANDQ_CONFIG            config file written (/etc/sandq/sandq.toml)
+#   SANDQ_CACHE             builds cached by version and content (/var/cache/sandq)
+#   SANDQ_REDIS_PORT        Redis port (6379)
+#   SANDQ_REDIS_DIR         Redis working dir and log (/var/lib/redis, log /var/log/redis/ci.log)
+#   SANDQ_GARAGE_DIR        Garage config, metadata, data, log and pid (/var/lib/sandq-garage)
+#   SANDQ_GARAGE_PORT       Garage S3 port (3900); RPC and admin: SANDQ_GARAGE_RPC_PORT (3901),
+#                           SANDQ_GARAGE_ADMIN_PORT (3903)
+#   RABBITMQ_NODE_PORT      AMQP port (5672); RabbitMQ's own variable, like RABBITMQ_NODENAME,
+#                           which rabbitmqctl also follows
+#   SANDQ_RABBITMQ_DIR      when set, a RabbitMQ node of its own (RABBITMQ_NODENAME required,
+#                           distribution port RABBITMQ_DIST_PORT, default AMQP port + 20000) keeps
+#                           every file there, listens on 127.0.0.1 only and ignores /etc/rabbitmq;
+#                           the dir must be reachable by the rabbitmq user
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,11 +34,11 @@ garage_version=2.5.0
 garage_bin="$cache/garage-$garage_version/bin/garage"
 garage_dir=${SANDQ_GARAGE_DIR:-/var/lib/sandq-garage}
 garage_conf="$garage_dir/garage.toml"
-garage_port=3900
-garage_rpc_port=3901
-garage_admin_port=3903
-redis_port=6379
-amqp_port=5672
+garage_port=${SANDQ_GARAGE_PORT:-3900}
+garage_rpc_port=${SANDQ_GARAGE_RPC_PORT:-3901}
+garage_admin_port=${SANDQ_GARAGE_ADMIN_PORT:-3903}
+redis_port=${SANDQ_REDIS_PORT:-6379}
+amqp_port=${RABBITMQ_NODE_PORT:-5672}
 log() { echo "services: $*" >&2; }
 
 apt_updated=0
@@ -48,7 +64,11 @@ need_pkg pkg-config pkg-config
 need_pkg python3 python3       # the sandbox image's build and the tests' Python client
 # build-rootfs.sh fetches a wheel with pip (checked here: a change to that script is a change of
 # the image's cache key, and rebuilds it).
-python3 -m pip --version >/dev/null 2>&1 || need_pkg pip3 python3-pip
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  if [ $apt_updated = 0 ]; then apt-get update -qq >&2; apt_updated=1; fi
+  log "installing python3-pip"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >&2
+fi
 dpkg -s libseccomp-dev >/dev/null 2>&1 || { apt-get update -qq >&2; apt_updated=1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev >&2; }
 need_pkg curl curl
 need_pkg ip iproute2
@@ -58,23 +78,48 @@ need_pkg iptables iptables   # the outbound network mode's NAT and firewall
 need_pkg redis-server redis-server
 if ! redis-cli -h 127.0.0.1 -p "$redis_port" ping >/dev/null 2>&1; then
   log "starting redis on port $redis_port"
-  mkdir -p /var/lib/redis /var/log/redis
+  if [ -n "${SANDQ_REDIS_DIR:-}" ]; then
+    redis_files=(--dir "$SANDQ_REDIS_DIR" --logfile "$SANDQ_REDIS_DIR/redis.log" --pidfile "$SANDQ_REDIS_DIR/redis.pid")
+    mkdir -p "$SANDQ_REDIS_DIR"
+  else
+    redis_files=(--dir /var/lib/redis --logfile /var/log/redis/ci.log)
+    mkdir -p /var/lib/redis /var/log/redis
+  fi
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$redis_port" --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/ci.log >&2
+    "${redis_files[@]}" >&2
   wait_port "$redis_port" 30 || { log "redis did not start"; exit 1; }
 fi
 
 # --- RabbitMQ ------------------------------------------------------------------------------
 need_pkg rabbitmq-server rabbitmq-server
+if [ -n "${SANDQ_RABBITMQ_DIR:-}" ]; then
+  # A node of its own: every file under the dir, nothing read from /etc/rabbitmq, loopback only.
+  : "${RABBITMQ_NODENAME:?SANDQ_RABBITMQ_DIR needs RABBITMQ_NODENAME (e.g. sandq-ci@localhost)}"
+  rabbitmq_dir=$SANDQ_RABBITMQ_DIR
+  mkdir -p "$rabbitmq_dir/mnesia" "$rabbitmq_dir/log"
+  [ -f "$rabbitmq_dir/enabled_plugins" ] || echo '[].' > "$rabbitmq_dir/enabled_plugins"
+  touch "$rabbitmq_dir/rabbitmq.conf" "$rabbitmq_dir/rabbitmq-env.conf"
+  chown -R rabbitmq:rabbitmq "$rabbitmq_dir"
+  su rabbitmq -s /bin/sh -c 'test -w "$0"' "$rabbitmq_dir/mnesia" \
+    || { log "the rabbitmq user cannot write $rabbitmq_dir (a parent dir closed to it?)"; exit 1; }
+  export RABBITMQ_NODE_PORT=$amqp_port RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  export RABBITMQ_DIST_PORT=${RABBITMQ_DIST_PORT:-$(( amqp_port + 20000 ))}
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export RABBITMQ_MNESIA_BASE=$rabbitmq_dir/mnesia RABBITMQ_LOG_BASE=$rabbitmq_dir/log
+  export RABBITMQ_PID_FILE=$rabbitmq_dir/rabbitmq.pid
+  export RABBITMQ_ENABLED_PLUGINS_FILE=$rabbitmq_dir/enabled_plugins
+  export RABBITMQ_CONFIG_FILE=$rabbitmq_dir/rabbitmq.conf RABBITMQ_CONF_ENV_FILE=$rabbitmq_dir/rabbitmq-env.conf
+  export RABBITMQ_ADVANCED_CONFIG_FILE=$rabbitmq_dir/advanced.config
+fi
 if ! wait_port "$amqp_port" 1; then
-  log "starting rabbitmq"
+  log "starting rabbitmq${RABBITMQ_NODENAME:+ node $RABBITMQ_NODENAME} on port $amqp_port"
   rabbitmq-server -detached >&2 || true
   wait_port "$amqp_port" 120 || { log "rabbitmq did not start"; exit 1; }
 fi
 # The port opens before the broker accepts connections; wait until it answers.
 for attempt in $(seq 1 60); do
   rabbitmqctl -q await_startup >/dev/null 2>&1 && break
-  [ "$attempt" = 60 ] && { log "rabbitmq did not finish starting"; exit 1; }
+  [ "$attempt" = 60 ] && { log "rabbitmq${RABBITMQ_NODENAME:+ node $RABBITMQ_NODENAME} did not finish starting"; exit 1; }
   sleep 1
 done
 
