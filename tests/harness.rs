@@ -54,6 +54,26 @@ pub fn service_config() -> ServiceConfig {
     config
 }
 
+/// Garage's directory in the services the tests use: `$SANDQ_GARAGE_DIR` when set (CI's
+/// instance of its own, `.ci/run`), else the default of `scripts/services.sh`.
+pub fn garage_dir() -> PathBuf {
+    std::env::var_os("SANDQ_GARAGE_DIR").map_or_else(|| PathBuf::from("/var/lib/sandq-garage"), PathBuf::from)
+}
+
+/// SIGKILLs the Garage server of the services the tests use (an outage as a crash), and only
+/// that one: another Garage on the machine keeps running. True when one was running.
+pub fn kill_garage() -> bool {
+    let pattern = format!("garage -c {} server", garage_dir().join("garage.toml").display());
+    Command::new("pkill").args(["-KILL", "-f", &pattern]).status().expect("pkill").success()
+}
+
+/// Brings the services the tests use back up with `scripts/services.sh`, which restarts what is
+/// down; the script inherits the environment that chose the instance (`SANDQ_CONFIG`,
+/// `SANDQ_GARAGE_DIR`, the ports). True when it succeeded.
+pub fn restart_services() -> bool {
+    Command::new(repo_root().join("scripts/services.sh")).stderr(Stdio::null()).status().expect("services.sh").success()
+}
+
 static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
 
 /// Starts the shared worker once per test binary (purging the test queues first). SKU S is
