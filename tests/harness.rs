@@ -74,6 +74,14 @@ pub fn restart_services() -> bool {
     Command::new(repo_root().join("scripts/services.sh")).stderr(Stdio::null()).status().expect("services.sh").success()
 }
 
+/// The port of a service URL (`amqp://guest:guest@127.0.0.1:5672/%2f` -> 5672): tests read the
+/// services' ports from the config, never assume the defaults.
+pub fn service_port(url: &str) -> u16 {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest).split('/').next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host_port)| host_port);
+    host_port.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).unwrap_or_else(|| panic!("no port in {url}"))
+}
+
 static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
 
 /// Starts the shared worker once per test binary (purging the test queues first). SKU S is

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use sandq_schemas::{JobResult, JobStatus, Sku};
 use sandq_submitter::Client;
-use sandq_tests::{client, python_job, repo_root, run, service_config, worker_alive, worker_id};
+use sandq_tests::{client, python_job, repo_root, run, service_config, service_port, worker_alive, worker_id};
 use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
@@ -131,7 +131,8 @@ async fn environment_holds_no_credentials_or_service_addresses() {
     for secret in [&config.s3.access_key_id, &config.s3.secret_access_key, &config.amqp.url, &config.redis.url, &config.s3.endpoint] {
         assert!(!secret.is_empty() && !env.contains(secret.as_str()), "the sandbox sees {secret:?}");
     }
-    for marker in ["amqp://", "redis://", ":3900", "AWS_", "SANDQ__", "SANDQ_CONFIG"] {
+    let s3_port = format!(":{}", service_port(&config.s3.endpoint));
+    for marker in ["amqp://", "redis://", s3_port.as_str(), "AWS_", "SANDQ__", "SANDQ_CONFIG"] {
         assert!(!env.contains(marker), "the sandbox sees {marker:?}:\n{env}");
     }
 }
@@ -160,7 +161,10 @@ async fn orphan_daemon_does_not_hold_the_job() {
 async fn network_probe_cannot_reach_host_services() {
     let _serial = SERIAL.lock().await;
     let mut client = client().await;
-    let result = run_case(&mut client, "network_probe.py", "30s", None).await;
+    // The ports of the services the tests use, on the probe's stdin (CI's are not the defaults).
+    let config = service_config();
+    let ports = [&config.amqp.url, &config.redis.url, &config.s3.endpoint].map(|url| service_port(url).to_string()).join(" ");
+    let result = run_case(&mut client, "network_probe.py", "30s", Some(ports.as_bytes())).await;
     assert_eq!(result.status, JobStatus::Succeeded);
     assert!(!result.stdout.text.contains("CONNECTED"), "{}", result.stdout.text);
     assert_eq!(result.stdout.text.matches("blocked").count(), 4, "{}", result.stdout.text);

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use sandq_schemas::{JobStatus, NetworkMode, Sku};
-use sandq_tests::{exits_within, python_job, wait, wait_for_status, Isolated};
+use sandq_tests::{exits_within, python_job, service_port, wait, wait_for_status, Isolated};
 
 const NETNS: &str = "sandqt-ext";
 const SERVER: &str = "198.18.0.2";
@@ -16,13 +16,6 @@ const SERVER: &str = "198.18.0.2";
 fn ip(args: &[&str]) {
     let status = Command::new("ip").args(args).status().expect("ip");
     assert!(status.success(), "ip {args:?}");
-}
-
-/// The port of a service URL (`amqp://guest:guest@127.0.0.1:5672/%2f` -> 5672).
-fn service_port(url: &str) -> u16 {
-    let authority = url.split_once("://").map_or(url, |(_, rest)| rest).split('/').next().unwrap_or_default();
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host_port)| host_port);
-    host_port.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).unwrap_or_else(|| panic!("no port in {url}"))
 }
 
 /// A DNS server for the test's netns: answers every A query with 198.18.0.2, AAAA with nothing.
