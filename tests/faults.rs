@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use sandq_schemas::{JobStatus, Sku};
-use sandq_tests::{bin_dir, exits_within, kill_garage, python_job, restart_services, wait, wait_for_status, Isolated};
+use sandq_tests::{bin_dir, exits_within, kill_garage, python_job, restart_services, wait, wait_for_status, worker_data_dir, Isolated};
 use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
@@ -52,11 +52,11 @@ async fn a_broker_restart_loses_no_job() {
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     // Jobs aborted when the connection dropped left no job dir or mount behind.
-    let jobs_dir = format!("/var/lib/sandq/{}-w", world.namespace);
+    let jobs_dir = worker_data_dir().join(format!("{}-w", world.namespace));
     let left: Vec<_> = std::fs::read_dir(&jobs_dir).expect("jobs dir").flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "job dirs left after the broker restart: {left:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    assert!(!mounts.contains(&jobs_dir), "a work filesystem is still mounted");
+    assert!(!mounts.contains(&*jobs_dir.to_string_lossy()), "a work filesystem is still mounted");
     world.delete_queues().await;
 }
 

@@ -74,6 +74,18 @@ pub fn restart_services() -> bool {
     Command::new(repo_root().join("scripts/services.sh")).stderr(Stdio::null()).status().expect("services.sh").success()
 }
 
+/// Where the workers keep their job dirs (`<dir>/<worker id>/`): `SANDQ__WORKER__DATA_DIR` when
+/// set (the workers the tests start inherit it; CI sets one per run), else the worker's default.
+pub fn worker_data_dir() -> PathBuf {
+    std::env::var_os("SANDQ__WORKER__DATA_DIR").map_or_else(|| PathBuf::from("/var/lib/sandq"), PathBuf::from)
+}
+
+/// Where the workers keep container state (`<dir>/<worker id>/`): `SANDQ__WORKER__STATE_DIR`
+/// when set, else the worker's default.
+pub fn worker_state_dir() -> PathBuf {
+    std::env::var_os("SANDQ__WORKER__STATE_DIR").map_or_else(|| PathBuf::from("/run/sandq"), PathBuf::from)
+}
+
 /// The port of a service URL (`amqp://guest:guest@127.0.0.1:5672/%2f` -> 5672): tests read the
 /// services' ports from the config, never assume the defaults.
 pub fn service_port(url: &str) -> u16 {
@@ -299,7 +311,7 @@ impl Isolated {
     /// Deletes this namespace's queues and the (empty) private dirs of its workers, whose ids
     /// all start with the namespace (best effort).
     pub async fn delete_queues(&self) {
-        for root in ["/var/lib/sandq", "/run/sandq"] {
+        for root in [worker_data_dir(), worker_state_dir()] {
             for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
                 if entry.file_name().to_string_lossy().starts_with(&self.namespace) {
                     let _ = std::fs::remove_dir(entry.path());

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use sandq_schemas::{JobResult, JobStatus, Sku};
 use sandq_submitter::Client;
-use sandq_tests::{client, python_job, repo_root, run, service_config, service_port, worker_alive, worker_id};
+use sandq_tests::{client, python_job, repo_root, run, service_config, service_port, worker_alive, worker_data_dir, worker_id, worker_state_dir};
 use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
@@ -56,8 +56,8 @@ fn assert_no_leftovers(job_id: &str) {
     let container = container_of(job_id);
     let job_id = container.as_str(); // every host name of the job derives from its container id
     let id = worker_id();
-    for dir in [format!("/var/lib/sandq/{id}"), format!("/run/sandq/{id}")] {
-        assert_eq!(entries_naming(Path::new(&dir), job_id), Vec::<String>::new(), "leftover in {dir}");
+    for dir in [worker_data_dir().join(&id), worker_state_dir().join(&id)] {
+        assert_eq!(entries_naming(&dir, job_id), Vec::<String>::new(), "leftover in {}", dir.display());
     }
     for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/cpu/sandq", "/sys/fs/cgroup/sandq"] {
         assert_eq!(entries_naming(Path::new(dir), job_id), Vec::<String>::new(), "leftover cgroup in {dir}");
@@ -333,16 +333,16 @@ async fn non_utf8_output_is_kept_exactly() {
 async fn disk_fill_stops_at_the_job_quota() {
     let _serial = SERIAL.lock().await;
     let mut client = client().await;
-    let free_before = free_bytes("/var/lib/sandq");
+    let free_before = free_bytes(&worker_data_dir());
     let result = run_case(&mut client, "disk_fill.py", "60s", None).await;
     assert!(result.stderr.text.contains("No space left on device"), "no ENOSPC: {}", result.stderr.text);
     assert_eq!(result.status, JobStatus::Failed, "{result:?}");
-    let free_after = free_bytes("/var/lib/sandq");
+    let free_after = free_bytes(&worker_data_dir());
     assert!(free_after + (64 << 20) >= free_before, "the host lost {} bytes", free_before.saturating_sub(free_after));
 }
 
-fn free_bytes(path: &str) -> u64 {
-    let out = std::process::Command::new("df").args(["--output=avail", "-B1", path]).output().expect("df");
+fn free_bytes(path: &Path) -> u64 {
+    let out = std::process::Command::new("df").args(["--output=avail", "-B1"]).arg(path).output().expect("df");
     String::from_utf8_lossy(&out.stdout).lines().nth(1).and_then(|l| l.trim().parse().ok()).expect("df output")
 }
 

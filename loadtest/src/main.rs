@@ -44,7 +44,7 @@ struct Args {
     #[arg(long, default_value = "18s")]
     redis_restart_at: humantime::Duration,
     /// Port of the run's own Redis (127.0.0.1).
-    #[arg(long, default_value_t = 6390)]
+    #[arg(long, env = "SANDQ_CHAOS_REDIS_PORT", default_value_t = 6390)]
     redis_port: u16,
     /// Give up waiting for results after this long.
     #[arg(long, default_value = "10m")]
