@@ -15,6 +15,7 @@ bin=${CARGO_TARGET_DIR:-target}/release
 log=$(mktemp --tmpdir sandq-demo-worker.XXXXXX.log)
 # The worker stops by itself when this script's pipe to it closes (--exit-on-stdin-eof).
 exec 3> >(exec "$bin"/sandq-worker --exit-on-stdin-eof 2>"$log")
+worker=$!
 for _ in $(seq 1 600); do grep -q consuming "$log" 2>/dev/null && break; sleep 0.1; done
 grep -q consuming "$log" || { echo "worker did not start:"; cat "$log"; exit 1; }
 
@@ -29,5 +30,6 @@ echo
 echo "== a trivial job, end to end (submit -> container -> result):"
 time "$bin"/sandq run --sku S -c 'print("hello from the sandbox")'
 exec 3>&-
+wait "$worker" 2>/dev/null || true   # the worker is gone when the demo returns
 echo "worker log: $log"
 exit "$code"
