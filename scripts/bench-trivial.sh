@@ -10,15 +10,16 @@ cd "$(dirname "$0")/.."
 n=${1:-50}
 mode=${2:-script}
 cargo build --release --bins -q
+bin=${CARGO_TARGET_DIR:-target}/release   # where cargo put them (CI sets CARGO_TARGET_DIR)
 export SANDQ__NAMESPACE="sandq-bench-$$"
 log=$(mktemp)
-exec 3> >(SANDQ__WORKER__ID=$SANDQ__NAMESPACE exec target/release/sandq-worker --exit-on-stdin-eof 2>"$log")
+exec 3> >(SANDQ__WORKER__ID=$SANDQ__NAMESPACE exec "$bin"/sandq-worker --exit-on-stdin-eof 2>"$log")
 for _ in $(seq 1 100); do grep -q consuming "$log" 2>/dev/null && break; sleep 0.1; done
-target/release/sandq --json run --wait 60s --sku S --mode "$mode" -c pass >/dev/null  # warm-up
+"$bin"/sandq --json run --wait 60s --sku S --mode "$mode" -c pass >/dev/null  # warm-up
 times=$(mktemp)
 for _ in $(seq 1 "$n"); do
   start=$(date +%s%N)
-  target/release/sandq --json run --sku S --mode "$mode" -c pass > "$times.json"
+  "$bin"/sandq --json run --sku S --mode "$mode" -c pass > "$times.json"
   end=$(date +%s%N)
   server=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["finished_at_ms"]-r["queued_at_ms"])' "$times.json")
   echo "$(( (end - start) / 1000000 )) $server" >> "$times"

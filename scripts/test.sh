@@ -6,8 +6,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/services.sh
+# The Python client's packages (the e2e tests run it with `python3`): python3's own when it has
+# them, else a virtualenv cached by requirements and interpreter, first on the PATH. Not `pip
+# install` into python3: Debian's refuses it (externally managed, PEP 668).
 if ! python3 -c 'import pika, msgpack, redis' 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check -r clients/python/requirements.txt
+  venv_key=$( (cat clients/python/requirements.txt; python3 -c 'import sys; print(sys.executable, sys.version)') | sha256sum | cut -c1-16)
+  venv=${SANDQ_CACHE:-/var/cache/sandq}/python-client-$venv_key
+  if [ ! -f "$venv/.complete" ]; then
+    if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+      apt-get update -qq >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2
+    fi
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check -r clients/python/requirements.txt
+    touch "$venv/.complete"
+  fi
+  export PATH="$venv/bin:$PATH"
 fi
 cargo build --workspace --all-targets
 log=$(mktemp)

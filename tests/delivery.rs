@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sandq_schemas::{JobStatus, Sku};
 use sandq_submitter::client::now_ms;
-use sandq_tests::{exits_within, python_job, signal, wait, wait_for_status, Isolated};
+use sandq_tests::{exits_within, python_job, signal, wait, wait_for_status, worker_data_dir, worker_state_dir, Isolated};
 
 /// Sleeps `seconds` on the first delivery attempt, then prints its attempt number.
 fn sleeps_on_first_attempt(seconds: u32) -> String {
@@ -154,15 +154,15 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
     assert!(exits_within(&mut second, Duration::from_secs(30)));
     // The killed worker, restarted under its id, removes what it left: the job dir with its
     // mounted work filesystem, container state, cgroups.
-    assert!(std::fs::read_dir(format!("/var/lib/sandq/{first_id}")).expect("job dirs").next().is_some(), "nothing was left to clean");
+    assert!(std::fs::read_dir(worker_data_dir().join(&first_id)).expect("job dirs").next().is_some(), "nothing was left to clean");
     let mut restarted = world.start_worker(&first_id, &[]);
     let started = std::time::Instant::now();
     while !std::fs::read_to_string(std::env::temp_dir().join(format!("sandq-{first_id}-worker.log"))).unwrap_or_default().contains("consuming") {
         assert!(started.elapsed() < Duration::from_secs(30), "the restarted worker did not start");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for dir in [format!("/var/lib/sandq/{first_id}"), format!("/run/sandq/{first_id}")] {
-        assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0, "{dir} not cleaned");
+    for dir in [worker_data_dir().join(&first_id), worker_state_dir().join(&first_id)] {
+        assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0, "{} not cleaned", dir.display());
     }
     for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/sandq"] {
         let left = std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(&container_id)).count()).unwrap_or(0);

@@ -1,16 +1,21 @@
 //! Infrastructure faults: the broker restarted while jobs run, and a short chaos run. Its own
-//! test binary, because it restarts the machine's RabbitMQ (cargo runs test binaries one after
-//! another); its tests take turns.
+//! test binary, because it restarts the services the tests use (cargo runs test binaries one
+//! after another); its tests take turns.
+//!
+//! They act on the instance the tests use, chosen by environment variables (`.ci/run` brings up
+//! one of its own): `rabbitmqctl` follows `RABBITMQ_NODENAME`, Garage is found by
+//! `SANDQ_GARAGE_DIR` ([`kill_garage`]), and `scripts/services.sh` inherits all of them.
 
 use std::process::Command;
 use std::time::Duration;
 
 use sandq_schemas::{JobStatus, Sku};
-use sandq_tests::{bin_dir, exits_within, python_job, repo_root, wait, wait_for_status, Isolated};
+use sandq_tests::{bin_dir, exits_within, kill_garage, python_job, restart_services, wait, wait_for_status, worker_data_dir, Isolated};
 use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
+/// Runs `rabbitmqctl` on the tests' node (`RABBITMQ_NODENAME` when set, else the default node).
 fn rabbitmqctl(args: &[&str]) {
     let status = Command::new("rabbitmqctl").args(args).status().expect("rabbitmqctl");
     assert!(status.success(), "rabbitmqctl {args:?} failed");
@@ -47,11 +52,11 @@ async fn a_broker_restart_loses_no_job() {
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     // Jobs aborted when the connection dropped left no job dir or mount behind.
-    let jobs_dir = format!("/var/lib/sandq/{}-w", world.namespace);
+    let jobs_dir = worker_data_dir().join(format!("{}-w", world.namespace));
     let left: Vec<_> = std::fs::read_dir(&jobs_dir).expect("jobs dir").flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "job dirs left after the broker restart: {left:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    assert!(!mounts.contains(&jobs_dir), "a work filesystem is still mounted");
+    assert!(!mounts.contains(&*jobs_dir.to_string_lossy()), "a work filesystem is still mounted");
     world.delete_queues().await;
 }
 
@@ -94,15 +99,13 @@ async fn an_s3_outage_delays_jobs_but_loses_none() {
     let input = client.upload(&data, "numbers.txt").await.expect("upload");
     let expected = std::fs::read_to_string(&data).expect("read");
     // SIGKILL: an outage as a crash (a SIGTERMed Garage lingers up to 10 s draining).
-    let stopped = Command::new("pkill").args(["-KILL", "-f", "garage -c .* server"]).status().expect("pkill");
-    assert!(stopped.success(), "garage was not running");
+    assert!(kill_garage(), "garage was not running");
     let mut spec = python_job("print(open('numbers.txt').read(), end='')", Sku::S);
     spec.inputs = vec![input];
     client.submit(&spec).await.expect("submit");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let restarting_ms = sandq_submitter::client::now_ms();
-    let restarted = Command::new(repo_root().join("scripts/services.sh")).stderr(std::process::Stdio::null()).status().expect("services.sh");
-    assert!(restarted.success(), "garage did not come back");
+    assert!(restart_services(), "garage did not come back");
     let result = wait(&mut client, &spec.job_id).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     // Staging needed S3, so the job can only have finished after Garage came back (the S3
@@ -126,15 +129,13 @@ async fn a_job_that_keeps_failing_on_infrastructure_is_dead_lettered_with_intern
     let data = dir.path().join("data.txt");
     std::fs::write(&data, "x").expect("write");
     let input = client.upload(&data, "data.txt").await.expect("upload");
-    let stopped = Command::new("pkill").args(["-KILL", "-f", "garage -c .* server"]).status().expect("pkill");
-    assert!(stopped.success(), "garage was not running");
+    assert!(kill_garage(), "garage was not running");
     let mut spec = python_job("print(1)", Sku::S);
     spec.inputs = vec![input];
     client.submit(&spec).await.expect("submit");
     // Not the panicking harness wait: Garage must come back whatever happens.
     let result = client.wait(&spec.job_id, Duration::from_secs(240), Duration::from_secs(1), |_| {}).await;
-    let restarted = Command::new(repo_root().join("scripts/services.sh")).stderr(std::process::Stdio::null()).status().expect("services.sh");
-    assert!(restarted.success(), "garage did not come back");
+    assert!(restart_services(), "garage did not come back");
     let result = result.expect("no result within 4 minutes");
     assert_eq!(result.status, JobStatus::InternalError, "{result:?}");
     assert_eq!(result.attempt, 2);

@@ -54,6 +54,46 @@ pub fn service_config() -> ServiceConfig {
     config
 }
 
+/// Garage's directory in the services the tests use: `$SANDQ_GARAGE_DIR` when set (CI's
+/// instance of its own, `.ci/run`), else the default of `scripts/services.sh`.
+pub fn garage_dir() -> PathBuf {
+    std::env::var_os("SANDQ_GARAGE_DIR").map_or_else(|| PathBuf::from("/var/lib/sandq-garage"), PathBuf::from)
+}
+
+/// SIGKILLs the Garage server of the services the tests use (an outage as a crash), and only
+/// that one: another Garage on the machine keeps running. True when one was running.
+pub fn kill_garage() -> bool {
+    let pattern = format!("garage -c {} server", garage_dir().join("garage.toml").display());
+    Command::new("pkill").args(["-KILL", "-f", &pattern]).status().expect("pkill").success()
+}
+
+/// Brings the services the tests use back up with `scripts/services.sh`, which restarts what is
+/// down; the script inherits the environment that chose the instance (`SANDQ_CONFIG`,
+/// `SANDQ_GARAGE_DIR`, the ports). True when it succeeded.
+pub fn restart_services() -> bool {
+    Command::new(repo_root().join("scripts/services.sh")).stderr(Stdio::null()).status().expect("services.sh").success()
+}
+
+/// Where the workers keep their job dirs (`<dir>/<worker id>/`): `SANDQ__WORKER__DATA_DIR` when
+/// set (the workers the tests start inherit it; CI sets one per run), else the worker's default.
+pub fn worker_data_dir() -> PathBuf {
+    std::env::var_os("SANDQ__WORKER__DATA_DIR").map_or_else(|| PathBuf::from("/var/lib/sandq"), PathBuf::from)
+}
+
+/// Where the workers keep container state (`<dir>/<worker id>/`): `SANDQ__WORKER__STATE_DIR`
+/// when set, else the worker's default.
+pub fn worker_state_dir() -> PathBuf {
+    std::env::var_os("SANDQ__WORKER__STATE_DIR").map_or_else(|| PathBuf::from("/run/sandq"), PathBuf::from)
+}
+
+/// The port of a service URL (`amqp://guest:guest@127.0.0.1:5672/%2f` -> 5672): tests read the
+/// services' ports from the config, never assume the defaults.
+pub fn service_port(url: &str) -> u16 {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest).split('/').next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host_port)| host_port);
+    host_port.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).unwrap_or_else(|| panic!("no port in {url}"))
+}
+
 static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
 
 /// Starts the shared worker once per test binary (purging the test queues first). SKU S is
@@ -295,7 +335,7 @@ impl Isolated {
     /// Deletes this namespace's queues and the (empty) private dirs of its workers, whose ids
     /// all start with the namespace (best effort).
     pub async fn delete_queues(&self) {
-        for root in ["/var/lib/sandq", "/run/sandq"] {
+        for root in [worker_data_dir(), worker_state_dir()] {
             for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
                 if entry.file_name().to_string_lossy().starts_with(&self.namespace) {
                     let _ = std::fs::remove_dir(entry.path());

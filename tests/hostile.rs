@@ -9,7 +9,7 @@ use std::path::Path;
 
 use sandq_schemas::{JobResult, JobStatus, Sku};
 use sandq_submitter::Client;
-use sandq_tests::{client, python_job, repo_root, run, service_config, worker_alive, worker_id};
+use sandq_tests::{client, python_job, repo_root, run, service_config, service_port, worker_alive, worker_data_dir, worker_id, worker_state_dir};
 use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
@@ -56,8 +56,8 @@ fn assert_no_leftovers(job_id: &str) {
     let container = container_of(job_id);
     let job_id = container.as_str(); // every host name of the job derives from its container id
     let id = worker_id();
-    for dir in [format!("/var/lib/sandq/{id}"), format!("/run/sandq/{id}")] {
-        assert_eq!(entries_naming(Path::new(&dir), job_id), Vec::<String>::new(), "leftover in {dir}");
+    for dir in [worker_data_dir().join(&id), worker_state_dir().join(&id)] {
+        assert_eq!(entries_naming(&dir, job_id), Vec::<String>::new(), "leftover in {}", dir.display());
     }
     for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/cpu/sandq", "/sys/fs/cgroup/sandq"] {
         assert_eq!(entries_naming(Path::new(dir), job_id), Vec::<String>::new(), "leftover cgroup in {dir}");
@@ -131,7 +131,8 @@ async fn environment_holds_no_credentials_or_service_addresses() {
     for secret in [&config.s3.access_key_id, &config.s3.secret_access_key, &config.amqp.url, &config.redis.url, &config.s3.endpoint] {
         assert!(!secret.is_empty() && !env.contains(secret.as_str()), "the sandbox sees {secret:?}");
     }
-    for marker in ["amqp://", "redis://", ":3900", "AWS_", "SANDQ__", "SANDQ_CONFIG"] {
+    let s3_port = format!(":{}", service_port(&config.s3.endpoint));
+    for marker in ["amqp://", "redis://", s3_port.as_str(), "AWS_", "SANDQ__", "SANDQ_CONFIG"] {
         assert!(!env.contains(marker), "the sandbox sees {marker:?}:\n{env}");
     }
 }
@@ -160,7 +161,10 @@ async fn orphan_daemon_does_not_hold_the_job() {
 async fn network_probe_cannot_reach_host_services() {
     let _serial = SERIAL.lock().await;
     let mut client = client().await;
-    let result = run_case(&mut client, "network_probe.py", "30s", None).await;
+    // The ports of the services the tests use, on the probe's stdin (CI's are not the defaults).
+    let config = service_config();
+    let ports = [&config.amqp.url, &config.redis.url, &config.s3.endpoint].map(|url| service_port(url).to_string()).join(" ");
+    let result = run_case(&mut client, "network_probe.py", "30s", Some(ports.as_bytes())).await;
     assert_eq!(result.status, JobStatus::Succeeded);
     assert!(!result.stdout.text.contains("CONNECTED"), "{}", result.stdout.text);
     assert_eq!(result.stdout.text.matches("blocked").count(), 4, "{}", result.stdout.text);
@@ -205,7 +209,7 @@ async fn seccomp_user_namespace_and_capabilities_are_in_force() {
     let uid_map: Vec<&str> = out.lines().find(|l| l.trim_start().starts_with('0')).expect("uid_map line").split_whitespace().collect();
     // Each consumer slot and warm sandbox has its own range of 65,536 ids from 100000 on.
     let base: u64 = uid_map[1].parse().expect("host base");
-    assert!(uid_map[0] == "0" && uid_map[2] == "65536" && base >= 100_000 && (base - 100_000) % 65_536 == 0, "container root is not an unprivileged host uid: {uid_map:?}");
+    assert!(uid_map[0] == "0" && uid_map[2] == "65536" && base >= 100_000 && (base - 100_000).is_multiple_of(65_536), "container root is not an unprivileged host uid: {uid_map:?}");
     // A syscall outside the allowlist fails with EPERM; namespace-creating clone too.
     let code = "import ctypes, errno, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\n\
                 r = libc.syscall(56, 0x10000000 | signal.SIGCHLD, 0, 0, 0, 0)\n\
@@ -334,12 +338,12 @@ async fn disk_fill_stops_at_the_job_quota() {
     // Measured with the warm pool full both times: each warm sandbox's filesystem holds some
     // of the host's disk (its ext4 metadata) while it waits.
     settle_warm_pool().await;
-    let free_before = free_bytes("/var/lib/sandq");
+    let free_before = free_bytes(&worker_data_dir());
     let result = run_case(&mut client, "disk_fill.py", "60s", None).await;
     settle_warm_pool().await;
     assert!(result.stderr.text.contains("No space left on device"), "no ENOSPC: {}", result.stderr.text);
     assert_eq!(result.status, JobStatus::Failed, "{result:?}");
-    let free_after = free_bytes("/var/lib/sandq");
+    let free_after = free_bytes(&worker_data_dir());
     assert!(free_after + (64 << 20) >= free_before, "the host lost {} bytes", free_before.saturating_sub(free_after));
 }
 
@@ -357,8 +361,8 @@ async fn settle_warm_pool() {
     }
 }
 
-fn free_bytes(path: &str) -> u64 {
-    let out = std::process::Command::new("df").args(["--output=avail", "-B1", path]).output().expect("df");
+fn free_bytes(path: &Path) -> u64 {
+    let out = std::process::Command::new("df").args(["--output=avail", "-B1"]).arg(path).output().expect("df");
     String::from_utf8_lossy(&out.stdout).lines().nth(1).and_then(|l| l.trim().parse().ok()).expect("df output")
 }
 
@@ -573,10 +577,12 @@ print("uevent_seqnum", repr(open("/sys/kernel/uevent_seqnum").read()))
 for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi"]:
     print(path, listing(path))
 mountinfo = open("/proc/self/mountinfo").read()
-print("mountinfo names /var/lib/sandq:", "/var/lib/sandq" in mountinfo)
+print("mountinfo names the data dir:", DATA_DIR in mountinfo)
 print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountinfo)
 "#;
-    let code = code.replace("os.environ.get(\"WORKER_ID\", \"?\")", &format!("{:?}", worker_id()));
+    let code = code
+        .replace("os.environ.get(\"WORKER_ID\", \"?\")", &format!("{:?}", worker_id()))
+        .replace("DATA_DIR", &format!("{:?}", sandq_tests::worker_data_dir().display().to_string()));
     let mut spec = python_job(&code, Sku::S);
     spec.network = sandq_schemas::NetworkMode::Outbound;
     let result = run(&mut client, &spec).await;
@@ -585,7 +591,7 @@ print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountin
         result.stdout.text,
         "diskstats ''\npartitions ''\nuevent_seqnum ''\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
          /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n\
-         mountinfo names /var/lib/sandq: False\nmountinfo names the worker: False\n"
+         mountinfo names the data dir: False\nmountinfo names the worker: False\n"
     );
 }
 

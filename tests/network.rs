@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use sandq_schemas::{JobStatus, NetworkMode, Sku};
-use sandq_tests::{exits_within, python_job, wait, wait_for_status, Isolated};
+use sandq_tests::{exits_within, python_job, service_port, wait, wait_for_status, Isolated};
 
 const NETNS: &str = "sandqt-ext";
 const SERVER: &str = "198.18.0.2";
@@ -125,10 +125,22 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     let mut worker = world.start_worker(&worker_id, &[("SANDQ__WORKER__NAMESERVERS", SERVER)]);
     let mut client = world.client().await;
 
-    let code = String::from(
+    // The host's ports: the services of the config the tests use (CI runs its own, on other
+    // ports), and one the test opens on every interface: services bound to 127.0.0.1 alone are
+    // out of the sandbox's reach anyway, this one only the firewall keeps it from.
+    let host_listener = std::net::TcpListener::bind("0.0.0.0:0").expect("host listener");
+    let open_port = host_listener.local_addr().expect("host listener address").port();
+    let ports = [
+        service_port(&world.config.amqp.url),
+        service_port(&world.config.redis.url),
+        service_port(&world.config.s3.endpoint),
+        open_port,
+    ];
+    let port_list = ports.map(|port| port.to_string()).join(", ");
+    let code = format!(
         "import socket, time, urllib.request\n\
          print(urllib.request.urlopen('http://files.sandq.test:8080/token.txt', timeout=5).read().decode())\n\
-         for port in (5672, 6379, 3900):\n\
+         for port in ({port_list}):\n\
          \x20   s = socket.socket(); s.settimeout(1)\n\
          \x20   try:\n\
          \x20       s.connect(('10.213.0.1', port)); print('host', port, 'reached')\n\
@@ -164,8 +176,10 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
     let lines: Vec<&str> = result.stdout.text.lines().collect();
     assert_eq!(lines[0], token, "the outbound request did not fetch the token");
-    assert_eq!(&lines[1..4], ["host 5672 blocked", "host 6379 blocked", "host 3900 blocked"]);
-    assert_eq!(lines[4], "no inbound");
+    let blocked: Vec<String> = ports.iter().map(|port| format!("host {port} blocked")).collect();
+    assert_eq!(&lines[1..=ports.len()], blocked.as_slice());
+    assert_eq!(lines[ports.len() + 1], "no inbound");
+    drop(host_listener);
     assert!(sandbox_address(&container_id).is_none(), "the address was not released");
 
     // Without `outbound`, the same server is out of reach.

@@ -6,7 +6,7 @@
 //! by hand, and SHA-256 computed here over the downloaded bytes.
 
 use sandq_schemas::{JobResult, JobStatus, MimeValue, Output, OutputType, RunMode, Sku};
-use sandq_tests::{client, python_job, run};
+use sandq_tests::{client, python_job, run, service_config};
 use sha2::{Digest, Sha256};
 
 fn png_size(bytes: &[u8]) -> (u32, u32) {
@@ -183,7 +183,7 @@ async fn artifacts_have_presigned_urls_that_serve_their_bytes() {
     let artifact = result.artifacts.iter().find(|a| a.path == "report.csv").expect("artifact");
     assert_eq!(artifact.content_type, "text/csv");
     let url = artifact.url.as_ref().expect("presigned url");
-    assert!(url.starts_with("http://127.0.0.1:3900/"), "{url}");
+    assert!(url.starts_with(&format!("{}/", service_config().s3.endpoint)), "{url}");
     let expires = artifact.url_expires_at_ms.expect("expiry");
     let now = sandq_submitter::client::now_ms();
     assert!(expires > now + 3_600_000 && expires <= now + 24 * 3_600_000 + 60_000, "default validity 24 h: {expires} vs {now}");

@@ -135,9 +135,10 @@ fn warm_ids(log: &str) -> Vec<String> {
 
 fn leftovers(worker_id: &str, container: &str) -> Vec<String> {
     let mut found = Vec::new();
-    for dir in [format!("/var/lib/sandq/{worker_id}/{container}"), format!("/run/sandq/{worker_id}/{container}")] {
-        if Path::new(&dir).exists() {
-            found.push(dir);
+    for dir in [sandq_tests::worker_data_dir(), sandq_tests::worker_state_dir()] {
+        let path = dir.join(worker_id).join(container);
+        if path.exists() {
+            found.push(path.display().to_string());
         }
     }
     for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/cpu/sandq", "/sys/fs/cgroup/sandq"] {

@@ -3,9 +3,10 @@
 //!
 //! The run uses a namespace of its own and a Redis of its own (`redis-server` on
 //! `--redis-port`, append-only file fsynced always, so that a restart keeps results, as a
-//! production Redis must), and the machine's RabbitMQ and S3. Everything it talks to is on
-//! 127.0.0.1. Report: submitted, each terminal status, dead-lettered, lost (must be 0), and how
-//! many jobs ran more than once.
+//! production Redis must), and the RabbitMQ and S3 of the config (`SANDQ_CONFIG`); the broker
+//! restarted is the node `rabbitmqctl` targets (`RABBITMQ_NODENAME` when set, as in CI's own
+//! instance). Everything it talks to is on 127.0.0.1. Report: submitted, each terminal status,
+//! dead-lettered, lost (must be 0), and how many jobs ran more than once.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,7 +44,7 @@ struct Args {
     #[arg(long, default_value = "18s")]
     redis_restart_at: humantime::Duration,
     /// Port of the run's own Redis (127.0.0.1).
-    #[arg(long, default_value_t = 6390)]
+    #[arg(long, env = "SANDQ_CHAOS_REDIS_PORT", default_value_t = 6390)]
     redis_port: u16,
     /// Give up waiting for results after this long.
     #[arg(long, default_value = "10m")]
@@ -144,6 +145,7 @@ fn spawn_worker(bin_dir: &std::path::Path, config: &ServiceConfig, id: &str) -> 
         .context("sandq-worker")
 }
 
+/// Runs `rabbitmqctl` on the node of `RABBITMQ_NODENAME` when set, else the default node.
 fn rabbitmqctl(args: &[&str]) -> anyhow::Result<()> {
     let status = Command::new("rabbitmqctl").args(args).stdout(Stdio::null()).status()?;
     anyhow::ensure!(status.success(), "rabbitmqctl {args:?}: {status}");

@@ -221,7 +221,7 @@ fn supervise(
     if request.warm {
         // Started ahead of its job: no clock until the worker hands the job over.
         match wait_for_go(pidfd.as_fd(), control) {
-            Go::Go(ms) => timeout_ms = ms,
+            Go::Start(ms) => timeout_ms = ms,
             Go::Exited => {
                 // The warm runner died before any job: report how, like any exit.
                 return match waitpid(pid, None) {
@@ -291,7 +291,7 @@ fn supervise(
 /// How the wait of a warm sandbox for its job ended.
 enum Go {
     /// `go <timeout_ms>`: the job is handed over.
-    Go(u64),
+    Start(u64),
     /// The sandbox's init exited first.
     Exited,
     /// `kill`, end-of-file or an error: stop the container with this exit.
@@ -316,7 +316,7 @@ fn wait_for_go(pidfd: BorrowedFd<'_>, control: &File) -> Go {
                 if let Some(end) = line.iter().position(|b| *b == b'\n') {
                     let text = String::from_utf8_lossy(&line[..end]).into_owned();
                     return match text.strip_prefix("go ").and_then(|ms| ms.trim().parse().ok()) {
-                        Some(ms) => Go::Go(ms),
+                        Some(ms) => Go::Start(ms),
                         None => Go::Stop(failed("wait", format!("bad control line {text:?}"))),
                     };
                 }
