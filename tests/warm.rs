@@ -96,10 +96,10 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
     assert_eq!(w["cwd"], "/work");
     assert_eq!(w["ids"], serde_json::json!([1000, 1000, 1000, 1000, []]));
     // The same result fields, apart from the job's identity and timings.
-    for (a, b) in [(&warm, &cold)] {
-        assert_eq!((a.exit_code, &a.stderr.text, a.outputs.len(), a.error.is_none()), (b.exit_code, &b.stderr.text, b.outputs.len(), b.error.is_none()));
-        assert_eq!(a.execution_count, b.execution_count);
-    }
+    assert_eq!(
+        (warm.exit_code, &warm.stderr.text, warm.outputs.len(), warm.error.is_none(), warm.execution_count),
+        (cold.exit_code, &cold.stderr.text, cold.outputs.len(), cold.error.is_none(), cold.execution_count)
+    );
     world.delete_queues().await;
 }
 
