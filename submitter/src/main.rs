@@ -335,12 +335,17 @@ async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, j
     let result = result?;
     let dir = out.join(job_id);
     let mut downloaded = Vec::new();
-    // A failed download (a file of the job in the way, a full disk) is reported, never fatal:
-    // the result is printed whatever happens here.
+    // A failed download (a file of the job in the way, a full disk, content that does not
+    // match its digest) is reported and makes the exit code 125 when the job itself succeeded,
+    // but the result is printed whatever happens here.
+    let mut download_failed = false;
     for artifact in &result.artifacts {
         match client.download_artifact(artifact, &dir).await {
             Ok(path) => downloaded.push((artifact, path)),
-            Err(e) => eprintln!("sandq: cannot download artifact {}: {e}", artifact.path),
+            Err(e) => {
+                download_failed = true;
+                eprintln!("sandq: cannot download artifact {}: {e}", artifact.path);
+            }
         }
     }
     let outputs_dir = dir.join("outputs");
@@ -359,7 +364,8 @@ async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, j
     } else {
         print_result(&result, &downloaded, &saved_outputs)?;
     }
-    Ok(exit_code(&result))
+    let code = exit_code(&result);
+    Ok(if download_failed && code == 0 { EXIT_SANDQ_FAILED } else { code })
 }
 
 /// The CLI's exit code: the program's own when it exited, 137 when it was killed or ran out of

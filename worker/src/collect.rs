@@ -23,6 +23,11 @@ const MAX_DEPTH: usize = 32;
 /// costs the worker well under a second whatever `/work` holds (measured by
 /// `a_huge_tree_of_hard_links_costs_the_worker_little`).
 const MAX_ENTRIES: usize = 250_000;
+/// What opening a directory counts for against [`MAX_ENTRIES`].
+const DIR_COST: usize = 16;
+/// Largest directory (its own size, as `stat` reports it) the walk reads: 64 MiB, about a
+/// million entries with 40-byte names; a larger one is skipped as `too_large`.
+const MAX_DIR_BYTES: u64 = 64 << 20;
 /// Most skipped files listed by name in the result (all are counted): keeps the Redis value
 /// small when a program leaves 200,000 files.
 pub const MAX_SKIPPED_LISTED: usize = 100;
@@ -200,8 +205,14 @@ fn walk(work: &Path, baseline: &BTreeSet<String>, links_ok: bool, max_new: usize
             walked.skipped.skip(&child_rel, "symlink");
         } else if kind == SFlag::S_IFDIR {
             let child_depth = *depth + 1;
+            // Opening a directory costs more than an entry, and reading one that once held a
+            // million entries costs getdents over all its emptied blocks (security re-review
+            // N4): each counts for DIR_COST entries, and one over MAX_DIR_BYTES is not read.
+            seen += DIR_COST;
             if child_depth > MAX_DEPTH {
                 walked.skipped.skip(&child_rel, "too_deep");
+            } else if u64::try_from(stat.st_size).unwrap_or(u64::MAX) > MAX_DIR_BYTES {
+                walked.skipped.skip(&child_rel, "too_large");
             } else if let Ok(dir) = Dir::openat(Some(dir_fd), name, dir_flags, Mode::empty()) {
                 stack.push((dir.into_iter(), child_rel, child_depth));
             } else {

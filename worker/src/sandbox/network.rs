@@ -47,6 +47,19 @@ fn ensure_rule(table: &str, rule: &[&str]) -> Result<(), String> {
     ensure_rule_with("iptables", table, rule)
 }
 
+/// Like [`ensure_rule_with`], but inserted first in its chain: a host's own earlier ACCEPT
+/// rules (sshd on INPUT, say) must not let a sandbox through (security re-review).
+fn ensure_rule_first(program: &str, table: &str, rule: &[&str]) -> Result<(), String> {
+    let mut check = vec!["-t", table, "-C"];
+    check.extend_from_slice(rule);
+    if run(program, &check).is_ok() {
+        return Ok(());
+    }
+    let mut insert = vec!["-t", table, "-I", rule[0], "1"];
+    insert.extend_from_slice(&rule[1..]);
+    run(program, &insert)
+}
+
 fn ensure_rule_with(program: &str, table: &str, rule: &[&str]) -> Result<(), String> {
     let mut check = vec!["-t", table, "-C"];
     check.extend_from_slice(rule);
@@ -106,7 +119,7 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
     // port or the bridge gets one anyway.
     disable_ipv6(BRIDGE)?;
     if Path::new("/proc/sys/net/ipv6").exists() {
-        ensure_rule_with("ip6tables", "filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
+        ensure_rule_first("ip6tables", "filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
         ensure_rule_with("ip6tables", "filter", &["FORWARD", "-i", BRIDGE, "-j", "DROP"])?;
         ensure_rule_with("ip6tables", "filter", &["FORWARD", "-o", BRIDGE, "-j", "DROP"])?;
     }
@@ -114,7 +127,7 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|e| format!("ip_forward: {e}"))?;
     std::fs::create_dir_all(ADDRESS_DIR).map_err(|e| format!("{ADDRESS_DIR}: {e}"))?;
     ensure_rule("nat", &["POSTROUTING", "-s", SUBNET, "!", "-o", BRIDGE, "-j", "MASQUERADE"])?;
-    ensure_rule("filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
+    ensure_rule_first("iptables", "filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
     ensure_rule("filter", &["FORWARD", "-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"])?;
     ensure_rule("filter", &["FORWARD", "-o", BRIDGE, "-j", "DROP"])?;
     for private in ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"] {
