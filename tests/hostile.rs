@@ -610,3 +610,57 @@ async fn a_sku_other_than_the_queues_is_rejected() {
         Some("sku M in the job does not match the queue of sku S it was published to")
     );
 }
+
+/// Second review N1: a body larger than any valid job is refused before it is decoded (a
+/// crafted message of 5-byte input entries once cost the worker 17 times its size), with a
+/// `rejected` result when it names a job id.
+#[tokio::test]
+async fn an_oversize_message_is_refused_before_decoding() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let warm = run(&mut client, &python_job("print(1)", Sku::S)).await;
+    assert_eq!(warm.status, JobStatus::Succeeded);
+    let pid = sandq_tests::worker_pid();
+    let (peak_before, _) = sandq_tests::process_usage(pid);
+    // A map whose job_id comes first, then `inputs` as 3 million 5-byte entries (15 MB).
+    let job_id = uuid::Uuid::new_v4().to_string();
+    let mut body = vec![0x82, 0xa6];
+    body.extend_from_slice(b"job_id");
+    body.push(0xd9);
+    body.push(job_id.len() as u8);
+    body.extend_from_slice(job_id.as_bytes());
+    body.push(0xa6);
+    body.extend_from_slice(b"inputs");
+    let n: u32 = 3_000_000;
+    body.push(0xdd);
+    body.extend_from_slice(&n.to_be_bytes());
+    for _ in 0..n {
+        body.extend_from_slice(&[0x94, 0xa0, 0xa0, 0x00, 0xa0]);
+    }
+    sandq_tests::publish_raw(&body, Sku::S, None).await;
+    let result = sandq_tests::wait(&mut client, &job_id).await;
+    let (peak_after, _) = sandq_tests::process_usage(pid);
+    assert_eq!(result.status, JobStatus::Rejected);
+    let max: usize = (1 << 20) + (8 << 20) + (4 << 20); // code and stdin limits, and 4 MiB
+    assert_eq!(
+        result.reason.as_deref(),
+        Some(format!("message of {} bytes is larger than any valid job ({max} bytes at most)", body.len()).as_str())
+    );
+    let grown = peak_after.saturating_sub(peak_before);
+    assert!(grown < 64 << 20, "the worker's peak memory grew by {grown} bytes");
+}
+
+/// Second review N6: a malformed message carrying a running job's id (as `message_id`) does
+/// not end that job: it is dropped, and the job finishes with its own result.
+#[tokio::test]
+async fn a_malformed_message_never_ends_a_running_job() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let spec = python_job("import time\ntime.sleep(3)\nprint('finished')", Sku::M);
+    client.submit(&spec).await.expect("submit");
+    sandq_tests::wait_for_status(&mut client, &spec.job_id, JobStatus::Running, std::time::Duration::from_secs(60)).await;
+    sandq_tests::publish_raw(b"\xc1 not msgpack", Sku::S, Some(&spec.job_id)).await;
+    let result = sandq_tests::wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    assert_eq!(result.stdout.text, "finished\n");
+}
