@@ -613,7 +613,7 @@ async fn a_sku_other_than_the_queues_is_rejected() {
 
 /// Second review N1: a body larger than any valid job is refused before it is decoded (a
 /// crafted message of 5-byte input entries once cost the worker 17 times its size), with a
-/// `rejected` result when it names a job id.
+/// `rejected` result under its `message_id`.
 #[tokio::test]
 async fn an_oversize_message_is_refused_before_decoding() {
     let _serial = SERIAL.lock().await;
@@ -637,7 +637,8 @@ async fn an_oversize_message_is_refused_before_decoding() {
     for _ in 0..n {
         body.extend_from_slice(&[0x94, 0xa0, 0xa0, 0x00, 0xa0]);
     }
-    sandq_tests::publish_raw(&body, Sku::S, None).await;
+    // Not parsed at all, so the result goes to the id in `message_id`.
+    sandq_tests::publish_raw(&body, Sku::S, Some(&job_id)).await;
     let result = sandq_tests::wait(&mut client, &job_id).await;
     let (peak_after, _) = sandq_tests::process_usage(pid);
     assert_eq!(result.status, JobStatus::Rejected);

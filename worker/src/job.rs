@@ -59,10 +59,10 @@ pub async fn process(ctx: &Context, delivery: &Delivery, queue: sandq_schemas::S
 }
 
 async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) -> Outcome {
-    // Only the start of the body: `job_id` comes first from every client, and a huge crafted
-    // body is not walked through.
-    let prefix = &delivery.data[..delivery.data.len().min(64 << 10)];
-    let job_id = sandq_schemas::peek_job_id(prefix).or_else(|| {
+    // A body over the size limit is not parsed at all (peeking parses the whole message):
+    // its job id can only come from `message_id`.
+    let parsable = delivery.data.len() <= validate::max_body_bytes(&ctx.settings.limits);
+    let job_id = parsable.then(|| sandq_schemas::peek_job_id(&delivery.data)).flatten().or_else(|| {
         let id = delivery.properties.message_id().as_ref()?.to_string();
         sandq_schemas::validate::check_job_id(&id).ok().map(|()| id)
     });

@@ -44,6 +44,24 @@ fn join(root: &Path, cgroups_path: &str) -> PathBuf {
     root.join(cgroups_path.trim_start_matches('/'))
 }
 
+/// The directories of the cgroup at `cgroups_path` (absolute): the unified one on v2, one per
+/// v1 controller hierarchy (those that are mounted) on v1.
+pub fn dirs(cgroups_path: &str) -> Vec<PathBuf> {
+    let root = Path::new(CGROUP_ROOT);
+    if is_v2() {
+        return vec![join(root, cgroups_path)];
+    }
+    std::fs::read_dir(root)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| join(&e.path(), cgroups_path))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Reads the usage of the cgroup at `cgroups_path` (the spec's `linux.cgroupsPath`, absolute).
 pub fn read(cgroups_path: &str) -> CgroupStats {
     let root = Path::new(CGROUP_ROOT);

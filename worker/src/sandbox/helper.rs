@@ -381,8 +381,10 @@ fn delete_by_id(state_root: &Path, id: &str) {
 pub fn cleanup(state_root: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(state_root) else { return 0 };
     let mut removed = 0;
+    let mut ids = Vec::new();
     for entry in entries.flatten() {
         let dir: PathBuf = entry.path();
+        ids.push(entry.file_name());
         match Container::load(dir.clone()) {
             Ok(mut c) => {
                 if c.delete(true).is_ok() {
@@ -396,5 +398,18 @@ pub fn cleanup(state_root: &Path) -> usize {
             }
         }
     }
-    removed
+    // The dead worker's helpers may still be killing their containers (they do so when their
+    // control pipe closes), racing this delete for the cgroups: remove what is left once the
+    // processes are gone (a cgroup with processes cannot be removed), for up to 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<PathBuf> = ids.iter().flat_map(|id| cgroup::dirs(&format!("/sandq/{}", id.to_string_lossy()))).filter(|d| d.exists()).collect();
+        for dir in &left {
+            let _ = std::fs::remove_dir(dir);
+        }
+        if left.iter().all(|d| !d.exists()) || Instant::now() >= deadline {
+            return removed;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
