@@ -1,0 +1,298 @@
+// The client: amqplib (confirm channel, mandatory), node-redis, the AWS SDK's S3 client.
+import { readFile } from "node:fs/promises";
+import { basename } from "node:path";
+import * as amqp from "amqplib";
+import { createClient, RESP_TYPES } from "redis";
+import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
+import { decode, encode } from "@msgpack/msgpack";
+import { errorFor, JobNotFound, RAISED_BY_WAIT, SandqError, SubmitError, WaitTimeout } from "./errors.js";
+import {
+  APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, humantimeSeconds, inputKey, loadConfig, Names, newSessionName,
+  SCHEMA_VERSION, sha256Hex, SKUS,
+} from "./protocol.js";
+import { type Artifact, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL } from "./types.js";
+
+export interface WaitOptions {
+  /** Give up (WaitTimeout) after this many ms; default: wait as long as it takes. */
+  timeoutMs?: number;
+  /** Throw JobRejected, JobExpired and JobInternalError (default true). */
+  raiseOnError?: boolean;
+}
+
+export interface ClientOptions {
+  /** The service config; default `loadConfig()` ($SANDQ_CONFIG, else /etc/sandq/sandq.toml). */
+  config?: Config;
+  /** Another namespace than the config's. */
+  namespace?: string;
+}
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Redis = any;
+
+/** A sandq client. `await Client.connect()`; `close()` when done. */
+export class Client {
+  readonly config: Config;
+  readonly names: Names;
+  readonly s3: S3Client;
+  private amqp: amqp.ChannelModel | null = null;
+  private channel: amqp.ConfirmChannel | null = null;
+  private returned = new Set<string>();
+  private publishing: Promise<unknown> = Promise.resolve();
+
+  private constructor(config: Config, private readonly redis: Redis, private readonly blocking: Redis) {
+    this.config = config;
+    this.names = new Names(config.namespace);
+    this.s3 = new S3Client({
+      endpoint: config.s3Endpoint,
+      region: config.s3Region,
+      forcePathStyle: true,
+      credentials: config.s3AccessKeyId
+        ? { accessKeyId: config.s3AccessKeyId, secretAccessKey: config.s3SecretAccessKey ?? "" }
+        : undefined,
+    });
+  }
+
+  /** Connects to Redis (the broker is connected on the first submit). */
+  static async connect(options: ClientOptions = {}): Promise<Client> {
+    let config = options.config ?? loadConfig();
+    if (options.namespace) config = { ...config, namespace: options.namespace };
+    // Results are MessagePack: bulk strings come back as Buffers.
+    const base = createClient({ url: config.redisUrl });
+    base.on("error", () => {});
+    // BLPOP blocks its connection: a connection of its own.
+    const blocking = base.duplicate();
+    blocking.on("error", () => {});
+    await Promise.all([base.connect(), blocking.connect()]);
+    const mapping = { [RESP_TYPES.BLOB_STRING]: Buffer };
+    return new Client(config, base.withTypeMapping(mapping), blocking.withTypeMapping(mapping));
+  }
+
+  // --- files ---------------------------------------------------------------------------------
+
+  /** Uploads a file (a path, or bytes) under its content address, unless it is there already;
+   * the job sees it at `/work/<path>` (default: the file's name). */
+  async upload(source: string | Uint8Array, path?: string): Promise<InputFile> {
+    const data = typeof source === "string" ? await readFile(source) : source;
+    if (path === undefined) {
+      if (typeof source !== "string") throw new Error("give the path inside /work for bytes");
+      path = basename(source);
+    }
+    const sha256 = sha256Hex(data);
+    const key = inputKey(sha256);
+    let exists = false;
+    try {
+      const head = await this.s3.send(new HeadObjectCommand({ Bucket: this.config.s3Bucket, Key: key }));
+      exists = head.ContentLength === data.length;
+    } catch {
+      exists = false;
+    }
+    if (!exists) await this.s3.send(new PutObjectCommand({ Bucket: this.config.s3Bucket, Key: key, Body: data }));
+    return { key, path, size: data.length, sha256 };
+  }
+
+  /** An artifact's bytes, through its presigned URL (from S3 by key when it has none), checked
+   * against its size and sha256. */
+  async download(artifact: Artifact): Promise<Buffer> {
+    let data: Buffer;
+    if (artifact.url) {
+      const response = await fetch(artifact.url);
+      if (!response.ok) throw new SandqError(`artifact ${artifact.path}: HTTP ${response.status}`);
+      data = Buffer.from(await response.arrayBuffer());
+    } else {
+      data = await this.getObject(artifact.key);
+    }
+    if (data.length !== artifact.size || sha256Hex(data) !== artifact.sha256) {
+      throw new SandqError(`artifact ${artifact.path}: downloaded ${data.length} bytes that do not match its size or sha256`);
+    }
+    return data;
+  }
+
+  /** The exact bytes of stdout or stderr (up to 8 MiB), from S3; the inline text when empty. */
+  async readLog(stream: Stream): Promise<Buffer> {
+    return stream.log_key ? this.getObject(stream.log_key) : Buffer.from(stream.text);
+  }
+
+  private async getObject(key: string): Promise<Buffer> {
+    const object = await this.s3.send(new GetObjectCommand({ Bucket: this.config.s3Bucket, Key: key }));
+    if (!object.Body) throw new SandqError(`s3 object ${key} has no body`);
+    return Buffer.from(await object.Body.transformToByteArray());
+  }
+
+  // --- submitting ----------------------------------------------------------------------------
+
+  private async openChannel(): Promise<amqp.ConfirmChannel> {
+    if (this.channel) return this.channel;
+    const connection = await amqp.connect(this.config.amqpUrl);
+    connection.on("error", () => {});
+    connection.on("close", () => { if (this.amqp === connection) { this.amqp = null; this.channel = null; } });
+    const channel = await connection.createConfirmChannel();
+    channel.on("error", () => {});
+    channel.on("close", () => { if (this.channel === channel) this.channel = null; });
+    // A mandatory message no queue took comes back before its confirm.
+    channel.on("return", (message: amqp.Message) => {
+      if (message.properties.messageId) this.returned.add(String(message.properties.messageId));
+    });
+    this.amqp = connection;
+    this.channel = channel;
+    return channel;
+  }
+
+  private async publishOnce(job: Record<string, unknown>): Promise<void> {
+    const channel = await this.openChannel();
+    const id = String(job.job_id);
+    const body = Buffer.from(encode(job));
+    await new Promise<void>((resolve, reject) => {
+      channel.publish(this.names.exchange, String(job.sku), body, {
+        mandatory: true,
+        deliveryMode: 2,
+        contentType: "application/msgpack",
+        messageId: id,
+        timestamp: Math.floor(Number(job.submitted_at_ms) / 1000),
+        type: "sandq.job",
+        appId: APP_ID,
+        headers: { schema_version: SCHEMA_VERSION },
+      }, (err: unknown) => (err ? reject(err) : resolve()));
+    });
+    if (this.returned.delete(id)) throw new SubmitError(`job ${id} not accepted by the broker: returned (no queue for sku ${String(job.sku)})`);
+  }
+
+  private async publish(job: Record<string, unknown>): Promise<void> {
+    const id = String(job.job_id);
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.publishOnce(job);
+      } catch (e) {
+        if (e instanceof SubmitError) throw e;
+        await this.closeAmqp();
+        // A nack, a closed channel (e.g. no such exchange) or a lost connection: reconnect once.
+        if (attempt === 2) throw new SubmitError(`job ${id} not submitted: ${e instanceof Error ? e.message : String(e)}`);
+      }
+    }
+  }
+
+  /** Submits a job and resolves to its id once the broker confirmed it. */
+  async submit(options: JobOptions): Promise<string> {
+    const job = buildJob(options);
+    // One publish at a time on the channel (confirms are matched to their publish in order).
+    const published = this.publishing.then(() => this.publish(job));
+    this.publishing = published.catch(() => {});
+    await published;
+    const id = String(job.job_id);
+    const record = encode({
+      schema_version: SCHEMA_VERSION, job_id: id, status: "queued", sku: job.sku,
+      queued_at_ms: job.submitted_at_ms, attempt: 0,
+    });
+    const ttl = humantimeSeconds(String(job.result_ttl ?? "24h"));
+    await this.redis.eval(CAS_SCRIPT, {
+      keys: [this.names.job(id), this.names.done(id)],
+      arguments: ["queued", Buffer.from(record), String(ttl)],
+    });
+    return id;
+  }
+
+  /** Declares the namespace's exchanges and queues with exactly the workers' arguments (workers
+   * declare them too; a client may rely on them existing). */
+  async declareTopology(): Promise<void> {
+    const connection = await amqp.connect(this.config.amqpUrl);
+    try {
+      const ch = await connection.createChannel();
+      const n = this.names;
+      await ch.assertExchange(n.dlx, "fanout", { durable: true });
+      await ch.assertQueue(n.deadQueue, { durable: true, arguments: { "x-queue-type": "quorum" } });
+      await ch.bindQueue(n.deadQueue, n.dlx, "");
+      await ch.assertExchange(n.exchange, "direct", { durable: true });
+      for (const sku of SKUS) {
+        await ch.assertQueue(n.queue(sku), {
+          durable: true,
+          arguments: { "x-queue-type": "quorum", "x-delivery-limit": this.config.deliveryLimit, "x-dead-letter-exchange": n.dlx },
+        });
+        await ch.bindQueue(n.queue(sku), n.exchange, sku);
+      }
+    } finally {
+      await connection.close();
+    }
+  }
+
+  // --- results -------------------------------------------------------------------------------
+
+  /** The job's current result (`queued`, `running` or terminal); null when unknown. */
+  async status(jobId: string): Promise<JobResult | null> {
+    const raw: Buffer | null = await this.redis.hGet(this.names.job(jobId), "result");
+    return raw == null ? null : normalizeResult(decode(raw) as Record<string, unknown>);
+  }
+
+  /** Resolves when the job's result is terminal (BLPOP on its done list, reading the hash before
+   * and after every wait). Throws WaitTimeout, JobNotFound, and unless `raiseOnError` is false
+   * JobRejected, JobExpired or JobInternalError. */
+  async wait(jobId: string, options: WaitOptions = {}): Promise<JobResult> {
+    const deadline = options.timeoutMs === undefined ? undefined : Date.now() + options.timeoutMs;
+    for (;;) {
+      const result = await this.status(jobId);
+      if (result === null) throw new JobNotFound(`job ${jobId} is unknown (never submitted, or its result expired)`);
+      if (TERMINAL.has(result.status)) {
+        if ((options.raiseOnError ?? true) && RAISED_BY_WAIT.has(result.status)) throw errorFor(result);
+        return result;
+      }
+      const left = deadline === undefined ? BLOCK_S : Math.min(BLOCK_S, (deadline - Date.now()) / 1000);
+      if (left <= 0) throw new WaitTimeout(`job ${jobId} is still ${result.status} after ${options.timeoutMs} ms`);
+      await this.blocking.blPop(this.names.done(jobId), Math.max(left, 0.01));
+    }
+  }
+
+  /** `submit` then `wait`. */
+  async run(options: JobOptions, wait: WaitOptions = {}): Promise<JobResult> {
+    return this.wait(await this.submit(options), wait);
+  }
+
+  /** Asks the workers to cancel the job (skipped when queued, killed when running); false when
+   * it is unknown or already finished. The result then becomes `cancelled`. */
+  async cancel(jobId: string): Promise<boolean> {
+    const key = this.names.job(jobId);
+    const status: Buffer | null = await this.redis.hGet(key, "status");
+    if (status == null || TERMINAL.has(status.toString())) return false;
+    const ttl = Number(await this.redis.ttl(key));
+    await this.redis.set(this.names.cancel(jobId), "1", { expiration: { type: "EX", value: ttl > 0 ? ttl : 86400 } });
+    return true;
+  }
+
+  // --- sessions ------------------------------------------------------------------------------
+
+  /** A session: its jobs share `/work` and (Python notebook) variables. A new unguessable
+   * name unless one is given. */
+  session(name?: string): Session {
+    return new Session(this, name ?? newSessionName());
+  }
+
+  /** The namespace's sessions and their expiry (Unix ms), soonest first. */
+  async sessions(): Promise<{ name: string; expiresAtMs: number }[]> {
+    const rows: { value: Buffer; score: number }[] = await this.redis.zRangeWithScores(this.names.sessions, 0, -1);
+    return rows.map((r) => ({ name: r.value.toString(), expiresAtMs: Number(r.score) }));
+  }
+
+  // --- lifetime ------------------------------------------------------------------------------
+
+  private async closeAmqp(): Promise<void> {
+    const connection = this.amqp;
+    this.amqp = null;
+    this.channel = null;
+    if (connection) await connection.close().catch(() => {});
+  }
+
+  async close(): Promise<void> {
+    await this.closeAmqp();
+    await Promise.all([this.redis.close(), this.blocking.close()]);
+  }
+}
+
+/** Jobs of one session (`session` set on each). */
+export class Session {
+  constructor(readonly client: Client, readonly name: string) {}
+
+  submit(options: JobOptions): Promise<string> {
+    return this.client.submit({ ...options, session: this.name });
+  }
+
+  run(options: JobOptions, wait: WaitOptions = {}): Promise<JobResult> {
+    return this.client.run({ ...options, session: this.name }, wait);
+  }
+}

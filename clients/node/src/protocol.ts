@@ -1,0 +1,157 @@
+// The wire protocol of docs/protocol.md: the service config, names, the JobSpec, the
+// compare-and-set script.
+import { createHash, randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { parse as parseToml } from "smol-toml";
+import type { JobOptions, Sku } from "./types.js";
+
+export const SCHEMA_VERSION = 1;
+export const DEFAULT_CONFIG_PATH = "/etc/sandq/sandq.toml";
+export const APP_ID = "sandq-node";
+export const SKUS: readonly Sku[] = ["S", "M", "L", "XL"];
+/** Longest single BLPOP on a done list (s): the hash is read again after each. */
+export const BLOCK_S = 5;
+
+/** The compare-and-set script of docs/protocol.md ("Writing a status"). */
+export const CAS_SCRIPT = `
+local function rank(s)
+  if not s then return 0 end
+  if s == 'queued' then return 1 end
+  if s == 'running' then return 2 end
+  return 3
+end
+local current = redis.call('HGET', KEYS[1], 'status')
+local cur, new = rank(current), rank(ARGV[1])
+if cur == 3 or new < cur or (new == 1 and cur == 1) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+if new == 3 and KEYS[2] then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+end
+return 1
+`;
+
+/** Where the services are: the sandq config file's `[amqp]`, `[redis]`, `[s3]` and `namespace`. */
+export interface Config {
+  amqpUrl: string;
+  redisUrl: string;
+  s3Endpoint: string;
+  s3Region: string;
+  s3Bucket: string;
+  s3AccessKeyId?: string;
+  s3SecretAccessKey?: string;
+  namespace: string;
+  deliveryLimit: number;
+}
+
+/** `path`, else `$SANDQ_CONFIG`, else /etc/sandq/sandq.toml. */
+export function configPath(path?: string): string {
+  return path || process.env.SANDQ_CONFIG || DEFAULT_CONFIG_PATH;
+}
+
+/** Reads the sandq config (the file the worker and the `sandq` CLI read); a missing file is an
+ * error. `SANDQ__SECTION__KEY` environment variables override its keys, as for the worker. */
+export function loadConfig(path?: string): Config {
+  const doc = parseToml(readFileSync(configPath(path), "utf8")) as Record<string, unknown>;
+  const get = <T>(section: string | null, key: string, fallback: T): T | string => {
+    const env = `SANDQ__${section ? `${section.toUpperCase()}__` : ""}${key.toUpperCase()}`;
+    if (process.env[env] !== undefined) return process.env[env] as string;
+    const table = (section ? doc[section] ?? {} : doc) as Record<string, unknown>;
+    return (table[key] as T | undefined) ?? fallback;
+  };
+  return {
+    amqpUrl: String(get("amqp", "url", "amqp://guest:guest@127.0.0.1:5672/%2f")),
+    redisUrl: String(get("redis", "url", "redis://127.0.0.1:6379/")),
+    s3Endpoint: String(get("s3", "endpoint", "http://127.0.0.1:3900")),
+    s3Region: String(get("s3", "region", "garage")),
+    s3Bucket: String(get("s3", "bucket", "sandq")),
+    s3AccessKeyId: get<string | undefined>("s3", "access_key_id", undefined),
+    s3SecretAccessKey: get<string | undefined>("s3", "secret_access_key", undefined),
+    namespace: String(get(null, "namespace", "sandq")),
+    deliveryLimit: Number(get("amqp", "delivery_limit", 5)),
+  };
+}
+
+/** Queue, exchange and key names of a namespace. */
+export class Names {
+  readonly exchange: string;
+  readonly dlx: string;
+  readonly deadQueue: string;
+  readonly sessions: string;
+
+  constructor(readonly ns: string) {
+    this.exchange = `${ns}.jobs`;
+    this.dlx = `${ns}.dlx`;
+    this.deadQueue = `${ns}.dead`;
+    this.sessions = `${ns}:sessions`;
+  }
+
+  queue(sku: string): string { return `${this.ns}.jobs.${sku}`; }
+  job(id: string): string { return `${this.ns}:job:${id}`; }
+  done(id: string): string { return `${this.ns}:job:${id}:done`; }
+  cancel(id: string): string { return `${this.ns}:job:${id}:cancel`; }
+}
+
+export function sha256Hex(data: Uint8Array): string {
+  return createHash("sha256").update(data).digest("hex");
+}
+
+export function inputKey(sha256: string): string {
+  return `inputs/sha256/${sha256}`;
+}
+
+const UNITS: Record<string, number> = {
+  ms: 0.001, s: 1, sec: 1, secs: 1, second: 1, seconds: 1, m: 60, min: 60, mins: 60, minute: 60, minutes: 60,
+  h: 3600, hr: 3600, hrs: 3600, hour: 3600, hours: 3600, d: 86400, day: 86400, days: 86400,
+  w: 604800, week: 604800, weeks: 604800,
+};
+
+/** Seconds of a humantime duration ("60s", "2m 30s", "24h", "7days"), for key TTLs. */
+export function humantimeSeconds(value: string): number {
+  const parts = [...value.matchAll(/(\d+)\s*([a-z]+)/g)];
+  const rest = value.replace(/(\d+)\s*([a-z]+)/g, "").trim();
+  if (parts.length === 0 || rest !== "") throw new Error(`bad duration ${JSON.stringify(value)}`);
+  let total = 0;
+  for (const [, n, unit] of parts) {
+    if (!(unit in UNITS)) throw new Error(`bad duration ${JSON.stringify(value)}: unknown unit ${unit}`);
+    total += Number(n) * UNITS[unit];
+  }
+  return Math.max(1, Math.floor(total));
+}
+
+/** A JobSpec map. Only what the protocol requires of a client is checked here (one of code and
+ * entrypoint, the SKU); the worker validates the rest and says why in a `rejected` result. */
+export function buildJob(options: JobOptions): Record<string, unknown> {
+  if ((options.code === undefined) === (options.entrypoint === undefined)) {
+    throw new Error("give exactly one of code and entrypoint");
+  }
+  const sku = options.sku ?? "M";
+  if (!SKUS.includes(sku)) throw new Error(`unknown sku ${sku}: one of ${SKUS.join(", ")}`);
+  const job: Record<string, unknown> = {
+    schema_version: SCHEMA_VERSION,
+    job_id: options.job_id ?? randomUUID(),
+    sku,
+    runtime: options.runtime ?? "python",
+    submitted_at_ms: Date.now(),
+  };
+  if (options.code !== undefined) job.code = options.code;
+  if (options.entrypoint !== undefined) job.entrypoint = options.entrypoint;
+  if (options.inputs?.length) job.inputs = options.inputs.map(({ key, path, size, sha256 }) => ({ key, path, size, sha256 }));
+  if (options.args?.length) job.args = options.args;
+  if (options.stdin !== undefined) {
+    job.stdin = typeof options.stdin === "string" ? new TextEncoder().encode(options.stdin) : options.stdin;
+  }
+  if (options.env && Object.keys(options.env).length) job.env = options.env;
+  for (const key of ["timeout", "result_ttl", "network", "deadline_ms", "mode", "session"] as const) {
+    if (options[key] !== undefined) job[key] = options[key];
+  }
+  return job;
+}
+
+/** An unguessable session name (the name is the only key to a session's files). */
+export function newSessionName(): string {
+  return randomUUID();
+}

@@ -1,0 +1,199 @@
+// The wire types of docs/protocol.md, with the protocol's own (snake_case) field names: a
+// `JobResult` is the decoded MessagePack map as the worker wrote it.
+
+/** Every status after which nothing changes. */
+export const TERMINAL: ReadonlySet<string> = new Set([
+  "succeeded", "failed", "timed_out", "oom_killed", "rejected", "cancelled", "expired", "internal_error",
+]);
+
+export type Sku = "S" | "M" | "L" | "XL";
+export type Runtime = "python" | "node";
+export type Status =
+  | "queued" | "running" | "succeeded" | "failed" | "timed_out" | "oom_killed"
+  | "rejected" | "cancelled" | "expired" | "internal_error";
+
+/** An uploaded file and where the job sees it (`/work/<path>`). */
+export interface InputFile {
+  key: string;
+  path: string;
+  size: number;
+  sha256: string;
+}
+
+/** What to run: the JobSpec's fields a client chooses (`job_id` and `submitted_at_ms` are filled in). */
+export interface JobOptions {
+  code?: string;
+  entrypoint?: string;
+  /** Default "M". */
+  sku?: Sku;
+  /** Default "python". */
+  runtime?: Runtime;
+  inputs?: InputFile[];
+  args?: string[];
+  stdin?: Uint8Array | string;
+  env?: Record<string, string>;
+  /** humantime, default "60s". */
+  timeout?: string;
+  /** humantime, default "24h". */
+  result_ttl?: string;
+  network?: "none" | "outbound";
+  deadline_ms?: number;
+  mode?: "notebook" | "script";
+  session?: string;
+  job_id?: string;
+}
+
+/** stdout or stderr: the first bytes as text, and where the exact bytes are in S3. */
+export interface Stream {
+  text: string;
+  total_bytes: number;
+  truncated: boolean;
+  lossy: boolean;
+  log_key?: string | null;
+  log_bytes: number;
+}
+
+/** A file the job wrote, or a stored rich-output representation; `url` is presigned. */
+export interface Artifact {
+  path: string;
+  key: string;
+  size: number;
+  sha256: string;
+  content_type: string;
+  url?: string | null;
+  url_expires_at_ms?: number | null;
+}
+
+export interface SkippedArtifact {
+  path: string;
+  reason: string;
+}
+
+export interface Usage {
+  wall_ms: number;
+  cpu_ms: number;
+  peak_memory_bytes: number;
+}
+
+/** A notebook cell's uncaught exception. */
+export interface ErrorInfo {
+  name: string;
+  value: string;
+  traceback: string[];
+}
+
+/** One representation of an output: inline `text`, or an `artifact` in S3 (binary types). */
+export interface MimeValue {
+  text?: string | null;
+  artifact?: Artifact | null;
+  size: number;
+}
+
+/** A rich output (notebook mode): a MIME bundle, as in Jupyter. */
+export interface Output {
+  output_type: "execute_result" | "display_data" | "error" | string;
+  data: Record<string, MimeValue>;
+  table?: { rows: number; columns: number } | null;
+  image?: { width: number; height: number } | null;
+  error?: ErrorInfo | null;
+}
+
+export interface SessionState {
+  restored: number;
+  not_restored: { name: string; reason: string }[];
+  saved: boolean;
+  variables: string[];
+  unsaved: { name: string; reason: string }[];
+  bytes: number;
+  save_ms: number;
+}
+
+/** What happened to the job's session. */
+export interface SessionInfo {
+  name: string;
+  fresh: boolean;
+  expired: boolean;
+  restored_files: number;
+  saved_files: number;
+  deleted_files: number;
+  files: number;
+  bytes: number;
+  unsaved_files: number;
+  expires_at_ms: number;
+  state?: SessionState | null;
+}
+
+export interface SandboxInfo {
+  warm: boolean;
+  sandbox_wait_ms: number;
+}
+
+/** A job's status and result, as stored in Redis. */
+export interface JobResult {
+  schema_version: number;
+  job_id: string;
+  status: Status;
+  reason?: string | null;
+  sku?: Sku | null;
+  exit_code?: number | null;
+  signal?: string | null;
+  stdout: Stream;
+  stderr: Stream;
+  artifacts: Artifact[];
+  skipped_artifacts: SkippedArtifact[];
+  skipped_artifacts_total: number;
+  usage?: Usage | null;
+  queued_at_ms?: number | null;
+  started_at_ms?: number | null;
+  finished_at_ms?: number | null;
+  worker_id?: string | null;
+  attempt: number;
+  outputs: Output[];
+  execution_count?: number | null;
+  sandbox?: SandboxInfo | null;
+  outputs_dropped: number;
+  error?: ErrorInfo | null;
+  session?: SessionInfo | null;
+}
+
+const emptyStream = (): Stream => ({ text: "", total_bytes: 0, truncated: false, lossy: false, log_key: null, log_bytes: 0 });
+
+/** A decoded result map with the protocol's defaults filled in (absent lists empty, counts 0). */
+export function normalizeResult(raw: Record<string, unknown>): JobResult {
+  const r = raw as Partial<JobResult>;
+  return {
+    ...r,
+    schema_version: r.schema_version ?? 1,
+    job_id: r.job_id ?? "",
+    status: (r.status ?? "queued") as Status,
+    stdout: { ...emptyStream(), ...(r.stdout ?? {}) },
+    stderr: { ...emptyStream(), ...(r.stderr ?? {}) },
+    artifacts: r.artifacts ?? [],
+    skipped_artifacts: r.skipped_artifacts ?? [],
+    skipped_artifacts_total: r.skipped_artifacts_total ?? 0,
+    attempt: r.attempt ?? 0,
+    outputs: r.outputs ?? [],
+    outputs_dropped: r.outputs_dropped ?? 0,
+  } as JobResult;
+}
+
+/** The artifact at `path` (relative to /work), or undefined. */
+export function artifactAt(result: JobResult, path: string): Artifact | undefined {
+  return result.artifacts.find((a) => a.path === path);
+}
+
+/** Every image representation of the outputs (`image/png`, ...), with its output. */
+export function images(result: JobResult): { output: Output; mime: string; value: MimeValue & { artifact: Artifact } }[] {
+  const found = [];
+  for (const output of result.outputs) {
+    for (const [mime, value] of Object.entries(output.data)) {
+      if (mime.startsWith("image/") && value.artifact) found.push({ output, mime, value: value as MimeValue & { artifact: Artifact } });
+    }
+  }
+  return found;
+}
+
+/** The `text/plain` representation of an output. */
+export function outputText(output: Output): string | undefined {
+  return output.data["text/plain"]?.text ?? undefined;
+}

@@ -1,0 +1,81 @@
+// The SDK's tests run against the services of the sandq config ($SANDQ_CONFIG, else
+// /etc/sandq/sandq.toml), with a worker of their own in a namespace of their own
+// (sandq-test-sdk-node), as the Rust tests do (tests/harness.rs): the worker binary of
+// ${CARGO_TARGET_DIR:-target}/debug, started with --exit-on-stdin-eof so that it stops when the
+// tests end; it inherits the environment (SANDQ__WORKER__DATA_DIR/STATE_DIR when CI set them).
+import { spawn } from "node:child_process";
+import { existsSync, openSync, readFileSync, closeSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, isAbsolute, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import * as amqp from "amqplib";
+import { Client, loadConfig } from "../dist/index.js";
+
+export const NAMESPACE = "sandq-test-sdk-node";
+const WORKER_ID = "test-sdk-node";
+const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
+
+export function config() {
+  return { ...loadConfig(), namespace: NAMESPACE };
+}
+
+function workerBinary() {
+  let target = process.env.CARGO_TARGET_DIR || join(REPO, "target");
+  if (!isAbsolute(target)) target = join(REPO, target);
+  return join(target, "debug", "sandq-worker");
+}
+
+async function purgeQueues(cfg) {
+  const connection = await amqp.connect(cfg.amqpUrl);
+  try {
+    const channel = await connection.createChannel();
+    for (const sku of ["S", "M", "L", "XL"]) await channel.purgeQueue(`${NAMESPACE}.jobs.${sku}`);
+    await channel.purgeQueue(`${NAMESPACE}.dead`);
+  } finally {
+    await connection.close();
+  }
+}
+
+/** Declares the topology, purges the queues, starts the worker and waits until it consumes. */
+export async function startWorker() {
+  const cfg = config();
+  const client = await Client.connect({ config: cfg });
+  await client.declareTopology();
+  await client.close();
+  await purgeQueues(cfg);
+  const binary = workerBinary();
+  if (!existsSync(binary)) throw new Error(`${binary} missing: build the workspace first (cargo build --workspace)`);
+  const logPath = join(tmpdir(), `sandq-${WORKER_ID}-worker.log`);
+  const log = openSync(logPath, "w");
+  const child = spawn(binary, ["--exit-on-stdin-eof"], {
+    stdio: ["pipe", "ignore", log],
+    env: {
+      ...process.env,
+      SANDQ__NAMESPACE: NAMESPACE,
+      SANDQ__WORKER__ID: WORKER_ID,
+      SANDQ__WORKER__CAPACITY_CPUS: "16",
+      SANDQ__WORKER__CAPACITY_MEMORY_BYTES: String(64 * 2 ** 30),
+    },
+  });
+  closeSync(log);
+  let exited = false;
+  child.on("exit", () => { exited = true; });
+  const started = Date.now();
+  while (!readFileSync(logPath, "utf8").includes("consuming")) {
+    if (exited) throw new Error(`worker exited: ${readFileSync(logPath, "utf8")}`);
+    if (Date.now() - started > 60_000) throw new Error(`worker did not start: ${readFileSync(logPath, "utf8")}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return {
+    logPath,
+    /** Closes the worker's stdin (it shuts down) and waits up to 60 s for it to exit. */
+    async stop() {
+      if (exited) return;
+      const done = new Promise((r) => child.once("exit", r));
+      child.stdin.end();
+      const timer = setTimeout(() => child.kill("SIGKILL"), 60_000);
+      await done;
+      clearTimeout(timer);
+    },
+  };
+}

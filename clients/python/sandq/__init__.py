@@ -1,0 +1,33 @@
+"""sandq: run code in sandq's sandboxes from Python (docs/protocol.md).
+
+    import sandq
+    with sandq.Client() as client:              # $SANDQ_CONFIG, else /etc/sandq/sandq.toml
+        data = client.upload("data.csv")
+        result = client.run("import pandas as pd\\npd.read_csv('data.csv').describe()", inputs=[data])
+        print(result.stdout.text, result.outputs[0].text)
+
+`sandq.aio.AsyncClient` is the asyncio twin.
+"""
+from .client import Client, Session
+from .errors import (JobCancelled, JobError, JobExpired, JobFailed, JobInternalError, JobNotFound, JobOOMKilled,
+                     JobRejected, JobTimedOut, SandqError, SubmitError, WaitTimeout)
+from .protocol import Config, load_config
+from .types import (TERMINAL, Artifact, ErrorInfo, ImageInfo, InputFile, JobResult, MimeValue, Output, SandboxInfo,
+                    SessionInfo, SessionState, SkippedArtifact, Stream, TableInfo, Usage)
+
+
+def __getattr__(name: str):
+    # The asyncio client on first use (it imports aio-pika).
+    if name in ("AsyncClient", "AsyncSession"):
+        from . import aio
+        return getattr(aio, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "Client", "Session", "AsyncClient", "AsyncSession", "Config", "load_config", "TERMINAL",
+    "Artifact", "ErrorInfo", "ImageInfo", "InputFile", "JobResult", "MimeValue", "Output", "SandboxInfo", "SessionInfo",
+    "SessionState", "SkippedArtifact", "Stream", "TableInfo", "Usage",
+    "SandqError", "SubmitError", "WaitTimeout", "JobNotFound", "JobError", "JobFailed", "JobTimedOut", "JobOOMKilled",
+    "JobRejected", "JobCancelled", "JobExpired", "JobInternalError",
+]

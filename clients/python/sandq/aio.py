@@ -1,0 +1,187 @@
+"""The asyncio client: aio-pika (publisher confirms, mandatory), redis.asyncio; S3 transfers
+run boto3 in a thread."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional, Union, cast
+
+import aio_pika
+import aio_pika.exceptions
+import aiormq.exceptions
+import botocore.exceptions
+import redis.asyncio
+
+from . import protocol
+from .client import Source, check_download, fetch_url, read_source, s3_client
+from .errors import RAISED_BY_WAIT, JobNotFound, SubmitError, WaitTimeout, error_for
+from .protocol import BLOCK_S, Config, Names
+from .types import TERMINAL, Artifact, InputFile, JobResult, Stream
+
+
+class AsyncClient:
+    """The asyncio twin of `sandq.Client`: the same methods, awaitable. Use `async with
+    AsyncClient() as client:` or call `aclose()`."""
+
+    def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None):
+        config = config or protocol.load_config()
+        if namespace:
+            config = config.with_namespace(namespace)
+        self.config = config
+        self.names = Names(config.namespace)
+        self.redis = redis.asyncio.Redis.from_url(config.redis_url)
+        # BLPOP blocks its connection for up to BLOCK_S: a client of its own whose socket
+        # timeout outlasts it (redis-py's default would cut the wait short).
+        self._blocking = redis.asyncio.Redis.from_url(config.redis_url, socket_timeout=BLOCK_S + 10)
+        self.s3 = s3_client(config)
+        self._amqp: Optional[aio_pika.abc.AbstractConnection] = None
+        self._channel: Optional[aio_pika.abc.AbstractChannel] = None
+        self._lock = asyncio.Lock()
+
+    # --- files -----------------------------------------------------------------------------
+    async def upload(self, source: Source, path: Optional[str] = None) -> InputFile:
+        data = await asyncio.to_thread(read_source, source)
+        if path is None:
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                raise ValueError("give the path inside /work for bytes")
+            path = Path(source).name
+        digest = protocol.sha256_hex(data)
+        key = protocol.input_key(digest)
+
+        def put() -> None:
+            try:
+                if self.s3.head_object(Bucket=self.config.s3_bucket, Key=key).get("ContentLength") == len(data):
+                    return
+            except botocore.exceptions.ClientError:
+                pass
+            self.s3.put_object(Bucket=self.config.s3_bucket, Key=key, Body=data)
+
+        await asyncio.to_thread(put)
+        return InputFile(key=key, path=path, size=len(data), sha256=digest)
+
+    async def download(self, artifact: Artifact) -> bytes:
+        if artifact.url:
+            data = await asyncio.to_thread(fetch_url, artifact.url)
+        else:
+            data = await asyncio.to_thread(
+                lambda: self.s3.get_object(Bucket=self.config.s3_bucket, Key=artifact.key)["Body"].read())
+        return check_download(artifact, data)
+
+    async def download_to(self, artifact: Artifact, dest: Union[str, os.PathLike]) -> Path:
+        target = Path(dest)
+        if target.is_dir():
+            target = target / Path(artifact.path).name
+        target.write_bytes(await self.download(artifact))
+        return target
+
+    async def read_log(self, stream: Stream) -> bytes:
+        if not stream.log_key:
+            return stream.text.encode()
+        key = stream.log_key
+        return await asyncio.to_thread(lambda: self.s3.get_object(Bucket=self.config.s3_bucket, Key=key)["Body"].read())
+
+    # --- submitting ------------------------------------------------------------------------
+    async def _publish(self, job: dict) -> None:
+        message = aio_pika.Message(protocol.encode(job), **protocol.amqp_properties(job))
+        async with self._lock:
+            for attempt in (1, 2):  # reconnect once on a lost connection
+                try:
+                    if self._amqp is None or self._amqp.is_closed:
+                        self._amqp = await aio_pika.connect(self.config.amqp_url)
+                        self._channel = await self._amqp.channel(publisher_confirms=True, on_return_raises=True)
+                    assert self._channel is not None
+                    exchange = await self._channel.get_exchange(self.names.exchange, ensure=False)
+                    await exchange.publish(message, routing_key=job["sku"], mandatory=True)
+                    return
+                except aio_pika.exceptions.DeliveryError as e:
+                    raise SubmitError(f"job {job['job_id']} not accepted by the broker: {e}") from e
+                except (aiormq.exceptions.AMQPError, ConnectionError, OSError) as e:
+                    await self._close_amqp()
+                    if attempt == 2:
+                        raise SubmitError(f"job {job['job_id']} not submitted: {e!r}") from e
+
+    async def submit(self, code: Optional[str] = None, **spec: Any) -> str:
+        job = protocol.build_job(code, **spec)
+        await self._publish(job)
+        record, ttl = protocol.queued_record(job)
+        await self.redis.eval(protocol.CAS_SCRIPT, 2, self.names.job(job["job_id"]), self.names.done(job["job_id"]),
+                              "queued", record, ttl)
+        return job["job_id"]
+
+    # --- results ---------------------------------------------------------------------------
+    async def status(self, job_id: str) -> Optional[JobResult]:
+        raw = cast(Optional[bytes], await self.redis.hget(self.names.job(job_id), "result"))
+        return None if raw is None else JobResult.from_wire(protocol.decode(raw))
+
+    async def wait(self, job_id: str, timeout: Optional[float] = None, *, raise_on_error: bool = True,
+                   block_s: float = BLOCK_S) -> JobResult:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            result = await self.status(job_id)
+            if result is None:
+                raise JobNotFound(f"job {job_id} is unknown (never submitted, or its result expired)")
+            if result.terminal:
+                if raise_on_error and result.status in RAISED_BY_WAIT:
+                    raise error_for(result)
+                return result
+            left = block_s if deadline is None else min(block_s, deadline - time.monotonic())
+            if left <= 0:
+                raise WaitTimeout(f"job {job_id} is still {result.status} after {timeout} s")
+            await self._blocking.blpop([self.names.done(job_id)], timeout=max(min(left, BLOCK_S), 0.01))
+
+    async def run(self, code: Optional[str] = None, *, wait_timeout: Optional[float] = None,
+                  raise_on_error: bool = True, **spec: Any) -> JobResult:
+        return await self.wait(await self.submit(code, **spec), wait_timeout, raise_on_error=raise_on_error)
+
+    async def cancel(self, job_id: str) -> bool:
+        key = self.names.job(job_id)
+        status = cast(Optional[bytes], await self.redis.hget(key, "status"))
+        if status is None or status.decode() in TERMINAL:
+            return False
+        ttl = await self.redis.ttl(key)
+        await self.redis.set(self.names.cancel(job_id), "1", ex=ttl if ttl and ttl > 0 else 86400)
+        return True
+
+    # --- sessions --------------------------------------------------------------------------
+    def session(self, name: Optional[str] = None) -> "AsyncSession":
+        return AsyncSession(self, name or protocol.new_session_name())
+
+    async def sessions(self) -> list[tuple[str, int]]:
+        rows = cast(list[tuple[bytes, float]], await self.redis.zrange(self.names.sessions, 0, -1, withscores=True))
+        return [(n.decode(), int(score)) for n, score in rows]
+
+    # --- lifetime --------------------------------------------------------------------------
+    async def _close_amqp(self) -> None:
+        try:
+            if self._amqp is not None and not self._amqp.is_closed:
+                await self._amqp.close()
+        except Exception:  # noqa: BLE001 (closing a broken connection)
+            pass
+        self._amqp = self._channel = None
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            await self._close_amqp()
+        await self.redis.aclose()
+        await self._blocking.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncSession:
+    """Jobs of one session (`session=` set on each)."""
+
+    def __init__(self, client: AsyncClient, name: str):
+        self.client, self.name = client, name
+
+    async def submit(self, code: Optional[str] = None, **spec: Any) -> str:
+        return await self.client.submit(code, session=self.name, **spec)
+
+    async def run(self, code: Optional[str] = None, **kwargs: Any) -> JobResult:
+        return await self.client.run(code, session=self.name, **kwargs)

@@ -1,0 +1,249 @@
+"""The blocking client: pika (publisher confirms, mandatory), redis-py, boto3."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional, Union, cast
+
+import boto3
+import botocore.config
+import botocore.exceptions
+import pika
+import pika.exceptions
+import redis
+
+from . import protocol
+from .errors import RAISED_BY_WAIT, JobNotFound, SandqError, SubmitError, WaitTimeout, error_for
+from .protocol import BLOCK_S, Config, Names
+from .types import TERMINAL, Artifact, InputFile, JobResult, Stream
+
+Source = Union[str, os.PathLike, bytes]
+
+
+def s3_client(config: Config) -> Any:
+    return boto3.client(
+        "s3", endpoint_url=config.s3_endpoint, region_name=config.s3_region,
+        aws_access_key_id=config.s3_access_key_id, aws_secret_access_key=config.s3_secret_access_key,
+        config=botocore.config.Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
+def read_source(source: Source) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    return Path(source).read_bytes()
+
+
+def fetch_url(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 (a presigned http(s) URL)
+        return response.read()
+
+
+def check_download(artifact: Artifact, data: bytes) -> bytes:
+    if len(data) != artifact.size or protocol.sha256_hex(data) != artifact.sha256:
+        raise SandqError(f"artifact {artifact.path}: downloaded {len(data)} bytes that do not match its size or sha256")
+    return data
+
+
+class Client:
+    """A sandq client. `Client()` reads the service config (`$SANDQ_CONFIG`, else
+    /etc/sandq/sandq.toml); pass a `Config` or `namespace=` to choose others. Thread-safe for
+    submitting; close it (or use it as a context manager) when done."""
+
+    def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None):
+        config = config or protocol.load_config()
+        if namespace:
+            config = config.with_namespace(namespace)
+        self.config = config
+        self.names = Names(config.namespace)
+        self.redis = redis.Redis.from_url(config.redis_url)
+        # BLPOP blocks its connection for up to BLOCK_S: a client of its own whose socket
+        # timeout outlasts it (redis-py's default would cut the wait short).
+        self._blocking = redis.Redis.from_url(config.redis_url, socket_timeout=BLOCK_S + 10)
+        self.s3 = s3_client(config)
+        self._amqp: Optional[pika.BlockingConnection] = None
+        self._channel: Any = None
+        self._lock = threading.Lock()
+
+    # --- files -----------------------------------------------------------------------------
+    def upload(self, source: Source, path: Optional[str] = None) -> InputFile:
+        """Uploads a file (a path, or bytes) under its content address, unless it is there
+        already; the job sees it at `/work/<path>` (default: the file's name)."""
+        data = read_source(source)
+        if path is None:
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                raise ValueError("give the path inside /work for bytes")
+            path = Path(source).name
+        digest = protocol.sha256_hex(data)
+        key = protocol.input_key(digest)
+        try:
+            head = self.s3.head_object(Bucket=self.config.s3_bucket, Key=key)
+            exists = head.get("ContentLength") == len(data)
+        except botocore.exceptions.ClientError:
+            exists = False
+        if not exists:
+            self.s3.put_object(Bucket=self.config.s3_bucket, Key=key, Body=data)
+        return InputFile(key=key, path=path, size=len(data), sha256=digest)
+
+    def download(self, artifact: Artifact) -> bytes:
+        """An artifact's bytes, through its presigned URL (from S3 by key when it has none),
+        checked against its size and sha256."""
+        if artifact.url:
+            data = fetch_url(artifact.url)
+        else:
+            data = self.s3.get_object(Bucket=self.config.s3_bucket, Key=artifact.key)["Body"].read()
+        return check_download(artifact, data)
+
+    def download_to(self, artifact: Artifact, dest: Union[str, os.PathLike]) -> Path:
+        """`download`, written to `dest` (a directory gets the artifact's name)."""
+        target = Path(dest)
+        if target.is_dir():
+            target = target / Path(artifact.path).name
+        target.write_bytes(self.download(artifact))
+        return target
+
+    def read_log(self, stream: Stream) -> bytes:
+        """The exact bytes of stdout or stderr (up to 8 MiB), from S3; the inline text when the
+        stream was empty."""
+        if not stream.log_key:
+            return stream.text.encode()
+        return self.s3.get_object(Bucket=self.config.s3_bucket, Key=stream.log_key)["Body"].read()
+
+    # --- submitting ------------------------------------------------------------------------
+    def _publish(self, job: dict) -> None:
+        properties = pika.BasicProperties(**protocol.amqp_properties(job))
+        body = protocol.encode(job)
+        with self._lock:
+            for attempt in (1, 2):  # reconnect once on a lost connection
+                try:
+                    if self._amqp is None or self._amqp.is_closed:
+                        self._amqp = pika.BlockingConnection(pika.URLParameters(self.config.amqp_url))
+                        self._channel = self._amqp.channel()
+                        self._channel.confirm_delivery()
+                    self._channel.basic_publish(self.names.exchange, job["sku"], body, properties, mandatory=True)
+                    return
+                except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as e:
+                    raise SubmitError(f"job {job['job_id']} not accepted by the broker: {e}") from e
+                except pika.exceptions.AMQPError as e:
+                    self._close_amqp()
+                    if attempt == 2:
+                        raise SubmitError(f"job {job['job_id']} not submitted: {e!r}") from e
+
+    def submit(self, code: Optional[str] = None, **spec: Any) -> str:
+        """Submits a job and returns its id once the broker confirmed it. Keyword arguments are
+        the JobSpec's fields (docs/protocol.md): `entrypoint`, `sku` ("M"), `runtime`
+        ("python"), `inputs` (from `upload`), `args`, `stdin`, `env`, `timeout` ("60s"),
+        `result_ttl`, `network`, `deadline_ms`, `mode`, `session`, `job_id`."""
+        job = protocol.build_job(code, **spec)
+        self._publish(job)
+        record, ttl = protocol.queued_record(job)
+        key = self.names.job(job["job_id"])
+        self.redis.eval(protocol.CAS_SCRIPT, 2, key, self.names.done(job["job_id"]), "queued", record, ttl)
+        return job["job_id"]
+
+    def declare_topology(self) -> None:
+        """Declares the namespace's exchanges and queues, with exactly the workers' arguments
+        (workers declare them too; a client may rely on them existing)."""
+        connection = pika.BlockingConnection(pika.URLParameters(self.config.amqp_url))
+        try:
+            ch = connection.channel()
+            n = self.names
+            ch.exchange_declare(n.dlx, "fanout", durable=True)
+            ch.queue_declare(n.dead_queue, durable=True, arguments={"x-queue-type": "quorum"})
+            ch.queue_bind(n.dead_queue, n.dlx, "")
+            ch.exchange_declare(n.exchange, "direct", durable=True)
+            for sku in protocol.SKUS:
+                ch.queue_declare(n.queue(sku), durable=True, arguments=protocol.queue_arguments(n, self.config.delivery_limit))
+                ch.queue_bind(n.queue(sku), n.exchange, sku)
+        finally:
+            connection.close()
+
+    # --- results ---------------------------------------------------------------------------
+    def status(self, job_id: str) -> Optional[JobResult]:
+        """The job's current result (`queued`, `running` or terminal); None when unknown."""
+        raw = cast(Optional[bytes], self.redis.hget(self.names.job(job_id), "result"))
+        return None if raw is None else JobResult.from_wire(protocol.decode(raw))
+
+    def wait(self, job_id: str, timeout: Optional[float] = None, *, raise_on_error: bool = True,
+             block_s: float = BLOCK_S) -> JobResult:
+        """Blocks until the job's result is terminal (BLPOP on its done list, reading the hash
+        before and after every wait). Raises `WaitTimeout` after `timeout` seconds (None: no
+        limit), `JobNotFound` for an unknown job, and unless `raise_on_error` is false
+        `JobRejected`, `JobExpired` or `JobInternalError`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            result = self.status(job_id)
+            if result is None:
+                raise JobNotFound(f"job {job_id} is unknown (never submitted, or its result expired)")
+            if result.terminal:
+                if raise_on_error and result.status in RAISED_BY_WAIT:
+                    raise error_for(result)
+                return result
+            left = block_s if deadline is None else min(block_s, deadline - time.monotonic())
+            if left <= 0:
+                raise WaitTimeout(f"job {job_id} is still {result.status} after {timeout} s")
+            self._blocking.blpop([self.names.done(job_id)], timeout=max(min(left, BLOCK_S), 0.01))
+
+    def run(self, code: Optional[str] = None, *, wait_timeout: Optional[float] = None, raise_on_error: bool = True,
+            **spec: Any) -> JobResult:
+        """`submit` then `wait`."""
+        return self.wait(self.submit(code, **spec), wait_timeout, raise_on_error=raise_on_error)
+
+    def cancel(self, job_id: str) -> bool:
+        """Asks the workers to cancel the job (skipped when queued, killed when running); False
+        when it is unknown or already finished. The result then becomes `cancelled`."""
+        key = self.names.job(job_id)
+        status = cast(Optional[bytes], self.redis.hget(key, "status"))
+        if status is None or status.decode() in TERMINAL:
+            return False
+        ttl = self.redis.ttl(key)
+        self.redis.set(self.names.cancel(job_id), "1", ex=ttl if ttl and ttl > 0 else 86400)
+        return True
+
+    # --- sessions --------------------------------------------------------------------------
+    def session(self, name: Optional[str] = None) -> "Session":
+        """A session: jobs run through it share `/work` and (Python notebook) variables. A new
+        unguessable name unless one is given."""
+        return Session(self, name or protocol.new_session_name())
+
+    def sessions(self) -> list[tuple[str, int]]:
+        """The namespace's sessions and their expiry (Unix ms), soonest first."""
+        rows = cast(list[tuple[bytes, float]], self.redis.zrange(self.names.sessions, 0, -1, withscores=True))
+        return [(n.decode(), int(score)) for n, score in rows]
+
+    # --- lifetime --------------------------------------------------------------------------
+    def _close_amqp(self) -> None:
+        try:
+            if self._amqp is not None and self._amqp.is_open:
+                self._amqp.close()
+        except pika.exceptions.AMQPError:
+            pass
+        self._amqp = self._channel = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_amqp()
+        self.redis.close()
+        self._blocking.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Session:
+    """Jobs of one session (`session=` set on each)."""
+
+    def __init__(self, client: Client, name: str):
+        self.client, self.name = client, name
+
+    def submit(self, code: Optional[str] = None, **spec: Any) -> str:
+        return self.client.submit(code, session=self.name, **spec)
+
+    def run(self, code: Optional[str] = None, **kwargs: Any) -> JobResult:
+        return self.client.run(code, session=self.name, **kwargs)

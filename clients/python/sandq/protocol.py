@@ -1,0 +1,220 @@
+"""The wire protocol of docs/protocol.md, shared by the blocking and the asyncio clients: the
+service config, names, the JobSpec, the compare-and-set script, the topology."""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import tomllib
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import msgpack
+
+from .types import InputFile
+
+SCHEMA_VERSION = 1
+DEFAULT_CONFIG_PATH = "/etc/sandq/sandq.toml"
+APP_ID = "sandq-python"
+
+# The compare-and-set script of docs/protocol.md ("Writing a status").
+CAS_SCRIPT = """
+local function rank(s)
+  if not s then return 0 end
+  if s == 'queued' then return 1 end
+  if s == 'running' then return 2 end
+  return 3
+end
+local current = redis.call('HGET', KEYS[1], 'status')
+local cur, new = rank(current), rank(ARGV[1])
+if cur == 3 or new < cur or (new == 1 and cur == 1) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'result', ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+if new == 3 and KEYS[2] then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+end
+return 1
+"""
+
+SKUS = ("S", "M", "L", "XL")
+# Longest single BLPOP on a done list (s): the hash is read again after each.
+BLOCK_S = 5.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """Where the services are: the `[amqp]`, `[redis]` and `[s3]` sections and `namespace` of the
+    sandq config file (the same file the worker and the `sandq` CLI read)."""
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    redis_url: str = "redis://127.0.0.1:6379/"
+    s3_endpoint: str = "http://127.0.0.1:3900"
+    s3_region: str = "garage"
+    s3_bucket: str = "sandq"
+    s3_access_key_id: Optional[str] = None
+    s3_secret_access_key: Optional[str] = None
+    namespace: str = "sandq"
+    delivery_limit: int = 5
+
+    def with_namespace(self, namespace: str) -> "Config":
+        return replace(self, namespace=namespace)
+
+
+def config_path(path: Union[str, os.PathLike, None] = None) -> Path:
+    """`path`, else `$SANDQ_CONFIG`, else /etc/sandq/sandq.toml."""
+    return Path(path or os.environ.get("SANDQ_CONFIG") or DEFAULT_CONFIG_PATH)
+
+
+def load_config(path: Union[str, os.PathLike, None] = None) -> Config:
+    """Reads the sandq config (see `config_path`); a missing file is an error. `SANDQ__SECTION__KEY`
+    environment variables override the file's keys, as for the worker."""
+    with open(config_path(path), "rb") as f:
+        doc: dict[str, Any] = tomllib.load(f)
+
+    def get(section: Optional[str], key: str, default: Any) -> Any:
+        env = "SANDQ__" + (f"{section.upper()}__" if section else "") + key.upper()
+        if env in os.environ:
+            return os.environ[env]
+        table = doc.get(section, {}) if section else doc
+        return table.get(key, default)
+
+    d = Config()
+    return Config(
+        amqp_url=get("amqp", "url", d.amqp_url), redis_url=get("redis", "url", d.redis_url),
+        s3_endpoint=get("s3", "endpoint", d.s3_endpoint), s3_region=get("s3", "region", d.s3_region),
+        s3_bucket=get("s3", "bucket", d.s3_bucket), s3_access_key_id=get("s3", "access_key_id", None),
+        s3_secret_access_key=get("s3", "secret_access_key", None), namespace=get(None, "namespace", d.namespace),
+        delivery_limit=int(get("amqp", "delivery_limit", d.delivery_limit)),
+    )
+
+
+class Names:
+    """Queue, exchange and key names of a namespace."""
+
+    def __init__(self, namespace: str):
+        self.ns = namespace
+        self.exchange = f"{namespace}.jobs"
+        self.dlx = f"{namespace}.dlx"
+        self.dead_queue = f"{namespace}.dead"
+        self.sessions = f"{namespace}:sessions"
+
+    def queue(self, sku: str) -> str:
+        return f"{self.ns}.jobs.{sku}"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.ns}:job:{job_id}"
+
+    def done(self, job_id: str) -> str:
+        return f"{self.ns}:job:{job_id}:done"
+
+    def cancel(self, job_id: str) -> str:
+        return f"{self.ns}:job:{job_id}:cancel"
+
+
+def queue_arguments(names: Names, delivery_limit: int) -> dict:
+    return {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit, "x-dead-letter-exchange": names.dlx}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def input_key(sha256: str) -> str:
+    return f"inputs/sha256/{sha256}"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def humantime_seconds(value: str) -> int:
+    """Seconds of a humantime duration ("60s", "2m 30s", "24h", "7days"), for key TTLs."""
+    units = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "mins": 60, "minute": 60,
+             "minutes": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600, "d": 86400,
+             "day": 86400, "days": 86400, "w": 604800, "week": 604800, "weeks": 604800, "ms": 0.001}
+    total, number = 0.0, ""
+    i = 0
+    text = value.strip()
+    while i < len(text):
+        c = text[i]
+        if c.isdigit():
+            number += c
+            i += 1
+        elif c.isspace():
+            i += 1
+        else:
+            j = i
+            while j < len(text) and text[j].isalpha():
+                j += 1
+            unit = text[i:j]
+            if not number or unit not in units:
+                raise ValueError(f"bad duration {value!r}")
+            total += int(number) * units[unit]
+            number, i = "", j
+    if number:
+        raise ValueError(f"bad duration {value!r}: a number without a unit")
+    return max(1, int(total))
+
+
+def build_job(
+    code: Optional[str] = None, *, entrypoint: Optional[str] = None, sku: str = "M", runtime: str = "python",
+    inputs: Sequence[InputFile] = (), args: Sequence[str] = (), stdin: Union[bytes, str, None] = None,
+    env: Optional[Mapping[str, str]] = None, timeout: Optional[str] = None, result_ttl: Optional[str] = None,
+    network: Optional[str] = None, deadline_ms: Optional[int] = None, mode: Optional[str] = None,
+    session: Optional[str] = None, job_id: Optional[str] = None,
+) -> dict:
+    """A JobSpec map. Only what the protocol requires of a client is checked here (one of code and
+    entrypoint, the SKU); the worker validates the rest and says why in a `rejected` result."""
+    if (code is None) == (entrypoint is None):
+        raise ValueError("give exactly one of code and entrypoint")
+    if sku not in SKUS:
+        raise ValueError(f"unknown sku {sku!r}: one of {', '.join(SKUS)}")
+    job: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "job_id": job_id or str(uuid.uuid4()), "sku": sku,
+                           "runtime": runtime, "submitted_at_ms": now_ms()}
+    if code is not None:
+        job["code"] = code
+    if entrypoint is not None:
+        job["entrypoint"] = entrypoint
+    if inputs:
+        job["inputs"] = [i.to_wire() for i in inputs]
+    if args:
+        job["args"] = list(args)
+    if stdin is not None:
+        job["stdin"] = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
+    if env:
+        job["env"] = dict(env)
+    for key, value in (("timeout", timeout), ("result_ttl", result_ttl), ("network", network),
+                       ("deadline_ms", deadline_ms), ("mode", mode), ("session", session)):
+        if value is not None:
+            job[key] = value
+    return job
+
+
+def encode(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def decode(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False)
+
+
+def queued_record(job: dict) -> tuple[bytes, int]:
+    """The `queued` JobResult a client writes after the broker's confirm, and its TTL (s)."""
+    record = {"schema_version": SCHEMA_VERSION, "job_id": job["job_id"], "status": "queued", "sku": job["sku"],
+              "queued_at_ms": job["submitted_at_ms"], "attempt": 0}
+    return encode(record), humantime_seconds(job.get("result_ttl") or "24h")
+
+
+def amqp_properties(job: dict) -> dict:
+    return {"delivery_mode": 2, "content_type": "application/msgpack", "message_id": job["job_id"],
+            "timestamp": job["submitted_at_ms"] // 1000, "type": "sandq.job", "app_id": APP_ID,
+            "headers": {"schema_version": SCHEMA_VERSION}}
+
+
+def new_session_name() -> str:
+    """An unguessable session name (the name is the only key to a session's files)."""
+    return str(uuid.uuid4())
