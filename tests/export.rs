@@ -137,3 +137,26 @@ x + 1
     let ids: Vec<serde_json::Value> = read(&listed)["cells"].as_array().expect("cells").iter().map(|c| c["id"].clone()).collect();
     assert_eq!(ids, [second.job_id.as_str(), first.job_id.as_str()]);
 }
+
+/// A job whose code the client did not record (an entry point from its inputs) still exports:
+/// its cell says the code was not recorded, and the notebook stays valid.
+#[tokio::test]
+async fn a_job_without_recorded_code_exports_with_a_comment_in_its_cell() {
+    let mut client = client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let program = dir.path().join("prog.py");
+    std::fs::write(&program, "print('from an entry point')\n").expect("write");
+    let mut spec = python_job("", Sku::S);
+    spec.code = None;
+    spec.entrypoint = Some("prog.py".into());
+    spec.inputs = vec![client.upload(&program, "prog.py").await.expect("upload")];
+    let result = run(&mut client, &spec).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    let path = dir.path().join("entry.ipynb");
+    export(&[&spec.job_id, "-o", path.to_str().expect("utf-8")]);
+    validate(&path);
+    let cell = read(&path)["cells"][0].clone();
+    let source = cell["source"].as_str().expect("source");
+    assert!(source.starts_with('#') && source.contains("not recorded") && source.contains(&spec.job_id), "{source}");
+    assert_eq!(cell["outputs"][0]["text"], "from an entry point\n");
+}

@@ -195,6 +195,19 @@ fn spawn_worker(bin_dir: &Path, config: &ServiceConfig, id: &str, env: &[(String
     Ok((command.spawn().context("sandq-worker")?, log_path))
 }
 
+/// Removes what the run's workers, now exited, leave behind: their (empty) job and state dirs
+/// and the resolver file beside the state dir (best effort; a non-empty dir stays).
+fn remove_worker_dirs(namespace: &str, workers: usize) {
+    let dir = |var: &str, default: &str| std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
+    let (data, state) = (dir("SANDQ__WORKER__DATA_DIR", "/var/lib/sandq"), dir("SANDQ__WORKER__STATE_DIR", "/run/sandq"));
+    for i in 0..workers {
+        let id = format!("{namespace}-w{i}");
+        let _ = std::fs::remove_dir(data.join(&id));
+        let _ = std::fs::remove_dir(state.join(&id));
+        let _ = std::fs::remove_file(state.join(format!("{id}.resolv.conf")));
+    }
+}
+
 fn spec(args: &ThroughputArgs, namespace: &str, n: usize) -> JobSpec {
     let mut spec = JobSpec::new(format!("{namespace}-{n}"), args.sku, Runtime::Python, args.code.clone());
     spec.mode = Some(if args.mode == "script" { RunMode::Script } else { RunMode::Notebook });
@@ -354,6 +367,7 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     for (child, _) in &mut workers {
         let _ = child.wait();
     }
+    remove_worker_dirs(&config.namespace, args.workers);
     if own_namespace {
         if let Ok(connection) = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await {
             if let Ok(channel) = connection.create_channel().await {
