@@ -280,6 +280,10 @@ async fn export(client: &mut Client, ids: Vec<String>, session: Option<&str>, pa
     for id in &ids {
         sandq_schemas::validate::check_job_id(id).map_err(|e| anyhow::anyhow!("{e}"))?;
         if results.iter().any(|r: &JobResult| &r.job_id == id) {
+            // A session's list names a job again when it was submitted again with its id.
+            if session.is_some() {
+                continue;
+            }
             bail!("job {id} is listed twice");
         }
         match client.status(id).await? {
