@@ -26,6 +26,11 @@ if ! python3 -c 'import pika, msgpack, redis' 2>/dev/null; then
   fi
   export PATH="$venv/bin:$PATH"
 fi
+# The font `sandq-loadtest throughput` draws its plots' text with (tests/faults.rs runs one).
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core >&2
+fi
 cargo build --workspace --all-targets
 
 # The Python SDK (clients/python): a virtualenv with its dependencies, cached by its

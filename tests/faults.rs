@@ -146,3 +146,51 @@ async fn a_job_that_keeps_failing_on_infrastructure_is_dead_lettered_with_intern
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// A short `sandq-loadtest throughput` run (the full one is in docs/benchmarks.md): every job
+/// succeeds, the report's numbers agree with each other and with its per-job rows, and the
+/// plots are PNG files. Its speed is not asserted. Here because it needs the broker undisturbed
+/// (this binary's tests take turns).
+#[tokio::test]
+async fn a_short_throughput_run_writes_its_report_and_plots() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = tokio::process::Command::new(bin_dir().join("sandq-loadtest"))
+        .args(["throughput", "--jobs", "12", "--concurrency", "3", "--mode", "script", "--json", "--report"])
+        .arg(dir.path())
+        .output()
+        .await
+        .expect("sandq-loadtest");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("no report ({e}): {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
+    assert!(output.status.success(), "{report}");
+    assert_eq!(report["jobs"], 12, "{report}");
+    assert_eq!(report["statuses"]["succeeded"], 12, "{report}");
+    assert_eq!(report["unfinished"], 0, "{report}");
+    assert!(report["jobs_per_second"].as_f64().unwrap_or(0.0) > 0.0, "{report}");
+    // Percentiles from the per-job rows, computed here.
+    let csv = std::fs::read_to_string(dir.path().join("jobs.csv")).expect("jobs.csv");
+    let mut latencies: Vec<u64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            f[4].parse::<u64>().expect("finished_ms") - f[2].parse::<u64>().expect("submitted_ms")
+        })
+        .collect();
+    latencies.sort_unstable();
+    assert_eq!(latencies.len(), 12);
+    let p = &report["submitted_to_finished_ms"];
+    assert_eq!(p["max"], latencies[11], "{report}");
+    assert_eq!(p["p50"], latencies[5], "nearest rank: the 6th of 12: {report}");
+    for p in ["submitted_to_finished_ms", "queue_wait_ms", "run_ms"] {
+        let v = &report[p];
+        assert!(v["p50"].as_u64() <= v["p90"].as_u64() && v["p90"].as_u64() <= v["p99"].as_u64() && v["p99"].as_u64() <= v["max"].as_u64(), "{p}: {report}");
+    }
+    for plot in ["latency.png", "throughput.png"] {
+        let bytes = std::fs::read(dir.path().join(plot)).expect(plot);
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{plot} is a PNG");
+        assert_eq!(u32::from_be_bytes(bytes[16..20].try_into().expect("width")), 900, "{plot}");
+    }
+}

@@ -1,5 +1,11 @@
-//! `sandq-loadtest chaos`: many jobs through several real workers while workers are SIGKILLed
-//! and restarted, RabbitMQ is restarted and Redis is restarted; then every job is accounted for.
+//! `sandq-loadtest`: load runs against real sandq workers.
+//!
+//! `sandq-loadtest throughput ...` (module [`throughput`]): N jobs of one program at a fixed rate
+//! or concurrency; jobs/s, latency percentiles, a report directory with PNG plots.
+//!
+//! `sandq-loadtest [--jobs ...]` (no subcommand), the chaos run: many jobs through several real
+//! workers while workers are SIGKILLed and restarted, RabbitMQ is restarted and Redis is
+//! restarted; then every job is accounted for.
 //!
 //! The run uses a namespace of its own and a Redis of its own (`redis-server` on
 //! `--redis-port`, append-only file fsynced always, so that a restart keeps results, as a
@@ -14,16 +20,35 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Runtime, Sku};
 use sandq_submitter::client::now_ms;
 use sandq_submitter::config::{self, ServiceConfig};
 use sandq_submitter::Client;
 
-/// Chaos run against real sandq workers.
+mod plot;
+mod throughput;
+
+/// Load runs against real sandq workers: the chaos run (no subcommand) or a throughput run.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Mode>,
+    #[command(flatten)]
+    chaos: Args,
+}
+
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// N jobs of one program at a fixed rate or concurrency: jobs/s, latency percentiles
+    /// (submitted -> finished, queue wait, run), a report directory with PNG plots.
+    Throughput(throughput::ThroughputArgs),
+}
+
+/// Chaos run against real sandq workers.
+#[derive(Debug, clap::Args)]
 struct Args {
     /// Jobs to submit.
     #[arg(long, default_value_t = 500)]
@@ -176,11 +201,18 @@ async fn delete_queues(config: &ServiceConfig) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
         .with_writer(std::io::stderr)
         .init();
+    match cli.command {
+        Some(Mode::Throughput(args)) => throughput::run(args).await,
+        None => chaos(cli.chaos).await,
+    }
+}
+
+async fn chaos(args: Args) -> anyhow::Result<()> {
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => std::env::current_exe()?.parent().context("binary dir")?.to_path_buf(),

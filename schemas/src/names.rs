@@ -74,6 +74,21 @@ impl Names {
         format!("{}:job:{}:cancel", self.namespace, job_id)
     }
 
+    /// Redis string `<ns>:job:<job_id>:source`: the submitted code and runtime as JSON
+    /// (`{"runtime": "python", "code": "..."}`), written by the Rust client after the broker
+    /// confirmed a job with `code`, with the job's `result_ttl`; read by `sandq export`. The
+    /// result does not carry the code, and other clients need not write it.
+    pub fn job_source_key(&self, job_id: &str) -> String {
+        format!("{}:job:{}:source", self.namespace, job_id)
+    }
+
+    /// Redis list `<ns>:session:<name>:jobs`: ids of the session's jobs in the order the Rust
+    /// client submitted them (expires with the last one's `result_ttl`); read by `sandq export
+    /// --session`. The session manifest keeps only the last job's id.
+    pub fn session_jobs_key(&self, session: &str) -> String {
+        format!("{}:session:{}:jobs", self.namespace, session)
+    }
+
     /// Redis sorted set `<ns>:sessions`: session name -> expiry (Unix epoch ms) as the score.
     /// Workers reap members whose score has passed.
     pub fn sessions_index(&self) -> String {

@@ -169,7 +169,76 @@ impl Client {
         queued.sku = Some(spec.sku);
         queued.queued_at_ms = spec.submitted_at_ms;
         results::write(&mut self.redis, &self.names, &queued, valid.result_ttl).await?;
+        // For `sandq export`: the code (the result does not carry it) and the session's job
+        // list. The job is queued whatever happens here.
+        if let Err(e) = self.record_source(spec, valid.result_ttl).await {
+            tracing::warn!(error = %e, job_id = %spec.job_id, "cannot record the job's source for export");
+        }
         Ok(())
+    }
+
+    async fn record_source(&mut self, spec: &JobSpec, ttl: Duration) -> redis::RedisResult<()> {
+        let ttl_s = ttl.as_secs().max(1);
+        if spec.code.is_none() && spec.session.is_none() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        if let Some(code) = &spec.code {
+            let source = crate::notebook::JobSource { runtime: spec.runtime, code: code.clone() };
+            let json = serde_json::to_string(&source).unwrap_or_default();
+            pipe.cmd("SET").arg(self.names.job_source_key(&spec.job_id)).arg(json).arg("EX").arg(ttl_s).ignore();
+        }
+        if let Some(session) = &spec.session {
+            let key = self.names.session_jobs_key(session);
+            pipe.cmd("RPUSH").arg(&key).arg(&spec.job_id).ignore();
+            pipe.cmd("EXPIRE").arg(&key).arg(ttl_s).ignore();
+        }
+        pipe.query_async::<()>(&mut self.redis).await
+    }
+
+    /// The code and runtime a job was submitted with, as the Rust client recorded them
+    /// (`Names::job_source_key`); `None` when not recorded (another client, an `entrypoint`
+    /// job, or expired).
+    ///
+    /// # Errors
+    /// [`ClientError::Result`].
+    pub async fn job_source(&mut self, job_id: &str) -> Result<Option<crate::notebook::JobSource>, ClientError> {
+        let json: Option<String> =
+            redis::cmd("GET").arg(self.names.job_source_key(job_id)).query_async(&mut self.redis).await.map_err(results::ResultError::from)?;
+        Ok(json.and_then(|j| serde_json::from_str(&j).ok()))
+    }
+
+    /// Ids of a session's jobs in the order the Rust client submitted them
+    /// (`Names::session_jobs_key`).
+    ///
+    /// # Errors
+    /// [`ClientError::Result`].
+    pub async fn session_jobs(&mut self, session: &str) -> Result<Vec<String>, ClientError> {
+        Ok(redis::cmd("LRANGE")
+            .arg(self.names.session_jobs_key(session))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.redis)
+            .await
+            .map_err(results::ResultError::from)?)
+    }
+
+    /// Reads an artifact (or a stored output representation) into memory, checking its size
+    /// and SHA-256.
+    ///
+    /// # Errors
+    /// [`ClientError::Transfer`].
+    pub async fn fetch_artifact(&self, artifact: &Artifact) -> Result<Vec<u8>, ClientError> {
+        use sha2::Digest;
+        let bytes = self.fetch_log(&artifact.key, artifact.size).await?;
+        if bytes.len() as u64 != artifact.size {
+            return Err(storage::TransferError::Size { key: artifact.key.clone(), found: bytes.len() as u64, expected: artifact.size }.into());
+        }
+        let found = hex::encode(sha2::Sha256::digest(&bytes));
+        if found != artifact.sha256 {
+            return Err(storage::TransferError::Digest { key: artifact.key.clone(), found, expected: artifact.sha256.clone() }.into());
+        }
+        Ok(bytes)
     }
 
     async fn publish(&self, spec: &JobSpec, body: &[u8]) -> Result<Confirmation, ClientError> {

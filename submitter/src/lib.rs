@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod config;
+pub mod notebook;
 pub mod results;
 pub mod sessions;
 pub mod storage;

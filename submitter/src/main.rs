@@ -8,6 +8,7 @@
 //! sandq cancel ID
 //! sandq session ls
 //! sandq session rm NAME
+//! sandq export ID... -o out.ipynb      (or --session NAME)
 //! ```
 
 use std::collections::BTreeMap;
@@ -58,6 +59,21 @@ enum Command {
     Session {
         #[command(subcommand)]
         command: SessionCommand,
+    },
+    /// Write finished jobs as a Jupyter notebook (nbformat 4.5): one code cell per job, in the
+    /// order given, with its code (as recorded by this client at submission), execution count
+    /// and outputs (streams, results, displays with images embedded, errors).
+    Export {
+        /// Job ids, in cell order.
+        #[arg(required_unless_present = "session", conflicts_with = "session")]
+        ids: Vec<String>,
+        /// Every job of this session submitted with this client, in the order they started,
+        /// from the last one that found the session fresh.
+        #[arg(long)]
+        session: Option<String>,
+        /// The notebook file to write.
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
     },
     /// Wait for a job to finish, then print it like `run`.
     Wait {
@@ -185,6 +201,10 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             warn_if_unserved(&client, spec.sku).await;
             finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json).await
         }
+        Command::Export { ids, session, output } => {
+            export(&mut client, ids, session.as_deref(), &output).await?;
+            Ok(0)
+        }
         Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json).await,
         Command::Session { command: SessionCommand::Ls } => {
             let sessions = client.sessions(1000).await?;
@@ -245,6 +265,62 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// `sandq export`: reads each job's terminal result and recorded code, writes the notebook.
+async fn export(client: &mut Client, ids: Vec<String>, session: Option<&str>, path: &Path) -> anyhow::Result<()> {
+    let mut results = Vec::new();
+    let ids = match session {
+        Some(name) => {
+            sandq_schemas::validate::check_session_name(name)?;
+            client.session_jobs(name).await?
+        }
+        None => ids,
+    };
+    for id in &ids {
+        sandq_schemas::validate::check_job_id(id).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if results.iter().any(|r: &JobResult| &r.job_id == id) {
+            // A session's list names a job again when it was submitted again with its id.
+            if session.is_some() {
+                continue;
+            }
+            bail!("job {id} is listed twice");
+        }
+        match client.status(id).await? {
+            Some(result) if result.status.is_terminal() => results.push(result),
+            // A session's list may name jobs whose results expired or that never ran: skip them.
+            Some(result) if session.is_some() => eprintln!("sandq: job {id} is {}; left out", result.status),
+            None if session.is_some() => eprintln!("sandq: job {id} is unknown (expired?); left out"),
+            Some(result) => bail!("job {id} is {}, not finished", result.status),
+            None => bail!("job {id} is unknown (never submitted, or its result expired)"),
+        }
+    }
+    if let Some(name) = session {
+        // Cells in the order they ran, from the session's last fresh start.
+        results.sort_by_key(|r| r.started_at_ms.unwrap_or(u64::MAX));
+        if let Some(start) = results.iter().rposition(|r| r.session.as_ref().is_some_and(|s| s.fresh)) {
+            results.drain(..start);
+        }
+        if results.is_empty() {
+            bail!("no finished job of session {name} was submitted with this client (or their results expired)");
+        }
+    }
+    let mut cells = Vec::new();
+    let mut runtime = None;
+    for result in &results {
+        let source = client.job_source(&result.job_id).await?;
+        if source.is_none() {
+            eprintln!("sandq: the code of job {} was not recorded; its cell says so", result.job_id);
+        }
+        runtime = runtime.or(source.as_ref().map(|s| s.runtime));
+        cells.push(sandq_submitter::notebook::cell(client, result, source.as_ref()).await?);
+    }
+    let notebook = sandq_submitter::notebook::notebook(cells, runtime.unwrap_or(Runtime::Python));
+    let mut text = serde_json::to_string_pretty(&notebook)?;
+    text.push('\n');
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("sandq: wrote {} cells to {}", results.len(), path.display());
+    Ok(())
 }
 
 /// Says so on stderr when no worker consumes the SKU's queue right now (the job then waits in
