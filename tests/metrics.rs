@@ -291,3 +291,55 @@ async fn warm_sandboxes_are_counted_ready_taken_and_refilled() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// A job whose worker is SIGKILLed runs again on another worker, which counts exactly one
+/// redelivery; a job whose inputs cannot be staged while S3 is down counts infrastructure
+/// errors of kind `stage` (one per attempt during the outage) and nothing else.
+#[tokio::test]
+async fn redeliveries_and_infrastructure_errors_are_counted() {
+    let _serial = SERIAL.lock().await;
+    let world = Isolated::new().await;
+    let first_id = format!("{}-a", world.namespace);
+    let mut first = world.start_worker(&first_id, &[("SANDQ__WARM__PER_SKU", "0")]);
+    let mut client = world.client().await;
+    let code = "import os, time\nif os.environ['SANDQ_ATTEMPT'] == '1':\n    time.sleep(60)\nprint('done')\n";
+    let spec = python_job(code, Sku::S);
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    sandq_tests::signal(&first, "KILL");
+    assert!(exits_within(&mut first, Duration::from_secs(5)));
+    let (mut second, port) = start_worker(&world, &[("SANDQ__WARM__PER_SKU", "0"), ("SANDQ__WORKER__MAX_ATTEMPTS", "4")]);
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!((result.status, result.attempt), (JobStatus::Succeeded, 2), "{result:?}");
+    let after = scrape_until(port, Duration::from_secs(30), |s| s.value("sandq_jobs_in_flight", &[]) == 0.0).await;
+    assert_eq!(after.value("sandq_redeliveries_total", &[]), 1.0, "{}", after.text);
+    assert_eq!(after.value("sandq_jobs_finished_total", &[("sku", "S"), ("status", "succeeded")]), 1.0);
+    assert_eq!(after.total("sandq_infrastructure_errors_total"), 0.0, "{}", after.text);
+
+    // S3 down while the next job stages its input.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data.txt");
+    std::fs::write(&data, "staged\n").expect("write");
+    let input = client.upload(&data, "data.txt").await.expect("upload");
+    let mut spec = python_job("print(open('data.txt').read(), end='')", Sku::S);
+    spec.inputs = vec![input];
+    {
+        let _back = GarageBack;
+        assert!(kill_garage(), "garage was not running");
+        client.submit(&spec).await.expect("submit");
+        scrape_until(port, Duration::from_secs(120), |s| s.value("sandq_infrastructure_errors_total", &[("kind", "stage")]) >= 1.0).await;
+    }
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    assert_eq!(result.stdout.text, "staged\n");
+    let end = scrape_until(port, Duration::from_secs(30), |s| s.value("sandq_jobs_in_flight", &[]) == 0.0).await;
+    let stage_errors = end.value("sandq_infrastructure_errors_total", &[("kind", "stage")]);
+    // One error per failed attempt, each requeued and redelivered; the last attempt succeeded.
+    assert_eq!(stage_errors, f64::from(result.attempt - 1), "{}", end.text);
+    assert_eq!(end.total("sandq_infrastructure_errors_total"), stage_errors, "{}", end.text);
+    assert_eq!(end.value("sandq_redeliveries_total", &[]), 1.0 + stage_errors, "{}", end.text);
+    assert_eq!(end.value("sandq_jobs_finished_total", &[("sku", "S"), ("status", "succeeded")]), 2.0);
+    drop(second.stdin.take());
+    assert!(exits_within(&mut second, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
