@@ -32,7 +32,7 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
         match served {
             Ok(()) => return,
             Err(e) => {
-                crate::metrics::infrastructure_error(crate::metrics::ErrorKind::Broker);
+                metrics::infrastructure_error(metrics::ErrorKind::Broker);
                 if connected_at.elapsed() > Duration::from_secs(30) {
                     backoff = Duration::from_millis(200);
                 }
