@@ -23,7 +23,8 @@ async fn a_running_job_is_cancelled_within_a_second() {
     let spec = python_job("import time\nprint('started', flush=True)\ntime.sleep(60)\n", Sku::S);
     client.submit(&spec).await.expect("submit");
     wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Time for the program to print (a cold start beside the worker's first warm-ups).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let asked = now_ms();
     assert!(client.cancel(&spec.job_id).await.expect("cancel"));
     let result = wait(&mut client, &spec.job_id).await;
@@ -155,7 +156,9 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
     // The killed worker, restarted under its id, removes what it left: the job dir with its
     // mounted work filesystem, container state, cgroups.
     assert!(std::fs::read_dir(worker_data_dir().join(&first_id)).expect("job dirs").next().is_some(), "nothing was left to clean");
-    let mut restarted = world.start_worker(&first_id, &[]);
+    // No warm sandboxes for the restarted worker: the dirs checked below must hold only what
+    // the killed worker left.
+    let mut restarted = world.start_worker(&first_id, &[("SANDQ__WARM__PER_SKU", "0")]);
     let started = std::time::Instant::now();
     while !std::fs::read_to_string(std::env::temp_dir().join(format!("sandq-{first_id}-worker.log"))).unwrap_or_default().contains("consuming") {
         assert!(started.elapsed() < Duration::from_secs(30), "the restarted worker did not start");

@@ -118,6 +118,9 @@ pub fn ensure_worker() {
             // Declared capacity above this 2-core machine's, so that every SKU is served.
             .env("SANDQ__WORKER__CAPACITY_CPUS", "16")
             .env("SANDQ__WORKER__CAPACITY_MEMORY_BYTES", (64u64 << 30).to_string())
+            // Workers of several test binaries and tests run at once: each on a port of its
+            // own, whichever is free (tests of the endpoints pick one: [`free_port`]).
+            .env("SANDQ__WORKER__METRICS_ADDR", "127.0.0.1:0")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log)
@@ -306,6 +309,7 @@ impl Isolated {
             .env("SANDQ__WORKER__ID", id)
             .env("SANDQ__WORKER__CAPACITY_CPUS", "16")
             .env("SANDQ__WORKER__CAPACITY_MEMORY_BYTES", (64u64 << 30).to_string())
+            .env("SANDQ__WORKER__METRICS_ADDR", "127.0.0.1:0")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log);
@@ -394,4 +398,24 @@ pub async fn dead_letter_count(config: &ServiceConfig, expected: usize, limit: D
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A loopback TCP port free at the time of the call (bound, then released), for a worker's
+/// `SANDQ__WORKER__METRICS_ADDR`.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("local addr").port()
+}
+
+/// `GET http://127.0.0.1:<port><path>` over plain HTTP/1.1: the status code and the body.
+/// `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
 }

@@ -160,6 +160,8 @@ fn spawn_worker(bin_dir: &std::path::Path, config: &ServiceConfig, id: &str) -> 
         .env("SANDQ__REDIS__URL", &config.redis.url)
         .env("SANDQ__WORKER__ID", id)
         .env("SANDQ__WORKER__SHUTDOWN_GRACE", "5s")
+        // Several workers on one host: each its own (unused) metrics port.
+        .env("SANDQ__WORKER__METRICS_ADDR", "127.0.0.1:0")
         // Declared capacity above a small machine's, so that every SKU is served.
         .env("SANDQ__WORKER__CAPACITY_CPUS", "16")
         .env("SANDQ__WORKER__CAPACITY_MEMORY_BYTES", (64u64 << 30).to_string())

@@ -17,6 +17,14 @@ pub struct Capacity {
 pub struct Reservation<'a> {
     _cpu: SemaphorePermit<'a>,
     _memory: SemaphorePermit<'a>,
+    cpus: f64,
+    memory_bytes: i64,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        crate::metrics::capacity_held(-self.cpus, -self.memory_bytes);
+    }
 }
 
 fn millicores(cpus: f64) -> u32 {
@@ -49,7 +57,11 @@ impl Capacity {
         let cpu = self.millicores.acquire_many(millicores(cpus)).await;
         let memory = self.mebibytes.acquire_many(mebibytes(memory_bytes)).await;
         match (cpu, memory) {
-            (Ok(cpu), Ok(memory)) => Reservation { _cpu: cpu, _memory: memory },
+            (Ok(cpu), Ok(memory)) => {
+                let memory_bytes = i64::try_from(memory_bytes).unwrap_or(i64::MAX);
+                crate::metrics::capacity_held(cpus, memory_bytes);
+                Reservation { _cpu: cpu, _memory: memory, cpus, memory_bytes }
+            }
             // The semaphores are never closed.
             _ => unreachable!("capacity semaphores closed"),
         }

@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 
 use crate::ack::{self, Disposition, Outcome};
 use crate::job::{self, Context};
+use crate::metrics;
 
 /// Consumes until `shutdown` becomes true; then stops taking deliveries, lets every in-flight
 /// job finish, and returns.
@@ -26,9 +27,12 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
             return;
         }
         let connected_at = std::time::Instant::now();
-        match serve(&ctx, shutdown.clone()).await {
+        let served = serve(&ctx, shutdown.clone()).await;
+        crate::health::set_broker(None);
+        match served {
             Ok(()) => return,
             Err(e) => {
+                metrics::infrastructure_error(metrics::ErrorKind::Broker);
                 if connected_at.elapsed() > Duration::from_secs(30) {
                     backoff = Duration::from_millis(200);
                 }
@@ -68,6 +72,7 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
             index += 1;
         }
     }
+    crate::health::set_broker(Some(connection.status().clone()));
     info!(worker_id = %settings.worker_id, slots = slots.len(), "consuming");
     // The first slot to end decides: Ok on shutdown (wait for the others to finish their job),
     // Err on a broker failure (drop everything and reconnect).
@@ -113,11 +118,17 @@ async fn slot_loop(
                 "consumer cancelled",
             ))),
         };
+        let tracker = metrics::Tracker::new(sku, delivery.redelivered);
         // A panic in one job is caught here, at the job boundary; the job is requeued.
-        let outcome = AssertUnwindSafe(job::process(&ctx, &delivery, sku, index)).catch_unwind().await.unwrap_or_else(|_| {
-            error!("job processing panicked; requeueing");
-            Outcome::Infrastructure { attempt: 0, final_result_stored: false }
-        });
+        let processed = tracker.scope(AssertUnwindSafe(job::process(&ctx, &delivery, sku, index)).catch_unwind()).await;
+        let outcome = processed.as_ref().map_or_else(
+            |_| {
+                error!("job processing panicked; requeueing");
+                Outcome::Infrastructure { attempt: 0, final_result_stored: false }
+            },
+            Clone::clone,
+        );
+        tracker.settled(&outcome, processed.is_err());
         let disposition = ack::classify(&outcome, ctx.settings.max_attempts);
         if let (Disposition::Requeue, Outcome::Infrastructure { attempt, .. }) = (disposition, &outcome) {
             // Back off before handing the job back: a storage outage must not burn its

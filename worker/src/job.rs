@@ -229,6 +229,7 @@ async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<Jo
         }
     };
     info!(status = %result.status, exit_code = ?result.exit_code, artifacts = result.artifacts.len(), "job finished");
+    crate::metrics::enter(crate::metrics::Stage::Publish);
     let mut redis = ctx.redis.clone();
     match publish::publish(&mut redis, &ctx.settings.names, &result, job.result_ttl).await {
         Ok(true) => Outcome::Stored,
@@ -413,6 +414,7 @@ async fn execute_in(
         src_bytes: crate::warm::src_bytes(settings),
     };
     let env = run::environment(job, &sku.limits, who.number, settings.max_outputs_bytes, &cell);
+    crate::metrics::started(job.spec.submitted_at_ms, who.started_at_ms);
     let (dir, started, handover) = match warm {
         Some(w) => {
             stage::check_quota(job, &place).map_err(stage_failure)?;
@@ -423,6 +425,7 @@ async fn execute_in(
         }
         None => {
             let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            crate::metrics::enter(crate::metrics::Stage::SandboxStart);
             let launch = run::Launch {
                 container_id,
                 args: run::command(job),
@@ -438,6 +441,7 @@ async fn execute_in(
         }
     };
     let warm_start = handover.is_some();
+    crate::metrics::running(warm_start);
     // The warm sandbox's user namespace range stays taken until the job is over.
     let (handover, _lease) = handover.map_or((None, None), |(h, l)| (Some(h), Some(l)));
     // From `running` (capacity taken) to the sandbox ready for the program.
@@ -449,6 +453,7 @@ async fn execute_in(
             .finish(&dir, settings, job.timeout, handover.as_ref(), stop)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;
+        crate::metrics::enter(crate::metrics::Stage::Collect);
         // Until the program started: staging (and the handover), or for a cold start also
         // making and starting the container.
         let start_ms = if warm_start { 0 } else { (output.report.create_us + output.report.start_us) / 1000 };

@@ -8,12 +8,16 @@
 //! single-threaded helper ([`sandbox`]); [`collect`] uploads what the program left in `/work`;
 //! [`publish`] writes the result to Redis; [`ack`] is the one place that decides ack, requeue
 //! or dead-letter for every outcome. [`job`] strings the stages together for one delivery.
+//! [`metrics`] records what happens on the way; [`health`] serves it, with liveness and
+//! readiness, over HTTP.
 
 pub mod ack;
 pub mod capacity;
 pub mod collect;
 pub mod consume;
+pub mod health;
 pub mod job;
+pub mod metrics;
 pub mod publish;
 pub mod outputs;
 pub mod run;

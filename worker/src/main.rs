@@ -89,8 +89,14 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
     let capacity = Arc::new(sandq_worker::capacity::Capacity::new(settings.capacity_cpus, settings.capacity_memory_bytes));
     info!(cpus = settings.capacity_cpus, memory_bytes = settings.capacity_memory_bytes, skus = ?settings.skus.keys().collect::<Vec<_>>(), "capacity");
     let warm = Arc::new(sandq_worker::warm::Pool::new(settings.warm_per_sku, settings.total_slots(), settings.warm_ranges()));
+    sandq_worker::metrics::init(settings.capacity_cpus, settings.capacity_memory_bytes, settings.skus.keys().copied());
+    let metrics_addr = settings.metrics_addr;
+    let listener = sandq_worker::health::bind(metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on worker.metrics_addr {metrics_addr}"))?;
     let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity, warm };
     let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(sandq_worker::health::serve(listener, ctx.clone(), rx.clone()));
     tokio::spawn(async move {
         wait_for_shutdown_signal(exit_on_stdin_eof).await;
         info!(grace = %humantime::format_duration(grace), "shutting down: no new jobs; finishing in-flight jobs");

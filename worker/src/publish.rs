@@ -150,6 +150,7 @@ pub async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &s
 }
 
 /// Writes `result` with `ttl`; true when written (false: a terminal result was already there).
+/// A terminal result written is counted in `sandq_jobs_finished_total`.
 ///
 /// # Errors
 /// [`ResultError`] (Redis trouble: retried).
@@ -159,7 +160,11 @@ pub async fn publish(
     result: &JobResult,
     ttl: Duration,
 ) -> Result<bool, ResultError> {
-    results::write(redis, names, result, ttl).await
+    let written = results::write(redis, names, result, ttl).await?;
+    if written && result.status.is_terminal() {
+        crate::metrics::finished(result.sku, result.status);
+    }
+    Ok(written)
 }
 
 #[cfg(test)]

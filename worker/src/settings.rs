@@ -155,6 +155,10 @@ pub struct RawWorker {
     /// default 3 (below the queues' delivery limit, so the result is written before RabbitMQ
     /// dead-letters the message).
     pub max_attempts: Option<u32>,
+    /// Address of the HTTP endpoints `/metrics` (Prometheus), `/healthz` and `/readyz`;
+    /// default `127.0.0.1:9464`. In a pod, `0.0.0.0:9464` so that the kubelet and Prometheus
+    /// reach it.
+    pub metrics_addr: Option<String>,
 }
 
 /// `[limits]`: the job limits of [`sandq_schemas::Limits`], durations as humantime strings.
@@ -289,6 +293,8 @@ pub struct Settings {
     pub capacity_cpus: f64,
     /// Declared capacity: memory, bytes.
     pub capacity_memory_bytes: u64,
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 fn host_memory_bytes() -> u64 {
@@ -433,6 +439,10 @@ impl RawConfig {
         if artifact_url_ttl > Duration::from_secs(7 * 24 * 3600) {
             return bad("worker.artifact_url_ttl: at most 7days (the SigV4 presigning limit)".into());
         }
+        let metrics_addr = self.worker.metrics_addr.as_deref().unwrap_or("127.0.0.1:9464");
+        let Ok(metrics_addr) = metrics_addr.parse::<std::net::SocketAddr>() else {
+            return bad(format!("worker.metrics_addr {metrics_addr:?}: expected an address and port (127.0.0.1:9464, 0.0.0.0:9464, [::]:9464)"));
+        };
         let data_dir = self.worker.data_dir.unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
         let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
         Ok(Settings {
@@ -468,6 +478,7 @@ impl RawConfig {
             skus,
             capacity_cpus,
             capacity_memory_bytes,
+            metrics_addr,
         })
     }
 }

@@ -84,6 +84,11 @@ pub struct Pool {
     per_sku: usize,
 }
 
+/// True when the sandbox's runner has preloaded and waits for a job.
+fn is_ready(warm: &WarmSandbox) -> bool {
+    warm.dir.out.join(stage::WARM_READY).exists()
+}
+
 /// True when `job` can run in a warm sandbox exactly as it would in a cold one.
 pub fn eligible(job: &ValidJob) -> bool {
     job.spec.runtime == Runtime::Python
@@ -110,14 +115,22 @@ impl Pool {
     pub fn take(&self, sku: Sku) -> Option<WarmSandbox> {
         let mut ready = self.ready.lock().ok()?;
         let list = ready.get_mut(&sku)?;
-        while let Some(index) = list.iter().position(|w| w.dir.out.join(stage::WARM_READY).exists()) {
+        let mut taken = None;
+        while let Some(index) = list.iter().position(is_ready) {
             let mut warm = list.swap_remove(index);
             if warm.started.alive() {
-                return Some(warm);
+                taken = Some(warm);
+                break;
             }
             warn!(container_id = warm.container_id, "a warm sandbox died while waiting; discarding it");
         }
-        None
+        crate::metrics::warm_ready(sku, list.iter().filter(|w| is_ready(w)).count());
+        taken
+    }
+
+    /// Sandboxes of `sku` whose runner waits for a job (for `sandq_warm_sandboxes_ready`).
+    fn ready_count(&self, sku: Sku) -> usize {
+        self.ready.lock().map(|r| r.get(&sku).map_or(0, |l| l.iter().filter(|w| is_ready(w)).count())).unwrap_or(0)
     }
 
     fn count(&self, sku: Sku) -> usize {
@@ -128,7 +141,12 @@ impl Pool {
     pub async fn drain(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let all: Vec<WarmSandbox> = match self.ready.lock() {
-            Ok(mut ready) => std::mem::take(&mut *ready).into_values().flatten().collect(),
+            Ok(mut ready) => {
+                for sku in ready.keys() {
+                    crate::metrics::warm_ready(*sku, 0);
+                }
+                std::mem::take(&mut *ready).into_values().flatten().collect()
+            }
             Err(_) => return,
         };
         for warm in all {
@@ -192,6 +210,7 @@ pub async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<boo
             return;
         }
         for sku in ctx.settings.skus.keys().copied() {
+            crate::metrics::warm_ready(sku, pool.ready_count(sku));
             // Only into idle capacity: never beside a running job.
             if !ctx.capacity.is_idle() || pool.count(sku) >= pool.per_sku {
                 continue;
