@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
+use sandq_schemas::{JobResult, JobSpec, JobStatus, OutputType, Sku};
 use sandq_submitter::Client;
 use sandq_tests::{exits_within, isolated_worker_log, python_job, run, Isolated};
 
@@ -42,6 +42,10 @@ info = {
 }
 print(json.dumps(info, sort_keys=True))
 "#;
+
+fn figure_job() -> JobSpec {
+    python_job("import matplotlib.pyplot as plt\ndisplay('first')\nplt.figure(figsize=(2, 1))\nplt.plot([1, 2])\nplt.show()\n'last'\n", Sku::S)
+}
 
 fn probe_job() -> JobSpec {
     let mut spec = python_job(PROBE, Sku::S);
@@ -78,10 +82,20 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
     let warm_worker = world.start_worker_ready(&warm_id, &[("SANDQ__WARM__PER_SKU", "1")]);
     let mut client = world.client().await;
     let warm = run_until(&mut client, probe_job, true).await;
+    let warm_figure = run_until(&mut client, figure_job, true).await;
     stop(warm_worker);
     let cold_worker = world.start_worker_ready(&cold_id, &[("SANDQ__WARM__PER_SKU", "0")]);
     let cold = run_until(&mut client, probe_job, false).await;
+    let cold_figure = run_until(&mut client, figure_job, false).await;
     stop(cold_worker);
+    // Rich outputs in the same order: a figure shown with plt.show() comes back where it was
+    // shown, also when matplotlib was preloaded (it must have the sandq backend).
+    let kinds = |r: &JobResult| r.outputs.iter().map(|o| (o.output_type, o.data.contains_key("image/png"))).collect::<Vec<_>>();
+    assert_eq!(kinds(&warm_figure), kinds(&cold_figure));
+    assert_eq!(
+        kinds(&cold_figure),
+        [(OutputType::DisplayData, false), (OutputType::DisplayData, true), (OutputType::ExecuteResult, false)]
+    );
 
     assert_eq!(warm.status, JobStatus::Succeeded, "{}", warm.stderr.text);
     assert_eq!(cold.status, JobStatus::Succeeded, "{}", cold.stderr.text);

@@ -1007,7 +1007,6 @@ def _wait_for_handover():
 def main():
     warm = sys.argv[1:2] == ["--warm"]
     if warm:
-        _preload()
         script_arg = WARM_SCRIPT
     elif len(sys.argv) < 2:
         sys.stderr.write("usage: sandq_runner.py <script> [args...] | --warm\n")
@@ -1023,6 +1022,10 @@ def main():
     else:
         sys.path.insert(0, script_dir)
     sys.meta_path.insert(0, SandqFinder())
+    if warm:
+        # After the finder: matplotlib imported here must get the sandq backend, as it does
+        # when the cell imports it.
+        _preload()
 
     import builtins
     import types
