@@ -445,35 +445,6 @@ async fn hand_over(dir: &JobDir, handover: &Handover) -> std::io::Result<()> {
     Err(last.unwrap_or_else(|| std::io::Error::other("the warm runner is not waiting")))
 }
 
-/// Writes the bundle, runs the container to completion (a cold start), and reads the helper's
-/// report; see [`Started::finish`].
-///
-/// # Errors
-/// [`RunError`], all infrastructure failures; the program's own failures are in the report.
-#[allow(clippy::too_many_arguments)] // each is one input of the sandbox; a struct would only rename them
-pub async fn run(
-    job: &ValidJob,
-    dir: &JobDir,
-    container_id: &str,
-    settings: &Settings,
-    limits: SandboxLimits,
-    who: &crate::publish::Attempt,
-    cell: &Cell,
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<RunOutput, RunError> {
-    let launch = Launch {
-        container_id,
-        args: command(job),
-        env: environment(job, &limits, who.number, settings.max_outputs_bytes, cell),
-        limits,
-        id_map: settings.id_map_for(who.slot),
-        outbound: job.spec.network == sandq_schemas::NetworkMode::Outbound,
-        warm: false,
-        timeout: job.timeout,
-    };
-    start(dir, settings, &launch).await?.finish(dir, settings, job.timeout, None, stop).await
-}
-
 async fn read_report(path: &Path) -> Result<SandboxReport, String> {
     let bytes = tokio::fs::read(path).await.map_err(|e| e.to_string())?;
     serde_json::from_slice(&bytes).map_err(|e| e.to_string())
