@@ -207,9 +207,11 @@ async fn seccomp_user_namespace_and_capabilities_are_in_force() {
     assert!(out.contains("NoNewPrivs:\t1"));
     assert!(out.contains("CapEff:\t0000000000000000"));
     let uid_map: Vec<&str> = out.lines().find(|l| l.trim_start().starts_with('0')).expect("uid_map line").split_whitespace().collect();
-    // Each consumer slot and warm sandbox has its own range of 65,536 ids from 100000 on.
+    // Each consumer slot and warm sandbox has its own range of 65,536 ids from the configured
+    // base on (default 0x7000_0000: above Debian's subordinate ids and systemd's containers).
+    let first: u64 = std::env::var("SANDQ__WORKER__USERNS_HOST_BASE").map_or(0x7000_0000, |v| v.parse().expect("base"));
     let base: u64 = uid_map[1].parse().expect("host base");
-    assert!(uid_map[0] == "0" && uid_map[2] == "65536" && base >= 100_000 && (base - 100_000).is_multiple_of(65_536), "container root is not an unprivileged host uid: {uid_map:?}");
+    assert!(uid_map[0] == "0" && uid_map[2] == "65536" && base >= first && (base - first).is_multiple_of(65_536), "container root is not an unprivileged host uid: {uid_map:?}");
     // A syscall outside the allowlist fails with EPERM; namespace-creating clone too.
     let code = "import ctypes, errno, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\n\
                 r = libc.syscall(56, 0x10000000 | signal.SIGCHLD, 0, 0, 0, 0)\n\

@@ -343,3 +343,56 @@ async fn redeliveries_and_infrastructure_errors_are_counted() {
     assert!(exits_within(&mut second, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// Second security review, N3: collection reads a staged input again only when the program
+/// changed it. A 24 MiB input the program only reads costs no collection read; one it rewrites
+/// in place (same size, mtime put back) is read and returned as an artifact with its new
+/// digest; a new file is read once. Warm and cold starts alike (the worker keeps a warm S).
+#[tokio::test]
+async fn collection_reads_only_what_the_program_changed() {
+    use rand::RngCore;
+    use sha2::{Digest, Sha256};
+    let _serial = SERIAL.lock().await;
+    let world = Isolated::new().await;
+    let (mut worker, port) = start_worker(&world, &[]);
+    let mut client = world.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut data = vec![0u8; 24 << 20];
+    rand::rng().fill_bytes(&mut data);
+    let path = dir.path().join("big.bin");
+    std::fs::write(&path, &data).expect("write");
+    let input = client.upload(&path, "big.bin").await.expect("upload");
+    let read_bytes = || scrape(port).value("sandq_collect_read_bytes_total", &[]);
+
+    for round in 0..2 {
+        let before = read_bytes();
+        let mut spec = python_job("import hashlib\nprint(hashlib.sha256(open('big.bin', 'rb').read()).hexdigest())\n", Sku::S);
+        spec.inputs = vec![input.clone()];
+        client.submit(&spec).await.expect("submit");
+        let result = wait(&mut client, &spec.job_id).await;
+        assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+        assert_eq!(result.stdout.text.trim(), hex::encode(Sha256::digest(&data)));
+        assert!(result.artifacts.is_empty(), "round {round}: an unchanged input came back: {:?}", result.artifacts);
+        assert_eq!(read_bytes() - before, 0.0, "round {round} ({:?}): the unchanged input was read again", result.sandbox);
+    }
+
+    // Rewritten in place at once: same inode and size, the mtime put back to staging's.
+    let before = read_bytes();
+    let code = "import os\nst = os.stat('big.bin')\nwith open('big.bin', 'r+b') as f:\n    f.write(b'\\xff' * 4096)\n\
+                os.utime('big.bin', ns=(st.st_atime_ns, st.st_mtime_ns))\nopen('new.txt', 'w').write('n' * 1000)\n";
+    let mut spec = python_job(code, Sku::S);
+    spec.inputs = vec![input.clone()];
+    client.submit(&spec).await.expect("submit");
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    let mut changed = data.clone();
+    changed[..4096].fill(0xff);
+    let big = result.artifacts.iter().find(|a| a.path == "big.bin").expect("the rewritten input is an artifact");
+    assert_eq!(big.sha256, hex::encode(Sha256::digest(&changed)));
+    assert!(result.artifacts.iter().any(|a| a.path == "new.txt" && a.size == 1000), "{:?}", result.artifacts);
+    assert_eq!(read_bytes() - before, (data.len() + 1000) as f64);
+
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}

@@ -70,6 +70,9 @@ pub struct Baseline {
     pub size: u64,
     /// S3 key of the content.
     pub key: String,
+    /// How staging left the file, when this worker placed it: an unchanged stamp means an
+    /// unchanged file, not read again ([`crate::stage::Stamp`]).
+    pub stamp: Option<crate::stage::Stamp>,
 }
 
 impl Collected {
@@ -321,7 +324,13 @@ pub async fn collect(
             skip(&mut collected, "changed");
             continue;
         }
+        if let Some(before) = staged.filter(|b| b.stamp == Some(crate::stage::Stamp::of(&meta))) {
+            // Placed by staging and not touched since: no need to read it again.
+            collected.files.push(WorkFile { path: candidate.rel, sha256: before.sha256.clone(), size: before.size, key: before.key.clone() });
+            continue;
+        }
         let mut file = tokio::fs::File::from_std(file);
+        crate::metrics::collect_read(candidate.size);
         let Ok((sha256, size)) = storage::digest_open_file(&mut file).await else {
             skip(&mut collected, "unreadable");
             continue;

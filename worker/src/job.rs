@@ -415,16 +415,16 @@ async fn execute_in(
     };
     let env = run::environment(job, &sku.limits, who.number, settings.max_outputs_bytes, &cell);
     crate::metrics::started(job.spec.submitted_at_ms, who.started_at_ms);
-    let (dir, started, handover) = match warm {
+    let (dir, staged, started, handover) = match warm {
         Some(w) => {
             stage::check_quota(job, &place).map_err(stage_failure)?;
             let (dir, started, lease) = w.into_parts();
-            stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            let staged = stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
             let env = env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-            (dir, started, Some((run::Handover { env, args: job.spec.args.clone() }, lease)))
+            (dir, staged, started, Some((run::Handover { env, args: job.spec.args.clone() }, lease)))
         }
         None => {
-            let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            let (dir, staged) = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
             crate::metrics::enter(crate::metrics::Stage::SandboxStart);
             let launch = run::Launch {
                 container_id,
@@ -437,7 +437,7 @@ async fn execute_in(
                 timeout: job.timeout,
             };
             let started = run::start(&dir, settings, &launch).await.map_err(|e| Failure::Infrastructure(e.to_string()))?;
-            (dir, started, None)
+            (dir, staged, started, None)
         }
     };
     let warm_start = handover.is_some();
@@ -477,7 +477,7 @@ async fn execute_in(
         }
         let r = &output.report;
         info!(create_us = r.create_us, start_us = r.start_us, delete_us = r.delete_us, wall_ms = r.wall_ms, "container cycle");
-        let baseline = session::Opened::baseline(&restore, job);
+        let baseline = session::Opened::baseline(&restore, job, &staged);
         let collected = collect::collect(job, &who.id, &dir.work, &baseline, sku.disk_bytes != 0, &ctx.s3, bucket, settings.max_artifacts, settings.max_artifact_bytes)
             .await
             .map_err(|e| Failure::Infrastructure(e.to_string()))?;

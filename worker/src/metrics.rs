@@ -12,6 +12,7 @@
 //! | `sandq_warm_starts_total` | counter: sandboxes a job ran in | `sku`, `warm` (`true`, `false`) |
 //! | `sandq_redeliveries_total` | counter: deliveries the broker marked redelivered | |
 //! | `sandq_infrastructure_errors_total` | counter | `kind`: [`ErrorKind`] |
+//! | `sandq_collect_read_bytes_total` | counter: bytes of `/work` files read (hashed) by collection | |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
 //!
@@ -149,6 +150,7 @@ pub struct Metrics {
     warm_starts: Family<Labels2, Counter>,
     redeliveries: Counter,
     infrastructure_errors: Family<Labels1, Counter>,
+    collect_read: Counter,
 }
 
 fn duration_histogram() -> Histogram {
@@ -192,6 +194,13 @@ impl Metrics {
             "Infrastructure failures (sandq's fault, retried), by where they happened",
             infrastructure_errors.clone(),
         );
+        let collect_read = Counter::default();
+        registry.register_with_unit(
+            "sandq_collect_read",
+            "Bytes of files under /work that collection read to hash them (unchanged staged files are not read)",
+            Unit::Bytes,
+            collect_read.clone(),
+        );
         for stage in Stage::ALL {
             let _ = stage_duration.get_or_create(&[("stage", stage.as_str())]);
         }
@@ -211,6 +220,7 @@ impl Metrics {
             warm_starts,
             redeliveries,
             infrastructure_errors,
+            collect_read,
         }
     }
 
@@ -269,6 +279,11 @@ pub fn capacity_held(cpus: f64, memory_bytes: i64) {
 /// `ready` warm sandboxes of `sku` wait for a job.
 pub fn warm_ready(sku: Sku, ready: usize) {
     METRICS.warm_ready.get_or_create(&[("sku", sku.as_str())]).set(i64::try_from(ready).unwrap_or(i64::MAX));
+}
+
+/// Collection read `bytes` of a file under `/work` to hash it.
+pub fn collect_read(bytes: u64) {
+    METRICS.collect_read.inc_by(bytes);
 }
 
 /// An infrastructure failure outside any job (`kind` [`ErrorKind::Broker`]).

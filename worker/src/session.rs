@@ -61,14 +61,19 @@ impl Opened {
             .collect()
     }
 
-    /// What was in `/work` before the program ran: restored files, then inputs (which win).
-    pub fn baseline(restore: &[Restore], job: &ValidJob) -> BTreeMap<String, Baseline> {
-        let mut baseline: BTreeMap<String, Baseline> = restore
-            .iter()
-            .map(|r| (r.path.clone(), Baseline { sha256: r.sha256.clone(), size: r.size, key: r.key.clone() }))
-            .collect();
+    /// What was in `/work` before the program ran: restored files, then inputs (which win), with
+    /// the stamps staging recorded.
+    pub fn baseline(restore: &[Restore], job: &ValidJob, staged: &crate::stage::Staged) -> BTreeMap<String, Baseline> {
+        let entry = |path: &str, sha256: &str, size: u64, key: &str| Baseline {
+            sha256: sha256.to_owned(),
+            size,
+            key: key.to_owned(),
+            stamp: staged.get(path).copied(),
+        };
+        let mut baseline: BTreeMap<String, Baseline> =
+            restore.iter().map(|r| (r.path.clone(), entry(&r.path, &r.sha256, r.size, &r.key))).collect();
         for input in &job.spec.inputs {
-            baseline.insert(input.path.clone(), Baseline { sha256: input.sha256.clone(), size: input.size, key: input.key.clone() });
+            baseline.insert(input.path.clone(), entry(&input.path, &input.sha256, input.size, &input.key));
         }
         baseline
     }

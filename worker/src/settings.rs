@@ -114,7 +114,9 @@ pub struct RawWorker {
     /// counter; default true.
     pub user_namespace: Option<bool>,
     /// First host uid/gid of the user namespace ranges (one range of 65,536 per consumer
-    /// slot); default 100000. Workers sharing a host need disjoint ranges.
+    /// slot and warm sandbox); default [`DEFAULT_USERNS_HOST_BASE`]. Workers sharing a host
+    /// need disjoint ranges; a range that an `/etc/subuid` or `/etc/subgid` entry covers is
+    /// refused (a host user could then act as a sandbox's ids).
     pub userns_host_base: Option<u32>,
     /// Apply the seccomp allowlist (`oci-bundles/seccomp.json`); default true.
     pub seccomp: Option<bool>,
@@ -313,6 +315,24 @@ pub enum SettingsError {
     Invalid(String),
 }
 
+/// Default first host id of the sandboxes' user namespace ranges: `0x7000_0000`
+/// (1,879,048,192). It lies above Debian's subordinate ids (`SUB_UID_MIN` 100,000 to
+/// `SUB_UID_MAX` 600,100,000 in `login.defs`, which `useradd` hands out) and above systemd's
+/// container ranges (524,288 to 1,879,048,191, `nspawn`), in the range systemd leaves unused
+/// below its foreign range at 2,147,352,576 (<https://systemd.io/UIDS-GIDS/>): room for 4,094
+/// ranges of 65,536 ids.
+pub const DEFAULT_USERNS_HOST_BASE: u32 = 0x7000_0000;
+
+/// The first line of an `/etc/subuid` / `/etc/subgid` text (`name:first:count`) whose ids
+/// overlap `range`; malformed lines are ignored (the file is the shadow tools' to check).
+pub fn subordinate_overlap(text: &str, range: std::ops::Range<u64>) -> Option<String> {
+    text.lines().find_map(|line| {
+        let mut fields = line.trim().split(':');
+        let (_, first, count) = (fields.next()?, fields.next()?.parse::<u64>().ok()?, fields.next()?.parse::<u64>().ok()?);
+        (first < range.end && range.start < first + count).then(|| line.trim().to_owned())
+    })
+}
+
 impl RawConfig {
     /// Checks and converts the raw config.
     ///
@@ -420,15 +440,25 @@ impl RawConfig {
             }
         };
         let id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
-            host_base: self.worker.userns_host_base.unwrap_or(100_000),
+            host_base: self.worker.userns_host_base.unwrap_or(DEFAULT_USERNS_HOST_BASE),
             size: 65_536,
         });
         if let Some(map) = id_map {
             // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
             // keeps its range while its job runs, and one is made meanwhile).
             let slots: usize = skus.values().map(|s| s.slots).sum::<usize>() + 2 * self.warm.per_sku.unwrap_or(1) * skus.len();
-            if u64::from(map.host_base) + slots as u64 * u64::from(map.size) > u64::from(u32::MAX) {
+            let end = u64::from(map.host_base) + slots as u64 * u64::from(map.size);
+            if end > u64::from(u32::MAX) {
                 return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
+            }
+            for file in ["/etc/subuid", "/etc/subgid"] {
+                let text = std::fs::read_to_string(file).unwrap_or_default();
+                if let Some(entry) = subordinate_overlap(&text, u64::from(map.host_base)..end) {
+                    return bad(format!(
+                        "worker.userns_host_base {}: its ids {}..{end} overlap {file} entry {entry:?}; choose a range no host user is given",
+                        map.host_base, map.host_base
+                    ));
+                }
             }
         }
         let sandbox_uid = self.worker.sandbox_uid.unwrap_or(1000);
@@ -517,5 +547,25 @@ impl Settings {
     /// uid, shifted by the slot's user namespace mapping when there is one.
     pub fn host_sandbox_uid(&self, slot: usize) -> u32 {
         self.id_map_for(slot).map_or(self.sandbox_uid, |m| m.host_base + self.sandbox_uid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subordinate_ranges_that_touch_the_sandbox_ids_are_found() {
+        // Debian's first `useradd` entry: ids 100000..165536.
+        let text = "# comment\nalice:100000:65536\nbroken line\nbob:165536:65536\n";
+        assert_eq!(subordinate_overlap(text, 165_535..165_536).as_deref(), Some("alice:100000:65536"));
+        assert_eq!(subordinate_overlap(text, 165_536..165_537).as_deref(), Some("bob:165536:65536"));
+        assert_eq!(subordinate_overlap(text, 50_000..100_000), None, "ends right before alice's first id");
+        assert_eq!(subordinate_overlap(text, 231_072..300_000), None, "starts right after bob's last id");
+        let base = u64::from(DEFAULT_USERNS_HOST_BASE);
+        assert_eq!(subordinate_overlap(text, base..base + 40 * 65_536), None);
+        // The default sits above login.defs' SUB_UID_MAX (600,100,000) and systemd's container
+        // ranges (up to 1,879,048,191), below its foreign range (2,147,352,576).
+        assert!(base > 1_879_048_191 && base + 4094 * 65_536 <= 2_147_352_576);
     }
 }

@@ -180,7 +180,7 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), StageError> {
 ///
 /// # Errors
 /// [`StageError`]; the partly made directory is removed.
-pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<JobDir, StageError> {
+pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(JobDir, Staged), StageError> {
     check_quota(job, place)?;
     let shape = Shape {
         jobs_dir: place.jobs_dir,
@@ -194,7 +194,7 @@ pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Clien
     };
     let dir = prepare(&shape).await?;
     // On error `dir` is dropped here, which removes the partly made directory.
-    fill(job, &dir, place, s3, bucket).await.map(|()| dir)
+    fill(job, &dir, place, s3, bucket).await.map(|staged| (dir, staged))
 }
 
 /// Fails when the inputs and restored files alone exceed the `/work` quota.
@@ -377,11 +377,12 @@ pub fn runner_files(runtime: sandq_schemas::Runtime) -> &'static [(&'static str,
 }
 
 /// Puts a job into a prepared dir: `resolv.conf`, code, the session's state and files, stdin,
-/// inputs.
+/// inputs. Returns the placed files' stamps, once the clock has passed them ([`settle`]).
 ///
 /// # Errors
 /// [`StageError`].
-pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), StageError> {
+pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<Staged, StageError> {
+    let mut staged = Staged::new();
     let uid = place.sandbox_uid;
     if let Some(path) = place.resolv_conf {
         let bytes = std::fs::read(path).map_err(prepare_error(path))?;
@@ -411,7 +412,8 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
     for file in place.restore.iter().filter(|r| !clashes(&r.path)) {
         sandq_schemas::validate::check_relative_path(&file.path)
             .map_err(|e| StageError::Filesystem(format!("session path {:?}: {e}", file.path)))?;
-        place_file(dir, uid, &file.path, &file.key, file.size, &file.sha256, s3, bucket).await?;
+        let stamp = place_file(dir, uid, &file.path, &file.key, file.size, &file.sha256, s3, bucket).await?;
+        staged.insert(file.path.clone(), stamp);
     }
     if let Some(bytes) = &job.spec.stdin {
         // The same inode the container may already hold as its stdin (a warm start).
@@ -424,13 +426,66 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
     }
     for input in &job.spec.inputs {
         // Paths were validated: relative, no '.', '..' or empty components.
-        place_file(dir, uid, &input.path, &input.key, input.size, &input.sha256, s3, bucket).await?;
+        let stamp = place_file(dir, uid, &input.path, &input.key, input.size, &input.sha256, s3, bucket).await?;
+        staged.insert(input.path.clone(), stamp);
     }
-    Ok(())
+    settle(&staged).await;
+    Ok(staged)
+}
+
+/// The placed files of a job (path relative to `/work` -> how staging left it): what
+/// collection may trust without reading the file again ([`Stamp`]).
+pub type Staged = std::collections::BTreeMap<String, Stamp>;
+
+/// How staging left a file: its identity, size and times. Collection hashes a staged file again
+/// only when its stamp changed (second security review, N3: every input was hashed twice,
+/// worker CPU proportional to the inputs' size). Any write, truncation, hole punch, `utimes`,
+/// `chmod`, `chown` or rename sets a file's ctime to the current time, which the program cannot
+/// choose, and [`settle`] makes that time later than any staged file's ctime: an unchanged stamp
+/// means unchanged content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// Device and inode.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Size, bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Status change time, nanoseconds since the epoch.
+    pub ctime_ns: i128,
+}
+
+impl Stamp {
+    /// The stamp of `meta` (from `fstat` of an open file, or `fstatat` without following).
+    pub fn of(meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+        }
+    }
+}
+
+/// Waits until the kernel's coarse clock, which file timestamps come from (at most one tick:
+/// 1-10 ms, and usually no wait, downloads being slower), has passed every staged file's ctime,
+/// so that a change the program makes cannot get the ctime staging left.
+async fn settle(staged: &Staged) {
+    let Some(latest) = staged.values().map(|s| s.ctime_ns).max() else { return };
+    for _ in 0..100 {
+        if crate::sys::coarse_realtime_ns() > latest {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
 }
 
 /// Downloads `key` to `/work/<rel>` (parents made as needed, owned by `uid`), checking size
-/// and digest.
+/// and digest. Returns the placed file's [`Stamp`].
 #[allow(clippy::too_many_arguments)]
 async fn place_file(
     dir: &JobDir,
@@ -441,7 +496,7 @@ async fn place_file(
     sha256: &str,
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-) -> Result<(), StageError> {
+) -> Result<Stamp, StageError> {
     let dest = dir.work.join(rel);
     let mut parent = dir.work.clone();
     let components: Vec<&str> = rel.split('/').collect();
@@ -459,7 +514,8 @@ async fn place_file(
         .await
         .map_err(|source| StageError::Download { path: rel.to_owned(), source })?;
     std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare_error(&dest))?;
-    Ok(())
+    let meta = file.metadata().await.map_err(prepare_error(&dest))?;
+    Ok(Stamp::of(&meta))
 }
 
 /// Puts a `size`-byte ext4 filesystem in the sparse file `<root>/work.img` and loop-mounts it on

@@ -68,6 +68,13 @@ pub fn splice_out(from: std::os::fd::BorrowedFd<'_>, to: std::os::fd::BorrowedFd
     splice(from, None, to, None, len, SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE).map_err(io::Error::from)
 }
 
+/// `CLOCK_REALTIME_COARSE` in nanoseconds since the epoch: the clock file timestamps come from
+/// (`clock_gettime(2)`; cannot fail for this clock id, 0 if it did).
+pub fn coarse_realtime_ns() -> i128 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)
+        .map_or(0, |t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
+}
+
 /// Reads into `buf` from `fd` once (`read(2)`), for a non-blocking fd polled by the caller.
 ///
 /// # Errors
