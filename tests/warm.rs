@@ -137,6 +137,102 @@ async fn a_warm_sandbox_serves_one_job_only() {
     world.delete_queues().await;
 }
 
+/// [`PROBE`] for Node.js, in notebook mode (the default): ends with top-level `await` and a
+/// last expression, whose value is the cell's result.
+const NODE_PROBE: &str = r#"
+const fs = require('fs');
+const os = require('os');
+const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8').trim().split('\n').map((line) => {
+  const f = line.split(' ');
+  const sep = f.indexOf('-');
+  return [f[4], f[3], f[sep + 1], f[5], f[sep + 3].replace(/\b(uid|gid)=\d+/g, '$1=N')];
+}).sort();
+const env = { ...process.env };
+delete env.SANDQ_JOB_ID;
+const info = {
+  env,
+  ids: [process.getuid(), process.getgid(), process.geteuid(), process.getegid(), process.getgroups()],
+  cwd: process.cwd(),
+  argv: process.argv.slice(1),
+  execArgv: process.execArgv,
+  paths: module.paths,
+  mounts,
+  limits: fs.readFileSync('/proc/self/limits', 'utf8'),
+  work: fs.readdirSync('/work').sort(),
+  tmp: fs.readdirSync('/tmp').sort(),
+  stdin: fs.readFileSync(0, 'utf8'),
+  hostname: os.hostname(),
+};
+console.log(JSON.stringify(info));
+const answer = await Promise.resolve(6 * 7);
+answer
+"#;
+
+fn node_probe_job() -> JobSpec {
+    let mut spec = python_job(NODE_PROBE, Sku::S);
+    spec.runtime = sandq_schemas::Runtime::Node;
+    spec.args = vec!["one".into(), "two words".into()];
+    spec.env.insert("USER_VAR".into(), "x=y".into());
+    spec.stdin = Some(b"from stdin\n".to_vec());
+    spec
+}
+
+/// Node.js notebook jobs get warm sandboxes too: the same probe, result value and error as a
+/// cold start; a job setting a variable node reads at start-up (`NODE_OPTIONS`) starts cold.
+#[tokio::test]
+async fn a_warm_node_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
+    let world = Isolated::new().await;
+    let warm_id = format!("{}-nwarm", world.namespace);
+    let cold_id = format!("{}-ncold", world.namespace);
+    let thrower = || {
+        let mut spec = node_probe_job();
+        spec.code = Some("const x = 1;\nfunction f() { throw new RangeError('too far: ' + x); }\nf();\n".into());
+        spec
+    };
+    let warm_worker = world.start_worker_ready(&warm_id, &[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__RUNTIMES", "node")]);
+    let mut client = world.client().await;
+    let warm = run_until(&mut client, node_probe_job, true).await;
+    let warm_error = run_until(&mut client, thrower, true).await;
+    // Given time to refill, a job with NODE_OPTIONS still starts cold.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut options = node_probe_job();
+    options.env.insert("NODE_OPTIONS".into(), "--max-old-space-size=300".into());
+    let with_options = run(&mut client, &options).await;
+    assert_eq!(with_options.status, JobStatus::Succeeded, "{}", with_options.stderr.text);
+    assert_eq!(with_options.sandbox.map(|s| s.warm), Some(false), "NODE_OPTIONS would be ignored by a warm node");
+    let after = run_until(&mut client, node_probe_job, true).await;
+    assert_eq!(after.status, JobStatus::Succeeded);
+    stop(warm_worker);
+    let cold_worker = world.start_worker_ready(&cold_id, &[("SANDQ__WARM__PER_SKU", "0")]);
+    let cold = run_until(&mut client, node_probe_job, false).await;
+    let cold_error = run_until(&mut client, thrower, false).await;
+    stop(cold_worker);
+
+    for r in [&warm, &cold] {
+        assert_eq!(r.status, JobStatus::Succeeded, "{}", r.stderr.text);
+    }
+    let (w, c): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&warm.stdout.text).expect("warm probe"), serde_json::from_str(&cold.stdout.text).expect("cold probe"));
+    assert_eq!(w, c, "a warm node sandbox looks different from a cold one");
+    assert_eq!(w["argv"], serde_json::json!(["/sandq/main.js", "one", "two words"]));
+    assert_eq!(w["env"]["USER_VAR"], "x=y");
+    assert_eq!(w["stdin"], "from stdin\n");
+    assert_eq!(w["cwd"], "/work");
+    let value = |r: &JobResult| r.outputs.iter().find(|o| o.output_type == OutputType::ExecuteResult).and_then(|o| o.data.get("text/plain").and_then(|v| v.text.clone()));
+    assert_eq!(value(&warm).as_deref(), Some("42"));
+    assert_eq!(value(&warm), value(&cold));
+    // The same error, pointing at the user's lines.
+    for r in [&warm_error, &cold_error] {
+        assert_eq!(r.status, JobStatus::Failed);
+        let error = r.error.as_ref().expect("error");
+        assert_eq!((error.name.as_str(), error.value.as_str()), ("RangeError", "too far: 1"));
+        assert!(error.traceback.iter().any(|l| l.contains("main.js:2")), "{:?}", error.traceback);
+    }
+    assert_eq!(warm_error.error, cold_error.error);
+    assert_eq!(warm_error.stderr.text, cold_error.stderr.text);
+    world.delete_queues().await;
+}
+
 /// Container ids of the warm sandboxes a worker started, from its log.
 fn warm_ids(log: &str) -> Vec<String> {
     log.lines()

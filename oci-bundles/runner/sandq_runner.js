@@ -2,6 +2,7 @@
 // sandq notebook runner for Node.js.
 //
 //     node sandq_runner.js <script> [args...]
+//     node sandq_runner.js --warm          (a warm sandbox: waits for the worker's handover)
 //
 // Runs the whole script like one notebook cell and appends each output as one JSON line to
 // $SANDQ_OUTPUTS (the same lines as sandq_runner.py):
@@ -392,8 +393,45 @@ function v8Syntax(error, script, lines) {
 }
 
 // ------------------------------------------------------------------------------------------
+// Warm start (`sandq_runner.js --warm`): the worker starts the sandbox before any job; the
+// runner loads its parser, says it is ready and waits for the handover (as sandq_runner.py).
+
+const WARM_SCRIPT = '/sandq/main.js';
+const WARM_READY = '/sandq/out/.ready';
+const WARM_GO = '/sandq/out/.go';
+const WARM_HANDOVER = '/sandq/handover.json';
+
+/**
+ * Blocks until the worker hands a job over; returns the job's argv after the script. The
+ * handover file (read-only for the sandbox) holds the job's whole environment, which replaces
+ * the warm-up one, and its arguments.
+ */
+function waitForHandover() {
+  fs.closeSync(fs.openSync(WARM_READY, 'w'));
+  // Opening the FIFO blocks until the worker opens it to write its one byte.
+  const go = fs.openSync(WARM_GO, 'r');
+  fs.readSync(go, Buffer.alloc(1), 0, 1, null);
+  fs.closeSync(go);
+  const handover = JSON.parse(fs.readFileSync(WARM_HANDOVER, 'utf8'));
+  for (const name of Object.keys(process.env)) delete process.env[name];
+  Object.assign(process.env, handover.env);
+  // require's search path from the job's environment (NODE_PATH, HOME), as at start-up.
+  Module._initPaths();
+  try {
+    fs.unlinkSync(WARM_READY);
+  } catch {
+    // already gone
+  }
+  return handover.args;
+}
 
 function main() {
+  let preloaded;
+  if (process.argv[2] === '--warm') {
+    preloaded = loadAcorn();
+    const args = waitForHandover();
+    process.argv.splice(2, process.argv.length - 2, WARM_SCRIPT, ...args);
+  }
   const script = process.argv[2];
   if (script === undefined) {
     process.stderr.write('usage: sandq_runner.js <script> [args...]\n');
@@ -461,7 +499,7 @@ function main() {
     }
   });
 
-  const acorn = loadAcorn();
+  const acorn = preloaded === undefined ? loadAcorn() : preloaded;
   let compiled;
   let parseError = null;
   let plan = null;

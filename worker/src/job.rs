@@ -390,7 +390,7 @@ async fn execute_in(
         _ => Failure::Infrastructure(e.to_string()),
     };
     // A warm sandbox when one fits the job and is ready; else a cold start.
-    let warm = if crate::warm::eligible(job) { ctx.warm.take(job.spec.sku) } else { None };
+    let warm = if crate::warm::eligible(job) { ctx.warm.take(job.spec.sku, job.spec.runtime) } else { None };
     let warm_id = warm.as_ref().map(|w| w.container_id.clone());
     let (container_id, sandbox_uid) = match (&warm_id, &warm) {
         (Some(id), Some(w)) => (id.as_str(), w.sandbox_uid),

@@ -59,6 +59,10 @@ pub struct RawWarm {
     /// Modules the warm runner imports before its job, comma-separated; default
     /// `numpy,pandas,matplotlib` (matplotlib with pyplot, Agg backend).
     pub preload: Option<String>,
+    /// Runtimes that get warm sandboxes, comma-separated (`python`, `node`); default both.
+    /// Each costs `per_sku` sandboxes per SKU: about 110 MB of memory for a Python one with
+    /// the default preload, 45 MB for a Node.js one (measured: `docs/benchmarks.md`).
+    pub runtimes: Option<String>,
 }
 
 /// `[sessions]`.
@@ -285,6 +289,8 @@ pub struct Settings {
     pub warm_per_sku: usize,
     /// Modules a warm runner preloads (`SANDQ_PRELOAD`).
     pub warm_preload: String,
+    /// Runtimes with warm sandboxes.
+    pub warm_runtimes: Vec<sandq_schemas::Runtime>,
     /// Infrastructure attempts per job.
     pub max_attempts: u32,
     /// Job limits.
@@ -439,6 +445,17 @@ impl RawConfig {
                 parsed
             }
         };
+        let mut warm_runtimes = Vec::new();
+        for name in self.warm.runtimes.as_deref().unwrap_or("python,node").split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let runtime = match name {
+                "python" => sandq_schemas::Runtime::Python,
+                "node" => sandq_schemas::Runtime::Node,
+                other => return bad(format!("warm.runtimes: unknown runtime {other:?} (python, node)")),
+            };
+            if !warm_runtimes.contains(&runtime) {
+                warm_runtimes.push(runtime);
+            }
+        }
         let id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
             host_base: self.worker.userns_host_base.unwrap_or(DEFAULT_USERNS_HOST_BASE),
             size: 65_536,
@@ -446,7 +463,8 @@ impl RawConfig {
         if let Some(map) = id_map {
             // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
             // keeps its range while its job runs, and one is made meanwhile).
-            let slots: usize = skus.values().map(|s| s.slots).sum::<usize>() + 2 * self.warm.per_sku.unwrap_or(1) * skus.len();
+            let slots: usize =
+                skus.values().map(|s| s.slots).sum::<usize>() + 2 * self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
             let end = u64::from(map.host_base) + slots as u64 * u64::from(map.size);
             if end > u64::from(u32::MAX) {
                 return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
@@ -503,6 +521,7 @@ impl RawConfig {
             max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
             warm_per_sku: self.warm.per_sku.unwrap_or(1),
             warm_preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
+            warm_runtimes,
             max_attempts,
             limits,
             skus,
@@ -540,7 +559,7 @@ impl Settings {
 
     /// User namespace ranges set aside for warm sandboxes.
     pub fn warm_ranges(&self) -> usize {
-        2 * self.warm_per_sku * self.skus.len()
+        2 * self.warm_per_sku * self.skus.len() * self.warm_runtimes.len()
     }
 
     /// The host uid (and gid) that owns files the program in slot `slot` writes: the sandbox

@@ -10,8 +10,10 @@
 //! Rules:
 //! - a warm sandbox serves exactly one job and is then deleted like any other: never reused,
 //!   never shared;
-//! - only jobs it can serve exactly as a cold start would take one ([`eligible`]): Python in
-//!   notebook mode, code rather than an entry point in `/work`, no network; the others start
+//! - only jobs it can serve exactly as a cold start would take one ([`eligible`]): notebook
+//!   mode (Python, or Node.js with its runner started in `--warm` mode and its parser loaded),
+//!   code rather than an entry point in `/work`, no network, and no environment variable the
+//!   interpreter or a preloaded module reads at start-up ([`read_at_startup`]); the others start
 //!   cold, as do jobs that find none ready;
 //! - refill happens in the background and only while no job runs (the worker's capacity is all
 //!   free): warming never delays or slows a running job, so under sustained load the pool
@@ -20,7 +22,7 @@
 //!   and, after a crash, by the start-up clean-up like any container; a new image, runner or
 //!   limit means a new worker process, so a new pool.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -79,7 +81,7 @@ impl Drop for IndexLease {
 pub struct Pool {
     /// Set by [`Pool::drain`]: no sandbox is added any more.
     closed: std::sync::atomic::AtomicBool,
-    ready: Mutex<BTreeMap<Sku, Vec<WarmSandbox>>>,
+    ready: Mutex<HashMap<(Sku, Runtime), Vec<WarmSandbox>>>,
     free: std::sync::Arc<Mutex<Vec<usize>>>,
     per_sku: usize,
 }
@@ -91,30 +93,45 @@ fn is_ready(warm: &WarmSandbox) -> bool {
 
 /// True when `job` can run in a warm sandbox exactly as it would in a cold one.
 pub fn eligible(job: &ValidJob) -> bool {
-    job.spec.runtime == Runtime::Python
-        && job.spec.run_mode() == RunMode::Notebook
+    job.spec.run_mode() == RunMode::Notebook
         && job.spec.entrypoint.is_none()
         && job.spec.code.is_some()
         && job.spec.network == NetworkMode::None
+        && !job.spec.env.keys().any(|name| read_at_startup(job.spec.runtime, name))
 }
 
+/// True for an environment variable that `runtime`'s interpreter (or a module a warm Python
+/// runner preloads) reads when it starts, so that a warm sandbox, started with the warm-up
+/// environment, would not honour the job's value: Python's `PYTHON*` (hash seed, path,
+/// warnings, I/O encoding...), the locale (`LANG`, `LC_*`: the standard streams' encoding), `TZ`,
+/// and the thread-pool sizes numpy's BLAS reads at import (`OMP_*`, `OPENBLAS_*`, `MKL_*`,
+/// `NUMEXPR_*`) and matplotlib's `MPL*`; Node.js's `NODE_*` (`NODE_OPTIONS`,
+/// `NODE_EXTRA_CA_CERTS`...), libuv's `UV_*`, `TZ` and the locale. A job setting one starts cold.
+pub fn read_at_startup(runtime: Runtime, name: &str) -> bool {
+    let common = name == "TZ" || name == "LANG" || name.starts_with("LC_");
+    common
+        || match runtime {
+            Runtime::Python => ["PYTHON", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "MPL"].iter().any(|p| name.starts_with(p)),
+            Runtime::Node => name.starts_with("NODE_") || name.starts_with("UV_"),
+        }
+}
 impl Pool {
     /// An empty pool keeping `per_sku` sandboxes per SKU, with the user namespace range indexes
     /// `first_index..first_index + ranges` to hand out.
     pub fn new(per_sku: usize, first_index: usize, ranges: usize) -> Self {
         Pool {
             closed: std::sync::atomic::AtomicBool::new(false),
-            ready: Mutex::new(BTreeMap::new()),
+            ready: Mutex::new(HashMap::new()),
             free: std::sync::Arc::new(Mutex::new((first_index..first_index + ranges).rev().collect())),
             per_sku,
         }
     }
 
-    /// Takes a ready warm sandbox of `sku` (its runner waiting for a job), if there is one.
-    /// Sandboxes found dead on the way are dropped (their dirs removed).
-    pub fn take(&self, sku: Sku) -> Option<WarmSandbox> {
+    /// Takes a ready warm sandbox of `sku` and `runtime` (its runner waiting for a job), if
+    /// there is one. Sandboxes found dead on the way are dropped (their dirs removed).
+    pub fn take(&self, sku: Sku, runtime: Runtime) -> Option<WarmSandbox> {
         let mut ready = self.ready.lock().ok()?;
-        let list = ready.get_mut(&sku)?;
+        let list = ready.get_mut(&(sku, runtime))?;
         let mut taken = None;
         while let Some(index) = list.iter().position(is_ready) {
             let mut warm = list.swap_remove(index);
@@ -124,17 +141,22 @@ impl Pool {
             }
             warn!(container_id = warm.container_id, "a warm sandbox died while waiting; discarding it");
         }
-        crate::metrics::warm_ready(sku, list.iter().filter(|w| is_ready(w)).count());
+        drop(ready);
+        crate::metrics::warm_ready(sku, self.ready_count(sku));
         taken
     }
 
-    /// Sandboxes of `sku` whose runner waits for a job (for `sandq_warm_sandboxes_ready`).
+    /// Sandboxes of `sku` (any runtime) whose runner waits for a job (for
+    /// `sandq_warm_sandboxes_ready`).
     fn ready_count(&self, sku: Sku) -> usize {
-        self.ready.lock().map(|r| r.get(&sku).map_or(0, |l| l.iter().filter(|w| is_ready(w)).count())).unwrap_or(0)
+        self.ready
+            .lock()
+            .map(|r| r.iter().filter(|((s, _), _)| *s == sku).map(|(_, l)| l.iter().filter(|w| is_ready(w)).count()).sum())
+            .unwrap_or(0)
     }
 
-    fn count(&self, sku: Sku) -> usize {
-        self.ready.lock().map(|r| r.get(&sku).map_or(0, Vec::len)).unwrap_or(0)
+    fn count(&self, sku: Sku, runtime: Runtime) -> usize {
+        self.ready.lock().map(|r| r.get(&(sku, runtime)).map_or(0, Vec::len)).unwrap_or(0)
     }
 
     /// Removes every warm sandbox, waiting for each helper to kill and delete its container.
@@ -142,7 +164,7 @@ impl Pool {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let all: Vec<WarmSandbox> = match self.ready.lock() {
             Ok(mut ready) => {
-                for sku in ready.keys() {
+                for (sku, _) in ready.keys() {
                     crate::metrics::warm_ready(*sku, 0);
                 }
                 std::mem::take(&mut *ready).into_values().flatten().collect()
@@ -161,29 +183,39 @@ pub fn src_bytes(settings: &crate::settings::Settings) -> usize {
     settings.limits.max_code_bytes + (2 << 20)
 }
 
-/// Starts one warm sandbox of `sku`.
-async fn make(ctx: &Context, sku: Sku, index: IndexLease) -> Result<WarmSandbox, String> {
+/// Starts one warm sandbox of `sku` for `runtime`.
+async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> Result<WarmSandbox, String> {
     let settings = &ctx.settings;
     let sku_settings = settings.skus.get(&sku).copied().ok_or("sku not served")?;
     let container_id = format!("j-{:032x}", rand::random::<u128>());
     let id_map = settings.id_map_for(index.index);
     let sandbox_uid = id_map.map_or(settings.sandbox_uid, |m| m.host_base + settings.sandbox_uid);
+    // The outputs tmpfs a cold job of the runtime gets: Python notebook jobs have room for a
+    // session state (job.rs), Node.js jobs do not.
+    let state_bytes = if runtime == Runtime::Python { 2 * settings.max_state_bytes } else { 0 };
     let shape = Shape {
         jobs_dir: &settings.jobs_dir,
         container_id: &container_id,
         sandbox_uid,
         disk_bytes: sku_settings.disk_bytes,
-        out_bytes: settings.max_outputs_bytes + 2 * settings.max_state_bytes,
+        out_bytes: settings.max_outputs_bytes + state_bytes,
         src_bytes: src_bytes(settings),
-        runner: Some(Runtime::Python),
+        runner: Some(runtime),
         warm: true,
     };
     let dir = stage::prepare(&shape).await.map_err(|e| e.to_string())?;
     let mut env = run::sandbox_environment(sku, &sku_settings.limits, Some(settings.max_outputs_bytes));
-    env.push(format!("SANDQ_PRELOAD={}", settings.warm_preload));
+    let runner = stage::runner_files(runtime).first().map_or("", |(name, _)| name);
+    let interpreter = match runtime {
+        Runtime::Python => {
+            env.push(format!("SANDQ_PRELOAD={}", settings.warm_preload));
+            "python3"
+        }
+        Runtime::Node => "node",
+    };
     let launch = Launch {
         container_id: &container_id,
-        args: vec!["python3".into(), "/sandq/sandq_runner.py".into(), "--warm".into()],
+        args: vec![interpreter.into(), format!("/sandq/{runner}"), "--warm".into()],
         env,
         limits: sku_settings.limits,
         id_map,
@@ -209,24 +241,26 @@ pub async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<boo
         if *shutdown.borrow() {
             return;
         }
-        for sku in ctx.settings.skus.keys().copied() {
+        let kinds: Vec<(Sku, Runtime)> =
+            ctx.settings.skus.keys().flat_map(|sku| ctx.settings.warm_runtimes.iter().map(move |r| (*sku, *r))).collect();
+        for (sku, runtime) in kinds {
             crate::metrics::warm_ready(sku, pool.ready_count(sku));
             // Only into idle capacity: never beside a running job.
-            if !ctx.capacity.is_idle() || pool.count(sku) >= pool.per_sku {
+            if !ctx.capacity.is_idle() || pool.count(sku, runtime) >= pool.per_sku {
                 continue;
             }
             let Some(index) = pool.free.lock().ok().and_then(|mut f| f.pop()) else { continue };
             let lease = IndexLease { index, free: pool.free.clone() };
             let t0 = Instant::now();
-            match make(&ctx, sku, lease).await {
+            match make(&ctx, sku, runtime, lease).await {
                 Ok(warm) => {
-                    info!(%sku, container_id = warm.container_id, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
+                    info!(%sku, ?runtime, container_id = warm.container_id, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
                     let mut warm = Some(warm);
                     if let Ok(mut ready) = pool.ready.lock() {
                         // Checked under the lock drain() takes: a sandbox made while the
                         // worker shuts down is never left in the pool.
                         if !pool.closed.load(std::sync::atomic::Ordering::SeqCst) {
-                            ready.entry(sku).or_default().extend(warm.take());
+                            ready.entry((sku, runtime)).or_default().extend(warm.take());
                         }
                     }
                     if let Some(late) = warm {
@@ -235,7 +269,7 @@ pub async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<boo
                     }
                 }
                 Err(e) => {
-                    warn!(%sku, error = e, "cannot start a warm sandbox; retrying later");
+                    warn!(%sku, ?runtime, error = e, "cannot start a warm sandbox; retrying later");
                     tokio::time::sleep(Duration::from_secs(5)).await;
                 }
             }
