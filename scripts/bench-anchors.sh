@@ -106,7 +106,7 @@ chroot_cmd() {  # $1: the command run in /mnt
 # Two workers of the release build: warm pool 1 per SKU, and none.
 start_worker() {  # $1: warm|cold, $2: per_sku, $3: fd, $4: user namespace base
   local log=$work/worker-$1.log
-  eval "exec $3> >(SANDQ__NAMESPACE=$ns-$1 SANDQ__WORKER__ID=$ns-$1 SANDQ__WARM__PER_SKU=$2 SANDQ__WORKER__USERNS_HOST_BASE=$4 exec $bin/sandq-worker --exit-on-stdin-eof 2>$log)"
+  eval "exec $3> >(SANDQ__NAMESPACE=$ns-$1 SANDQ__WORKER__ID=$ns-$1 SANDQ__WARM__PER_SKU=$2 SANDQ__WORKER__USERNS_HOST_BASE=$4 SANDQ__WORKER__METRICS_ADDR=127.0.0.1:0 exec $bin/sandq-worker --exit-on-stdin-eof 2>$log)"
   for _ in $(seq 1 300); do grep -q consuming "$log" 2>/dev/null && return; sleep 0.1; done
   echo "worker $1 did not start: $(tail -5 "$log")" >&2
   exit 1

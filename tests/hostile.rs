@@ -653,6 +653,76 @@ async fn an_oversize_message_is_refused_before_decoding() {
     assert!(grown < 64 << 20, "the worker's peak memory grew by {grown} bytes");
 }
 
+/// Third review R1: a text value written as a list of 4 million two-letter lines (Jupyter's
+/// list-of-lines form) is joined as it is read: the worker's memory stays flat (it once took
+/// 15 times the outputs file), and the text comes back whole, as S3 content past the inline cap.
+#[tokio::test]
+async fn a_text_output_of_millions_of_lines_costs_the_worker_little_memory() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let warm = run(&mut client, &python_job("print(1)", Sku::S)).await;
+    assert_eq!(warm.status, JobStatus::Succeeded);
+    let pid = sandq_tests::worker_pid();
+    let (peak_before, _) = sandq_tests::process_usage(pid);
+    let n = 4_000_000; // a 20 MB outputs file
+    let code = format!(
+        "import os\nwith open(os.environ['SANDQ_OUTPUTS'], 'a') as f:\n             f.write('{{\"output_type\":\"display_data\",\"data\":{{\"text/plain\":[' + '\"ab\",' * ({n} - 1) + '\"ab\"]}},\"metadata\":{{}}}}\\n')\n"
+    );
+    let result = run(&mut client, &python_job(&code, Sku::S)).await;
+    let (peak_after, _) = sandq_tests::process_usage(pid);
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let output = result.outputs.first().expect("the output");
+    let text = output.data.get("text/plain").expect("text/plain");
+    assert_eq!(text.size, 2 * n, "the joined text's size");
+    let grown = peak_after.saturating_sub(peak_before);
+    eprintln!("worker peak memory {peak_before} -> {peak_after} bytes");
+    assert!(grown < 64 << 20, "the worker's peak memory grew by {grown} bytes");
+}
+
+/// Third review R3: TCP socket buffers are the job's memory. On cgroup v1 they count only
+/// against the host's `tcp_mem` unless the job's kmem.tcp limit is set: 40 loopback pairs with
+/// 8 MiB buffers, written without reading, queue at most that limit (64 MiB for S, plus what
+/// the kernel grants a socket under pressure); on v2 whatever is queued is in the job's peak
+/// memory.
+#[tokio::test]
+async fn tcp_buffers_are_charged_to_the_job() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let code = r#"
+import socket
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(100)
+pairs, queued = [], 0
+chunk = b"x" * (1 << 20)
+for _ in range(40):
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    c.connect(listener.getsockname())
+    s, _ = listener.accept()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    c.setblocking(False)
+    while True:
+        try:
+            queued += c.send(chunk)
+        except BlockingIOError:
+            break
+    pairs.append((c, s))
+print(queued)
+"#;
+    let result = run(&mut client, &python_job(code, Sku::S)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let queued: u64 = result.stdout.text.trim().parse().expect("bytes queued");
+    let peak = result.usage.expect("usage").peak_memory_bytes;
+    eprintln!("queued {queued} bytes in socket buffers; job peak memory {peak}");
+    if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        assert!(peak >= queued, "v2: {queued} bytes queued, peak memory only {peak}");
+    } else {
+        // Without the limit this queues ~40 x 16 MiB = 640 MiB.
+        assert!(queued < 128 << 20, "v1: {queued} bytes queued outside the job's memory");
+    }
+}
+
 /// Second review N6: a malformed message carrying a running job's id (as `message_id`) does
 /// not end that job: it is dropped, and the job finishes with its own result.
 #[tokio::test]

@@ -238,3 +238,79 @@ async fn outbound_sandboxes_have_no_ipv6_path_to_the_host() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// Rules and routes a test added to the host, removed on drop (`iptables -D` of each `-I`).
+struct HostRules(Vec<(Vec<String>, Vec<String>)>);
+
+impl HostRules {
+    /// Runs `add` (a command and its arguments) now and `remove` on drop.
+    fn add(&mut self, add: &[&str], remove: &[&str]) {
+        let status = Command::new(add[0]).args(&add[1..]).status().expect("host command");
+        assert!(status.success(), "{add:?}");
+        self.0.push((add.iter().map(|s| (*s).to_owned()).collect(), remove.iter().map(|s| (*s).to_owned()).collect()));
+    }
+}
+
+impl Drop for HostRules {
+    fn drop(&mut self) {
+        for (_, remove) in self.0.iter().rev() {
+            let _ = Command::new(&remove[0]).args(&remove[1..]).status();
+        }
+    }
+}
+
+/// Third review R4: a host's own port-forwards and FORWARD rules do not open a way out of the
+/// policy. Like a Docker host with a published port (DNAT from the host's own address) and
+/// its FORWARD ACCEPT inserted at the top after the worker started (a restarted Docker): the
+/// sandbox reaches neither the forwarded port through the host's address, nor the private
+/// address the host forwards to; the test's public server stays reachable.
+#[tokio::test]
+async fn host_port_forwards_and_later_forward_rules_do_not_open_the_policy() {
+    let token = uuid::Uuid::new_v4().to_string();
+    let external = External::start(&token);
+    // The "container" the host publishes: a private address in the test's netns.
+    ip(&["-n", NETNS, "addr", "add", "172.31.254.2/32", "dev", "sqtx1"]);
+    let mut rules = HostRules(Vec::new());
+    rules.add(&["ip", "route", "add", "172.31.254.2/32", "dev", "sqtx0"], &["ip", "route", "del", "172.31.254.2/32", "dev", "sqtx0"]);
+    let mut private = Command::new("ip")
+        .args(["netns", "exec", NETNS, "python3", "-c", "import socket\ns = socket.socket(); s.bind(('172.31.254.2', 8081)); s.listen(8)\nwhile True: s.accept()[0].close()\n"])
+        .spawn()
+        .expect("private listener");
+    let world = Isolated::new().await;
+    let worker_id = format!("{}-wf", world.namespace);
+    let mut worker = world.start_worker_ready(&worker_id, &[("SANDQ__WORKER__NAMESERVERS", SERVER)]);
+    // After the worker's start, as a restarted Docker would.
+    for (port, to) in [("18080", "198.18.0.2:8080"), ("18081", "172.31.254.2:8081")] {
+        let rule = ["PREROUTING", "-i", "sandq0", "-d", "10.213.0.1", "-p", "tcp", "--dport", port, "-j", "DNAT", "--to-destination", to];
+        let mut add = vec!["iptables", "-t", "nat", "-I"];
+        add.extend_from_slice(&rule);
+        let mut remove = vec!["iptables", "-t", "nat", "-D"];
+        remove.extend_from_slice(&rule);
+        rules.add(&add, &remove);
+    }
+    let accept = ["FORWARD", "-d", "172.31.254.2", "-p", "tcp", "--dport", "8081", "-j", "ACCEPT"];
+    rules.add(&[&["iptables", "-I"][..], &accept[..]].concat(), &[&["iptables", "-D"][..], &accept[..]].concat());
+    let mut client = world.client().await;
+    let code = "import socket\n\
+                for host, port in (('198.18.0.2', 8080), ('10.213.0.1', 18080), ('10.213.0.1', 18081), ('172.31.254.2', 8081)):\n\
+                \x20   s = socket.socket(); s.settimeout(2)\n\
+                \x20   try:\n\
+                \x20       s.connect((host, port)); print(host, port, 'reached')\n\
+                \x20   except OSError:\n\
+                \x20       print(host, port, 'blocked')\n";
+    let mut spec = python_job(code, Sku::S);
+    spec.network = NetworkMode::Outbound;
+    let result = sandq_tests::run(&mut client, &spec).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(
+        result.stdout.text,
+        "198.18.0.2 8080 reached\n10.213.0.1 18080 blocked\n10.213.0.1 18081 blocked\n172.31.254.2 8081 blocked\n"
+    );
+    drop(rules);
+    let _ = private.kill();
+    let _ = private.wait();
+    drop(external);
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}

@@ -525,7 +525,7 @@ async fn execute_in(
         Ok(result)
     }
     .await;
-    drop(dir);
+    dir.remove().await;
     outcome
 }
 

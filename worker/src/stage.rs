@@ -75,6 +75,17 @@ impl JobDir {
             *slot = None;
         }
     }
+
+    /// Unmounts and removes the dir on a blocking thread, and waits for it: tearing down a
+    /// job's filesystem frees every dentry and inode the job left in the kernel's caches, in
+    /// the caller's context, which a job can make cost seconds of CPU (third review R2: 10
+    /// million failed lookups, 6.75 s of system CPU at unmount). Never on an async runtime
+    /// thread, and before the job's capacity is given back.
+    pub async fn remove(self) {
+        if let Err(e) = tokio::task::spawn_blocking(move || drop(self)).await {
+            tracing::warn!(error = %e, "the job dir's removal failed");
+        }
+    }
 }
 
 impl Drop for JobDir {
@@ -283,7 +294,8 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     for (name, text) in runner {
         write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
     }
-    // nr_inodes: inodes are kernel memory cgroup v1 does not charge to the job.
+    // nr_inodes: the outputs dir holds a handful of files; a cap keeps a job from filling it
+    // with empty ones (their memory is charged to the job, third review).
     let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", shape.out_bytes);
     nix::mount::mount(Some("tmpfs"), &dir.out, Some("tmpfs"), flags, Some(options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("outputs tmpfs: {e}")))?;

@@ -7,7 +7,13 @@
 //!   (169.254/16, cloud metadata) destination;
 //! - no traffic between sandboxes (bridge ports are `isolated`);
 //! - no IPv6 at all: off on the bridge, the host's veth ends and inside the sandbox, and
-//!   `ip6tables` drops anything from or to the bridge (security review F4).
+//!   `ip6tables` drops anything from or to the bridge (security review F4);
+//! - ahead of anything the host adds: the policy lives in chains of its own (`SANDQ-FORWARD`,
+//!   and `SANDQ-RAW` in the `raw` table's PREROUTING, which runs before any DNAT), jumped to
+//!   from the top of FORWARD and PREROUTING, positions re-asserted at every worker start. The
+//!   raw chain drops packets addressed to the host itself or to private ranges before a
+//!   host's port-forward (Docker, kube-proxy NodePorts, libvirt) could rewrite them into
+//!   forwarded traffic (third review R4).
 //!
 //! [`setup_host`] runs once at worker start (idempotent); [`attach`] runs in the helper for each
 //! outbound container, between create and start. Addresses are handed out host-wide through
@@ -103,9 +109,66 @@ pub fn write_resolv_conf(path: &Path, nameservers: &[Ipv4Addr]) -> std::io::Resu
     std::fs::write(path, text)
 }
 
+/// Private, carrier-grade NAT and link-local ranges: never a sandbox's destination (but for
+/// DNS to a configured nameserver).
+const BLOCKED_RANGES: [&str; 5] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"];
+
+/// The filter chain holding the FORWARD policy of the bridge's traffic.
+const FORWARD_CHAIN: &str = "SANDQ-FORWARD";
+/// The raw-table chain (PREROUTING, before conntrack and DNAT) guarding destinations.
+const RAW_CHAIN: &str = "SANDQ-RAW";
+
+/// Creates `chain` in `table` unless it exists.
+fn ensure_chain(table: &str, chain: &str) -> Result<(), String> {
+    if run("iptables", &["-t", table, "-n", "-L", chain]).is_ok() {
+        return Ok(());
+    }
+    match run("iptables", &["-t", table, "-N", chain]) {
+        // Another worker made it meanwhile.
+        Err(_) if run("iptables", &["-t", table, "-n", "-L", chain]).is_ok() => Ok(()),
+        other => other,
+    }
+}
+
+/// Makes `jumps` (rule specs of `parent` in `table`, `-j` included) the first rules of `parent`:
+/// inserted at the top when they are not already there, then any later copy deleted (by
+/// number, bottom up), so that there is no moment without them. Rules a host inserted at the
+/// top since the last start (a restarted Docker) end up after them.
+fn ensure_first(table: &str, parent: &str, jumps: &[Vec<&str>]) -> Result<(), String> {
+    let listed = |args: &[&str]| -> Result<Vec<String>, String> {
+        let out = Command::new("iptables")
+            .args(args)
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .map_err(|e| format!("iptables: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("iptables {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let prefix = format!("-A {parent} ");
+        Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.strip_prefix(&prefix)).map(str::to_owned).collect())
+    };
+    let wanted: Vec<String> = jumps.iter().map(|j| j.join(" ")).collect();
+    let rules = listed(&["-t", table, "-S", parent])?;
+    if rules.len() >= wanted.len() && rules[..wanted.len()] == wanted[..] {
+        return Ok(());
+    }
+    for jump in jumps.iter().rev() {
+        let mut insert = vec!["-t", table, "-I", parent, "1"];
+        insert.extend(jump.iter().copied());
+        run("iptables", &insert)?;
+    }
+    let rules = listed(&["-t", table, "-S", parent])?;
+    for (index, rule) in rules.iter().enumerate().skip(wanted.len()).rev() {
+        if wanted.contains(rule) {
+            run("iptables", &["-t", table, "-D", parent, &(index + 1).to_string()])?;
+        }
+    }
+    Ok(())
+}
+
 /// Creates the bridge, enables forwarding and installs the NAT and filter rules, unless they
 /// exist; lets sandboxes reach `nameservers` on port 53 (also when private). Needs `ip`
-/// (iproute2) and `iptables`.
+/// (iproute2) and `iptables` (with the `addrtype` match).
 ///
 /// # Errors
 /// The failing command and its stderr.
@@ -120,35 +183,77 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
     disable_ipv6(BRIDGE)?;
     if Path::new("/proc/sys/net/ipv6").exists() {
         ensure_rule_first("ip6tables", "filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
-        ensure_rule_with("ip6tables", "filter", &["FORWARD", "-i", BRIDGE, "-j", "DROP"])?;
-        ensure_rule_with("ip6tables", "filter", &["FORWARD", "-o", BRIDGE, "-j", "DROP"])?;
+        ensure_rule_first("ip6tables", "filter", &["FORWARD", "-i", BRIDGE, "-j", "DROP"])?;
+        ensure_rule_first("ip6tables", "filter", &["FORWARD", "-o", BRIDGE, "-j", "DROP"])?;
     }
     run("ip", &["link", "set", BRIDGE, "up"])?;
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|e| format!("ip_forward: {e}"))?;
     std::fs::create_dir_all(ADDRESS_DIR).map_err(|e| format!("{ADDRESS_DIR}: {e}"))?;
     ensure_rule("nat", &["POSTROUTING", "-s", SUBNET, "!", "-o", BRIDGE, "-j", "MASQUERADE"])?;
     ensure_rule_first("iptables", "filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
-    ensure_rule("filter", &["FORWARD", "-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"])?;
-    ensure_rule("filter", &["FORWARD", "-o", BRIDGE, "-j", "DROP"])?;
-    for private in ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"] {
-        ensure_rule("filter", &["FORWARD", "-i", BRIDGE, "-d", private, "-j", "DROP"])?;
+
+    // Before DNAT and conntrack: nothing addressed to the host itself, nor to a private range
+    // (DNS to the nameservers excepted, first).
+    ensure_chain("raw", RAW_CHAIN)?;
+    let dns: Vec<(String, &str)> = nameservers.iter().flat_map(|n| ["udp", "tcp"].map(|p| (n.to_string(), p))).collect();
+    for (ns, proto) in &dns {
+        ensure_rule_in_first("raw", &[RAW_CHAIN, "-d", ns, "-p", proto, "--dport", "53", "-j", "RETURN"])?;
     }
-    ensure_rule("filter", &["FORWARD", "-i", BRIDGE, "-j", "ACCEPT"])?;
-    // DNS to the configured nameservers, inserted ahead of the private-range drops.
-    for nameserver in nameservers {
+    ensure_rule("raw", &[RAW_CHAIN, "-m", "addrtype", "--dst-type", "LOCAL", "-j", "DROP"])?;
+    for range in BLOCKED_RANGES {
+        ensure_rule("raw", &[RAW_CHAIN, "-d", range, "-j", "DROP"])?;
+    }
+    ensure_first("raw", "PREROUTING", &[vec!["-i", BRIDGE, "-j", RAW_CHAIN]])?;
+
+    // Forwarding, in a chain of its own at the top of FORWARD.
+    ensure_chain("filter", FORWARD_CHAIN)?;
+    for (ns, proto) in &dns {
+        ensure_rule_in_first("filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-d", ns, "-p", proto, "--dport", "53", "-j", "ACCEPT"])?;
+    }
+    ensure_rule("filter", &[FORWARD_CHAIN, "-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"])?;
+    ensure_rule("filter", &[FORWARD_CHAIN, "-o", BRIDGE, "-j", "DROP"])?;
+    for range in BLOCKED_RANGES {
+        ensure_rule("filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-d", range, "-j", "DROP"])?;
+    }
+    ensure_rule("filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-j", "ACCEPT"])?;
+    ensure_first("filter", "FORWARD", &[vec!["-i", BRIDGE, "-j", FORWARD_CHAIN], vec!["-o", BRIDGE, "-j", FORWARD_CHAIN]])?;
+    remove_legacy_rules(nameservers);
+    Ok(())
+}
+
+/// Like [`ensure_rule`], but a missing rule is inserted first in its chain.
+fn ensure_rule_in_first(table: &str, rule: &[&str]) -> Result<(), String> {
+    ensure_rule_first("iptables", table, rule)
+}
+
+/// Removes the FORWARD rules earlier versions appended to FORWARD itself (now in
+/// [`FORWARD_CHAIN`]; after its verdicts they were never reached). Best effort.
+fn remove_legacy_rules(nameservers: &[Ipv4Addr]) {
+    let mut legacy: Vec<Vec<String>> = vec![
+        vec!["-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"],
+        vec!["-o", BRIDGE, "-j", "DROP"],
+        vec!["-i", BRIDGE, "-j", "ACCEPT"],
+    ]
+    .into_iter()
+    .map(|r| r.into_iter().map(str::to_owned).collect())
+    .collect();
+    for range in BLOCKED_RANGES {
+        legacy.push(["-i", BRIDGE, "-d", range, "-j", "DROP"].map(str::to_owned).to_vec());
+    }
+    for ns in nameservers {
         for proto in ["udp", "tcp"] {
-            let ns = nameserver.to_string();
-            let rule = ["FORWARD", "-i", BRIDGE, "-d", ns.as_str(), "-p", proto, "--dport", "53", "-j", "ACCEPT"];
-            let mut check = vec!["-C"];
-            check.extend_from_slice(&rule);
-            if run("iptables", &check).is_err() {
-                let mut insert = vec!["-I", "FORWARD", "1"];
-                insert.extend_from_slice(&rule[1..]);
-                run("iptables", &insert)?;
+            legacy.push(["-i", BRIDGE, "-d", &ns.to_string(), "-p", proto, "--dport", "53", "-j", "ACCEPT"].map(|s| s.to_owned()).to_vec());
+        }
+    }
+    for rule in legacy {
+        let mut delete = vec!["-t", "filter", "-D", "FORWARD"];
+        delete.extend(rule.iter().map(String::as_str));
+        for _ in 0..8 {
+            if run("iptables", &delete).is_err() {
+                break;
             }
         }
     }
-    Ok(())
 }
 
 fn hash(text: &str) -> u32 {
