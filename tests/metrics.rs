@@ -270,10 +270,13 @@ async fn readiness_follows_s3() {
 async fn warm_sandboxes_are_counted_ready_taken_and_refilled() {
     let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
-    // One core: only S (1 core) fits, so only S keeps a warm sandbox.
-    let (mut worker, port) = start_worker(&world, &[("SANDQ__WORKER__CAPACITY_CPUS", "1")]);
+    // One core: only S (1 core) fits, so only S keeps a warm sandbox (Python only here).
+    let (mut worker, port) =
+        start_worker(&world, &[("SANDQ__WORKER__CAPACITY_CPUS", "1"), ("SANDQ__WARM__RUNTIMES", "python"), ("SANDQ__WARM__MEMORY_BYTES", "300000000")]);
     let ready = [("sku", "S")];
     let before = scrape_until(port, Duration::from_secs(120), |s| s.value("sandq_warm_sandboxes_ready", &ready) == 1.0).await;
+    // The one warm sandbox's share comes off the memory jobs get.
+    assert_eq!(before.value("sandq_capacity_memory_bytes", &[]), ((64u64 << 30) - 300_000_000) as f64);
     let mut client = world.client().await;
     let result = sandq_tests::run(&mut client, &python_job("print(6 * 7)", Sku::S)).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");

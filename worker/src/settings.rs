@@ -59,6 +59,10 @@ pub struct RawWarm {
     /// Modules the warm runner imports before its job, comma-separated; default
     /// `numpy,pandas,matplotlib` (matplotlib with pyplot, Agg backend).
     pub preload: Option<String>,
+    /// Memory set aside for each warm sandbox, bytes: taken from `worker.capacity_memory_bytes`
+    /// before jobs get any (warm sandboxes count against the worker's memory); default 256 MiB
+    /// (a warm Python runner with the default preload uses ~110 MB, a Node.js one ~45 MB).
+    pub memory_bytes: Option<u64>,
     /// Runtimes that get warm sandboxes, comma-separated (`python`, `node`); default both.
     /// Each costs `per_sku` sandboxes per SKU: about 110 MB of memory for a Python one with
     /// the default preload, 45 MB for a Node.js one (measured: `docs/benchmarks.md`).
@@ -299,7 +303,8 @@ pub struct Settings {
     pub skus: BTreeMap<Sku, SkuSettings>,
     /// Declared capacity: cores.
     pub capacity_cpus: f64,
-    /// Declared capacity: memory, bytes.
+    /// Memory jobs get, bytes: the declared capacity less the warm sandboxes' share
+    /// (`warm.memory_bytes` each).
     pub capacity_memory_bytes: u64,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     pub metrics_addr: std::net::SocketAddr,
@@ -456,6 +461,18 @@ impl RawConfig {
                 warm_runtimes.push(runtime);
             }
         }
+        // The warm pool's memory comes off the capacity jobs get.
+        let warm_sandboxes = self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
+        let warm_reserve = warm_sandboxes as u64 * self.warm.memory_bytes.unwrap_or(256 << 20);
+        let capacity_memory_bytes = match capacity_memory_bytes.checked_sub(warm_reserve) {
+            Some(left) if skus.values().all(|s| s.limits.memory_bytes <= left) => left,
+            _ => {
+                return bad(format!(
+                    "{warm_sandboxes} warm sandboxes take {warm_reserve} bytes of the {capacity_memory_bytes} bytes of \
+                     worker.capacity_memory_bytes, leaving too little for the largest SKU served: lower warm.per_sku or warm.memory_bytes"
+                ))
+            }
+        };
         let id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
             host_base: self.worker.userns_host_base.unwrap_or(DEFAULT_USERNS_HOST_BASE),
             size: 65_536,
