@@ -1055,6 +1055,14 @@ def main():
     except Exception:
         pass
 
+    # What the runner (and a warm sandbox's preload) made lives as long as the process: out of
+    # the collector's sight (gc.freeze), so that the collection at exit (_finish) scans only
+    # the program's own objects: ~70 ms less with numpy, pandas and matplotlib loaded.
+    import gc
+    if warm:
+        gc.collect()  # the warm-up's garbage, while no job waits
+    gc.freeze()
+
     args = _wait_for_handover() if warm else sys.argv[2:]
     sys.argv = [script_arg] + args
 

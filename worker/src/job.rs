@@ -336,15 +336,23 @@ async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Atte
         },
     };
     let body = async {
+        let (mut reservation, mut leftover) = (None, None);
         let ended = async {
             if opened.is_some() {
                 recheck(ctx, job, "cancelled while it waited for its session").await?;
             }
-            let _reservation = start(ctx, job, sku, who).await?;
-            execute_in(ctx, job, sku, who, container_id, opened.as_ref()).await
+            reservation = Some(start(ctx, job, sku, who).await?);
+            execute_in(ctx, job, sku, who, container_id, opened.as_ref(), &mut leftover).await
         }
         .await;
-        conclude(ctx, job, who, ended).await
+        let outcome = conclude(ctx, job, who, ended).await;
+        // The job dir goes once the result is out (tearing its filesystem down takes a few ms,
+        // and can take seconds: third review R2), with the job's capacity held until it is gone.
+        if let Some(dir) = leftover {
+            dir.remove().await;
+        }
+        drop(reservation);
+        outcome
     };
     let outcome = match &opened {
         None => body.await,
@@ -359,8 +367,9 @@ async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Atte
     outcome
 }
 
-/// stage -> run -> collect (and session save); the job dir is removed whatever happens (also
-/// when this future is dropped: [`stage::JobDir`] cleans up on drop).
+/// stage -> run -> collect (and session save). The job dir, once the program ran, is left in
+/// `leftover` for the caller to remove after the result is stored; on a failure before that,
+/// and when this future is dropped, [`stage::JobDir`] cleans up on drop.
 async fn execute_in(
     ctx: &Context,
     job: &ValidJob,
@@ -368,6 +377,7 @@ async fn execute_in(
     who: &Attempt,
     container_id: &str,
     opened: Option<&session::Opened>,
+    leftover: &mut Option<stage::JobDir>,
 ) -> Result<JobResult, Failure> {
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
@@ -525,7 +535,7 @@ async fn execute_in(
         Ok(result)
     }
     .await;
-    dir.remove().await;
+    *leftover = Some(dir);
     outcome
 }
 

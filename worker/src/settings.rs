@@ -61,11 +61,11 @@ pub struct RawWarm {
     pub preload: Option<String>,
     /// Memory set aside for each warm sandbox, bytes: taken from `worker.capacity_memory_bytes`
     /// before jobs get any (warm sandboxes count against the worker's memory); default 256 MiB
-    /// (a warm Python runner with the default preload uses ~110 MB, a Node.js one ~45 MB).
+    /// (measured in the sandbox's memory cgroup: a waiting Python runner with the default
+    /// preload 75-83 MiB, a Node.js one 13-17 MiB).
     pub memory_bytes: Option<u64>,
     /// Runtimes that get warm sandboxes, comma-separated (`python`, `node`); default both.
-    /// Each costs `per_sku` sandboxes per SKU: about 110 MB of memory for a Python one with
-    /// the default preload, 45 MB for a Node.js one (measured: `docs/benchmarks.md`).
+    /// Each costs `per_sku` sandboxes per SKU (and `memory_bytes` each off the capacity).
     pub runtimes: Option<String>,
 }
 
