@@ -9,10 +9,11 @@
 #   (c) a warm Jupyter kernel (ipykernel + jupyter_client, chrooted into the same rootfs) running
 #       the same cells: the main job's first run in a fresh kernel and its second run.
 # Every command runs with the sandbox's own environment (HOME=/tmp, MPLCONFIGDIR=/tmp/matplotlib,
-# MPLBACKEND=Agg, LANG=C.UTF-8, PYTHONDONTWRITEBYTECODE=1), each timed run after 1.5 s of idle
-# (hyperfine --prepare), so that a warm worker has refilled its pool: this measures jobs that
-# arrive at an idle worker. Two release-build workers serve the sandq commands, one with
-# `warm.per_sku = 1` and one with 0, each in a namespace of its own.
+# MPLBACKEND=Agg, LANG=C.UTF-8, PYTHONDONTWRITEBYTECODE=1), each timed run after 1 s of idle
+# and, for the warm worker, once its pool is full again (hyperfine --prepare polls its
+# `sandq_warm_sandboxes_ready`): this measures jobs that arrive at an idle worker. Two
+# release-build workers serve the sandq commands, one with `warm.per_sku = 1` (Python only) and
+# one with 0, each in a namespace of its own; artifacts are downloaded as `sandq run` does.
 #
 # Needs root and the services (scripts/services.sh). Installs hyperfine and runc (Debian) when
 # missing, and caches ipykernel's wheels for the image's Python under $SANDQ_CACHE.
@@ -106,17 +107,30 @@ chroot_cmd() {  # $1: the command run in /mnt
 # Two workers of the release build: warm pool 1 per SKU, and none.
 start_worker() {  # $1: warm|cold, $2: per_sku, $3: fd, $4: user namespace base
   local log=$work/worker-$1.log
-  eval "exec $3> >(SANDQ__NAMESPACE=$ns-$1 SANDQ__WORKER__ID=$ns-$1 SANDQ__WARM__PER_SKU=$2 SANDQ__WORKER__USERNS_HOST_BASE=$4 SANDQ__WORKER__METRICS_ADDR=127.0.0.1:0 exec $bin/sandq-worker --exit-on-stdin-eof 2>$log)"
+  eval "exec $3> >(SANDQ__NAMESPACE=$ns-$1 SANDQ__WORKER__ID=$ns-$1 SANDQ__WARM__PER_SKU=$2 SANDQ__WARM__RUNTIMES=python SANDQ__WORKER__USERNS_HOST_BASE=$4 SANDQ__WORKER__METRICS_ADDR=127.0.0.1:$5 exec $bin/sandq-worker --exit-on-stdin-eof 2>$log)"
   for _ in $(seq 1 300); do grep -q consuming "$log" 2>/dev/null && return; sleep 0.1; done
   echo "worker $1 did not start: $(tail -5 "$log")" >&2
   exit 1
 }
-start_worker warm 1 3 1879048192
-start_worker cold 0 4 1885601792   # 100 ranges above
+metrics_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_worker warm 1 3 1879048192 "$metrics_port"
+start_worker cold 0 4 1885601792 0   # 100 ranges above
+# hyperfine's --prepare for the warm worker: idle 1 s, then wait (up to 60 s) until its pool
+# has the SKU's sandbox ready again.
+cat > "$work/ready.py" <<EOF
+import sys, time, urllib.request
+time.sleep(1)
+want = 'sandq_warm_sandboxes_ready{sku="%s"} 1' % sys.argv[1]
+for _ in range(600):
+    if want in urllib.request.urlopen("http://127.0.0.1:$metrics_port/metrics").read().decode():
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit("the warm pool did not refill")
+EOF
 sandq() {  # $1: warm|cold, then the CLI's arguments
   local w=$1
   shift
-  echo "env SANDQ__NAMESPACE=$ns-$w $bin/sandq run --wait 120s $*"
+  echo "env SANDQ__NAMESPACE=$ns-$w $bin/sandq run --wait 120s --out $work/out $*"
 }
 trivial_args="--sku S -c pass"
 main_args="--sku M --upload $work/job/macrodata.csv $work/job/macro_summary.py"
@@ -126,14 +140,16 @@ for w in warm cold; do
   eval "$(sandq $w "$main_args")" >/dev/null
 done
 
-hyperfine --runs "$runs" --warmup 1 --prepare 'sleep 1.5' -N --style basic \
+hyperfine --runs "$runs" --warmup 1 -N --style basic \
+  --prepare "python3 $work/ready.py S" --prepare 'sleep 1' --prepare 'sleep 1' --prepare 'sleep 1' \
   --export-json "$out/trivial.json" --export-markdown "$out/trivial.md" \
   -n 'sandq warm' "$(sandq warm "$trivial_args")" \
   -n 'sandq cold' "$(sandq cold "$trivial_args")" \
   -n 'runc run' "runc run --bundle $work/runc-trivial bench-$$-t" \
   -n 'chroot python3' "$(chroot_cmd 'python3 -c pass')" 2>&1 | tee "$out/trivial.txt"
 
-hyperfine --runs "$(( (runs + 1) / 2 ))" --warmup 1 --prepare 'sleep 1.5' -N --style basic \
+hyperfine --runs "$(( (runs + 1) / 2 ))" --warmup 1 -N --style basic \
+  --prepare "python3 $work/ready.py M" --prepare 'sleep 1' --prepare 'sleep 1' --prepare 'sleep 1' \
   --export-json "$out/main.json" --export-markdown "$out/main.md" \
   -n 'sandq warm' "$(sandq warm "$main_args")" \
   -n 'sandq cold' "$(sandq cold "$main_args")" \
