@@ -295,3 +295,55 @@ async fn a_sigkilled_worker_leaves_no_warm_sandbox_after_restart() {
     stop(restarted);
     world.delete_queues().await;
 }
+
+/// The CPU weight of the cgroup of container `id`: v1 `cpu.shares`, v2 `cpu.weight`.
+fn cpu_weight(id: &str) -> Option<u64> {
+    let path = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        Path::new("/sys/fs/cgroup/sandq").join(id).join("cpu.weight")
+    } else {
+        Path::new("/sys/fs/cgroup/cpu/sandq").join(id).join("cpu.shares")
+    };
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A warm sandbox warms up and waits at the lowest CPU weight (a job arriving meanwhile gets
+/// the CPU first), and runs its job at the default weight, as a cold start does.
+#[tokio::test]
+async fn a_warm_sandbox_yields_the_cpu_until_its_job_arrives() {
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let (lowest, default) = if v2 { (1, 100) } else { (2, 1024) };
+    let world = Isolated::new().await;
+    let id = format!("{}-cpu", world.namespace);
+    let worker = world.start_worker_ready(&id, &[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__RUNTIMES", "python")]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waiting = loop {
+        if let Some(first) = warm_ids(&isolated_worker_log(&id)).into_iter().find(|c| cpu_weight(c).is_some()) {
+            break first;
+        }
+        assert!(Instant::now() < deadline, "no warm sandbox's cgroup found");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(cpu_weight(&waiting), Some(lowest), "a waiting warm sandbox has another weight");
+    let mut client = world.client().await;
+    let spec = python_job("import time\nprint('running', flush=True)\ntime.sleep(4)\n", Sku::S);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    // Until a job of this test gets a warm sandbox (the pool may still be filling).
+    let (container, result) = loop {
+        let spec = JobSpec { job_id: uuid::Uuid::new_v4().to_string(), ..spec.clone() };
+        client.submit(&spec).await.expect("submit");
+        sandq_tests::wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(60)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let container = sandq_tests::container_id_in_log(&isolated_worker_log(&id), &spec.job_id).expect("container id");
+        let weight = cpu_weight(&container);
+        let result = sandq_tests::wait(&mut client, &spec.job_id).await;
+        if result.sandbox.is_some_and(|s| s.warm) {
+            break (container, (weight, result));
+        }
+        assert!(Instant::now() < deadline, "no warm start");
+    };
+    let (weight, result) = result;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(weight, Some(default), "the job in warm sandbox {container} ran at another CPU weight");
+    stop(worker);
+    world.delete_queues().await;
+}

@@ -42,6 +42,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         seccomp,
         resolv_conf: None,
         out_dir: None,
+        low_cpu_weight: false,
     };
     spec::write(&spec::build(&sandbox).expect("spec"), &bundle).expect("write spec");
     let request = SandboxRequest {

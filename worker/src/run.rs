@@ -293,6 +293,7 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
         seccomp: settings.seccomp,
         resolv_conf: launch.outbound.then_some(resolv_conf.as_path()),
         out_dir: Some(&dir.out),
+        low_cpu_weight: launch.warm,
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;
     let request = SandboxRequest {

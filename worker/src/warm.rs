@@ -16,8 +16,9 @@
 //!   interpreter or a preloaded module reads at start-up ([`read_at_startup`]); the others start
 //!   cold, as do jobs that find none ready;
 //! - refill happens in the background and only while no job runs (the worker's capacity is all
-//!   free): warming never delays or slows a running job, so under sustained load the pool
-//!   drains and jobs start cold;
+//!   free), at the lowest CPU weight until its job is handed over (a job arriving while a
+//!   sandbox warms up gets the CPU first): warming never delays or slows a running job, so
+//!   under sustained load the pool drains and jobs start cold;
 //! - warm sandboxes live in this process only: they are removed at shutdown ([`Pool::drain`])
 //!   and, after a crash, by the start-up clean-up like any container; a new image, runner or
 //!   limit means a new worker process, so a new pool.
@@ -55,8 +56,12 @@ pub struct WarmSandbox {
 
 impl WarmSandbox {
     /// Its dir, its running helper, and its user namespace range's lease, which the job must
-    /// hold until the sandbox is deleted (the range is then free for another sandbox).
+    /// hold until the sandbox is deleted (the range is then free for another sandbox). From
+    /// here on the sandbox is its job's: it gets the default CPU weight, as a cold start has.
     pub fn into_parts(self) -> (JobDir, Started, IndexLease) {
+        if let Err(e) = crate::sandbox::cgroup::set_cpu_priority(&format!("/sandq/{}", self.container_id), false) {
+            warn!(container_id = self.container_id, error = %e, "cannot give the warm sandbox its CPU weight back");
+        }
         (self.dir, self.started, self.index)
     }
 }
@@ -223,6 +228,8 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         warm: true,
         timeout: settings.limits.max_timeout,
     };
+    // Warming (the preload: ~0.4 s of CPU) yields to any job that arrives meanwhile: the
+    // spec gives a warm sandbox the lowest CPU weight (run::start).
     let started = run::start(&dir, settings, &launch).await.map_err(|e| e.to_string())?;
     Ok(WarmSandbox { container_id, dir, started, sandbox_uid, created: Instant::now(), index })
 }

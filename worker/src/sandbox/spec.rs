@@ -81,6 +81,10 @@ pub struct JobSandbox<'a> {
     /// A host directory (the job's outputs tmpfs) bind-mounted read-write at `/sandq/out`,
     /// where the notebook runner writes its outputs; `src_dir` must hold an `out` directory.
     pub out_dir: Option<&'a Path>,
+    /// The lowest CPU weight among the sandboxes (`cpu.shares` 2; v2 `cpu.weight` 1): a warm
+    /// sandbox warming up, which yields to running jobs until its job is handed over
+    /// ([`super::cgroup::set_cpu_priority`] then gives it the default).
+    pub low_cpu_weight: bool,
 }
 
 /// Failure to make a job's spec.
@@ -147,6 +151,9 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     let mut cpu = LinuxCpu::default();
     cpu.set_period(Some(CPU_PERIOD_US));
     cpu.set_quota(Some((job.limits.cpus * CPU_PERIOD_US as f64).round() as i64));
+    if job.low_cpu_weight {
+        cpu.set_shares(Some(2));
+    }
     resources.set_cpu(Some(cpu));
     let mut memory = LinuxMemory::default();
     let bytes = i64::try_from(job.limits.memory_bytes).unwrap_or(i64::MAX);
@@ -212,6 +219,7 @@ mod tests {
             seccomp: true,
             resolv_conf: None,
             out_dir: None,
+            low_cpu_weight: false,
         };
         let spec = build(&job).expect("spec");
         let json = serde_json::to_value(&spec).expect("json");
