@@ -83,6 +83,22 @@ pub fn read(cgroups_path: &str) -> CgroupStats {
     }
 }
 
+/// The CPU weight of the cgroup at `cgroups_path` among its siblings (the other sandboxes):
+/// the lowest when `low` (v1 `cpu.shares` 2, v2 `cpu.weight` 1), else the kernel's default
+/// (1024, 100). A warm sandbox warms up at the lowest, so that a job arriving meanwhile gets
+/// the CPU first, and gets the default when its job is handed over.
+///
+/// # Errors
+/// The write's error (no cpu controller, the cgroup gone).
+pub fn set_cpu_priority(cgroups_path: &str, low: bool) -> std::io::Result<()> {
+    let root = Path::new(CGROUP_ROOT);
+    if is_v2() {
+        std::fs::write(join(root, cgroups_path).join("cpu.weight"), if low { "1" } else { "100" })
+    } else {
+        std::fs::write(join(&root.join("cpu"), cgroups_path).join("cpu.shares"), if low { "2" } else { "1024" })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,21 +116,5 @@ mod tests {
     #[test]
     fn absolute_cgroup_paths_join_beneath_the_root() {
         assert_eq!(join(Path::new("/sys/fs/cgroup/memory"), "/sandq/j1"), Path::new("/sys/fs/cgroup/memory/sandq/j1"));
-    }
-}
-
-/// The CPU weight of the cgroup at `cgroups_path` among its siblings (the other sandboxes):
-/// the lowest when `low` (v1 `cpu.shares` 2, v2 `cpu.weight` 1), else the kernel's default
-/// (1024, 100). A warm sandbox warms up at the lowest, so that a job arriving meanwhile gets
-/// the CPU first, and gets the default when its job is handed over.
-///
-/// # Errors
-/// The write's error (no cpu controller, the cgroup gone).
-pub fn set_cpu_priority(cgroups_path: &str, low: bool) -> std::io::Result<()> {
-    let root = Path::new(CGROUP_ROOT);
-    if is_v2() {
-        std::fs::write(join(root, cgroups_path).join("cpu.weight"), if low { "1" } else { "100" })
-    } else {
-        std::fs::write(join(&root.join("cpu"), cgroups_path).join("cpu.shares"), if low { "2" } else { "1024" })
     }
 }
