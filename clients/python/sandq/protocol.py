@@ -3,6 +3,9 @@ service config, names, the JobSpec, the compare-and-set script, the topology."""
 from __future__ import annotations
 
 import hashlib
+import math
+import re
+from fractions import Fraction
 import os
 import time
 import tomllib
@@ -131,33 +134,34 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# The worker's duration grammar (docs/protocol.md, "Durations"): one or more spans, each an
+# integer with an optional fraction and a unit, spaces allowed between and within spans.
+_UNITS = {
+    **dict.fromkeys(("nanos", "nsec", "ns"), Fraction(1, 10**9)), **dict.fromkeys(("usec", "us", "µs"), Fraction(1, 10**6)),
+    **dict.fromkeys(("millis", "msec", "ms"), Fraction(1, 1000)),
+    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), 1), **dict.fromkeys(("minutes", "minute", "min", "mins", "m"), 60),
+    **dict.fromkeys(("hours", "hour", "hr", "hrs", "h"), 3600), **dict.fromkeys(("days", "day", "d"), 86400),
+    **dict.fromkeys(("weeks", "week", "wk", "wks", "w"), 604800), **dict.fromkeys(("months", "month", "M"), 2630016),
+    **dict.fromkeys(("years", "year", "yr", "yrs", "y"), 31557600),
+}
+_SPAN = re.compile(r"\s*(\d+)(?:\.(\d+))?\s*([A-Za-zµ]+)\s*")
+
+
 def humantime_seconds(value: str) -> int:
-    """Seconds of a humantime duration ("60s", "2m 30s", "24h", "7days"), for key TTLs."""
-    units = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "mins": 60, "minute": 60,
-             "minutes": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600, "d": 86400,
-             "day": 86400, "days": 86400, "w": 604800, "week": 604800, "weeks": 604800, "ms": 0.001}
-    total, number = 0.0, ""
-    i = 0
-    text = value.strip()
-    while i < len(text):
-        c = text[i]
-        if c.isdigit():
-            number += c
-            i += 1
-        elif c.isspace():
-            i += 1
-        else:
-            j = i
-            while j < len(text) and text[j].isalpha():
-                j += 1
-            unit = text[i:j]
-            if not number or unit not in units:
-                raise ValueError(f"bad duration {value!r}")
-            total += int(number) * units[unit]
-            number, i = "", j
-    if number:
-        raise ValueError(f"bad duration {value!r}: a number without a unit")
-    return max(1, int(total))
+    """Seconds of a humantime duration ("60s", "2m 30s", "1.5h", "7days"), for key TTLs: whole
+    seconds, at least 1. Raises ValueError for what the worker refuses ("90", "1H", "")."""
+    total, pos = Fraction(0), 0
+    if not value.strip():
+        raise ValueError(f"bad duration {value!r}: empty")
+    while pos < len(value):
+        match = _SPAN.match(value, pos)
+        if not match or match.group(3) not in _UNITS:
+            raise ValueError(f"bad duration {value!r}: expected spans such as 60s or 2m 30s")
+        whole, frac, unit = match.groups()
+        number = Fraction(int(whole)) + (Fraction(int(frac), 10 ** len(frac)) if frac else 0)
+        total += number * _UNITS[unit]
+        pos = match.end()
+    return max(1, math.floor(total))
 
 
 def build_job(
