@@ -45,6 +45,8 @@ export interface Config {
   s3SecretAccessKey?: string;
   namespace: string;
   deliveryLimit: number;
+  /** `[queues] unserved_ttl`: a job no worker takes within it expires (the queues' x-message-ttl). */
+  unservedTtl: string;
 }
 
 /** `path`, else `$SANDQ_CONFIG`, else /etc/sandq/sandq.toml. */
@@ -72,6 +74,7 @@ export function loadConfig(path?: string): Config {
     s3SecretAccessKey: get<string | undefined>("s3", "secret_access_key", undefined),
     namespace: String(get(null, "namespace", "sandq")),
     deliveryLimit: Number(get("amqp", "delivery_limit", 5)),
+    unservedTtl: String(get("queues", "unserved_ttl", "1h")),
   };
 }
 
@@ -120,6 +123,16 @@ const SPAN = /\s*(\d+)(?:\.(\d+))?\s*([A-Za-zµ]+)\s*/y;
 /** Seconds of a humantime duration ("60s", "2m 30s", "1.5h", "7days"), for key TTLs: whole
  * seconds, at least 1. Throws for what the worker refuses ("90", "1H", ""). */
 export function humantimeSeconds(value: string): number {
+  // Past 2^53 ms a double is no longer exact; TTLs are far below.
+  return Math.max(1, Math.floor(durationSeconds(value) + 1e-9));
+}
+
+/** Whole milliseconds of a humantime duration (0 for "0s"). */
+export function durationMs(value: string): number {
+  return Math.floor(durationSeconds(value) * 1000 + 1e-6);
+}
+
+function durationSeconds(value: string): number {
   if (value.trim() === "") throw new Error(`bad duration ${JSON.stringify(value)}: empty`);
   let total = 0;
   SPAN.lastIndex = 0;
@@ -131,8 +144,15 @@ export function humantimeSeconds(value: string): number {
     const [, whole, frac, unit] = match;
     total += Number(`${whole}.${frac ?? "0"}`) * UNITS[unit];
   }
-  // Past 2^53 ms a double is no longer exact; TTLs are far below.
-  return Math.max(1, Math.floor(total + 1e-9));
+  return total;
+}
+
+/** The SKU queues' arguments (docs/protocol.md, "Topology"); `x-message-ttl` unless the TTL is 0. */
+export function queueArguments(dlx: string, deliveryLimit: number, unservedTtl: string): Record<string, unknown> {
+  const args: Record<string, unknown> = { "x-queue-type": "quorum", "x-delivery-limit": deliveryLimit, "x-dead-letter-exchange": dlx };
+  const ttl = durationMs(unservedTtl);
+  if (ttl > 0) args["x-message-ttl"] = ttl;
+  return args;
 }
 
 /** A JobSpec map. Only what the protocol requires of a client is checked here (one of code and

@@ -62,6 +62,8 @@ class Config:
     s3_secret_access_key: Optional[str] = None
     namespace: str = "sandq"
     delivery_limit: int = 5
+    # `[queues] unserved_ttl`: a job no worker takes within it expires (the queues' x-message-ttl).
+    unserved_ttl: str = "1h"
 
     def with_namespace(self, namespace: str) -> "Config":
         return replace(self, namespace=namespace)
@@ -92,6 +94,7 @@ def load_config(path: Union[str, os.PathLike, None] = None) -> Config:
         s3_bucket=get("s3", "bucket", d.s3_bucket), s3_access_key_id=get("s3", "access_key_id", None),
         s3_secret_access_key=get("s3", "secret_access_key", None), namespace=get(None, "namespace", d.namespace),
         delivery_limit=int(get("amqp", "delivery_limit", d.delivery_limit)),
+        unserved_ttl=str(get("queues", "unserved_ttl", d.unserved_ttl)),
     )
 
 
@@ -118,8 +121,13 @@ class Names:
         return f"{self.ns}:job:{job_id}:cancel"
 
 
-def queue_arguments(names: Names, delivery_limit: int) -> dict:
-    return {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit, "x-dead-letter-exchange": names.dlx}
+def queue_arguments(names: Names, delivery_limit: int, unserved_ttl: str = "1h") -> dict:
+    """The SKU queues' arguments (docs/protocol.md, "Topology"); `x-message-ttl` unless the TTL is 0."""
+    args = {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit, "x-dead-letter-exchange": names.dlx}
+    ttl_ms = duration_ms(unserved_ttl)
+    if ttl_ms:
+        args["x-message-ttl"] = ttl_ms
+    return args
 
 
 def now_ms() -> int:
@@ -150,6 +158,15 @@ _SPAN = re.compile(r"\s*(\d+)(?:\.(\d+))?\s*([A-Za-zµ]+)\s*")
 def humantime_seconds(value: str) -> int:
     """Seconds of a humantime duration ("60s", "2m 30s", "1.5h", "7days"), for key TTLs: whole
     seconds, at least 1. Raises ValueError for what the worker refuses ("90", "1H", "")."""
+    return max(1, math.floor(_duration(value)))
+
+
+def duration_ms(value: str) -> int:
+    """Whole milliseconds of a humantime duration (0 for "0s")."""
+    return math.floor(_duration(value) * 1000)
+
+
+def _duration(value: str) -> Fraction:
     total, pos = Fraction(0), 0
     if not value.strip():
         raise ValueError(f"bad duration {value!r}: empty")
@@ -161,7 +178,7 @@ def humantime_seconds(value: str) -> int:
         number = Fraction(int(whole)) + (Fraction(int(frac), 10 ** len(frac)) if frac else 0)
         total += number * _UNITS[unit]
         pos = match.end()
-    return max(1, math.floor(total))
+    return total
 
 
 def build_job(
