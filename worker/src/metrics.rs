@@ -12,6 +12,7 @@
 //! | `sandq_warm_starts_total` | counter: sandboxes a job ran in | `sku`, `warm` (`true`, `false`) |
 //! | `sandq_redeliveries_total` | counter: deliveries the broker marked redelivered | |
 //! | `sandq_infrastructure_errors_total` | counter | `kind`: [`ErrorKind`] |
+//! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`) |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
 //!
@@ -149,6 +150,7 @@ pub struct Metrics {
     warm_starts: Family<Labels2, Counter>,
     redeliveries: Counter,
     infrastructure_errors: Family<Labels1, Counter>,
+    dead_letters: Family<Labels2, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -192,6 +194,12 @@ impl Metrics {
             "Infrastructure failures (sandq's fault, retried), by where they happened",
             infrastructure_errors.clone(),
         );
+        let dead_letters = Family::<Labels2, Counter>::default();
+        registry.register(
+            "sandq_dead_letters",
+            "Dead-lettered messages this worker handled, by the broker's reason and what was done",
+            dead_letters.clone(),
+        );
         for stage in Stage::ALL {
             let _ = stage_duration.get_or_create(&[("stage", stage.as_str())]);
         }
@@ -211,6 +219,7 @@ impl Metrics {
             warm_starts,
             redeliveries,
             infrastructure_errors,
+            dead_letters,
         }
     }
 
@@ -274,6 +283,12 @@ pub fn warm_ready(sku: Sku, ready: usize) {
 /// An infrastructure failure outside any job (`kind` [`ErrorKind::Broker`]).
 pub fn infrastructure_error(kind: ErrorKind) {
     METRICS.infrastructure_errors.get_or_create(&[("kind", kind.as_str())]).inc();
+}
+
+/// A dead-lettered message was handled: the broker's `reason` ([`crate::dead_letter::DeathReason::as_str`])
+/// and the `action` taken (`result_written`, `already_final`, `no_job_id`).
+pub fn dead_letter(reason: &'static str, action: &'static str) {
+    METRICS.dead_letters.get_or_create(&[("reason", reason), ("action", action)]).inc();
 }
 
 /// What is known of the job being processed.
