@@ -196,6 +196,8 @@ export class Client {
     const connection = await amqp.connect(this.config.amqpUrl);
     try {
       let ch = await connection.createChannel();
+      // A refused declaration closes the channel with an error event, answered below.
+      ch.on("error", () => {});
       const n = this.names;
       await ch.assertExchange(n.dlx, "fanout", { durable: true });
       await ch.assertQueue(n.deadQueue, { durable: true, arguments: { "x-queue-type": "quorum" } });
@@ -210,6 +212,7 @@ export class Client {
           // (docs/operations.md); it is used as it is. The broker closed the channel.
           if ((e as { code?: number }).code !== 406) throw e;
           ch = await connection.createChannel();
+          ch.on("error", () => {});
           await ch.checkQueue(n.queue(sku));
         }
         await ch.bindQueue(n.queue(sku), n.exchange, sku);
