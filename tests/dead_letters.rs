@@ -200,3 +200,36 @@ async fn dead_letters_without_a_job_id_are_counted_and_dropped() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// A cancel that lands while a taken job's inputs are being staged (after `running` was
+/// written): the job is stopped before its program starts.
+#[tokio::test]
+async fn a_job_cancelled_while_its_inputs_are_staged_never_runs() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env(&[]));
+    let mut client = world.client().await;
+    // Big enough that staging (download and SHA-256 check) takes well over the time to see
+    // `running` and set the cancel key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("big.bin");
+    let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut data = Vec::with_capacity(256 << 20);
+    for i in 0..256u32 {
+        data.extend(chunk.iter().map(|b| b ^ (i as u8)));
+    }
+    std::fs::write(&path, &data).expect("write");
+    drop(data);
+    let input = client.upload(&path, "big.bin").await.expect("upload");
+    let mut spec = python_job("open('/work/ran', 'w').write('x')\nprint('ran')\n", Sku::S);
+    spec.inputs = vec![input];
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    assert!(client.cancel(&spec.job_id).await.expect("cancel"));
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Cancelled, "{result:?}");
+    assert_eq!(result.reason.as_deref(), Some("cancelled before it started"), "{result:?}");
+    assert!(result.usage.is_none() && result.stdout.text.is_empty() && result.sandbox.is_none(), "it ran: {result:?}");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}

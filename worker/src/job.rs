@@ -420,11 +420,15 @@ async fn execute_in(
             stage::check_quota(job, &place).map_err(stage_failure)?;
             let (dir, started, lease) = w.into_parts();
             stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            // Staging can take a while: a cancel that landed meanwhile stops the job here.
+            recheck(ctx, job, "cancelled before it started").await?;
             let env = env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
             (dir, started, Some((run::Handover { env, args: job.spec.args.clone() }, lease)))
         }
         None => {
             let dir = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            // Staging can take a while: a cancel that landed meanwhile stops the job here.
+            recheck(ctx, job, "cancelled before it started").await?;
             crate::metrics::enter(crate::metrics::Stage::SandboxStart);
             let launch = run::Launch {
                 container_id,
