@@ -27,6 +27,12 @@ async fn drained(config: &sandq_submitter::config::ServiceConfig) -> usize {
     }
 }
 
+/// Runs `rabbitmqctl` on the tests' node (`RABBITMQ_NODENAME` when set).
+fn rabbitmqctl(args: &[&str]) {
+    let status = std::process::Command::new("rabbitmqctl").args(args).status().expect("rabbitmqctl");
+    assert!(status.success(), "rabbitmqctl {args:?} failed");
+}
+
 fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     SMALL.iter().copied().chain(extra.iter().copied()).collect()
 }
@@ -171,11 +177,23 @@ async fn queues_declared_by_an_earlier_version_keep_working() {
     let expected: Vec<String> = Sku::ALL.iter().map(|s| names.jobs_queue(*s)).collect();
     assert_eq!(declared.with_other_arguments, expected);
     let id = format!("{}-w", world.namespace);
-    let mut worker = world.start_worker_ready(&id, &env(&[]));
+    // Serves S only (one core declared).
+    let mut worker = world.start_worker_ready(&id, &env(&[("SANDQ__WORKER__CAPACITY_CPUS", "1")]));
     assert!(sandq_tests::isolated_worker_log(&id).contains("queue exists with other arguments"), "no warning");
     let mut client = Client::connect(current).await.expect("a client declares over old queues");
     let result = sandq_tests::run(&mut client, &python_job("print('old queues')", Sku::S)).await;
     assert_eq!(result.stdout.text, "old queues\n", "{result:?}");
+    // docs/operations.md's migration without re-creating the queues: a policy gives them a TTL,
+    // and a job nobody takes then expires.
+    let policy = format!("{}-unserved-ttl", world.namespace);
+    let pattern = format!("^{}\\.jobs\\.(S|M|L|XL)$", world.namespace.replace('-', "\\-"));
+    rabbitmqctl(&["set_policy", "--apply-to", "queues", &policy, &pattern, r#"{"message-ttl": 2000}"#]);
+    let unserved = python_job("print('ran')", Sku::L);
+    client.submit(&unserved).await.expect("submit");
+    let expired = wait(&mut client, &unserved.job_id).await;
+    rabbitmqctl(&["clear_policy", &policy]);
+    assert_eq!(expired.status, JobStatus::Expired, "{expired:?}");
+    assert!(expired.reason.as_deref().unwrap_or_default().starts_with("no worker took it within"), "{expired:?}");
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
