@@ -80,10 +80,11 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
     }
     // Every worker also gives dead-lettered jobs their terminal result; the consumer ends with
     // the slots (Ok on shutdown, Err on a broker failure).
+    let job_slots = slots.len();
     let dead_letters = connection.create_channel().await?;
     slots.spawn(crate::dead_letter::run(ctx.clone(), dead_letters, shutdown.clone()));
     crate::health::set_broker(Some(connection.status().clone()));
-    info!(worker_id = %settings.worker_id, slots = slots.len(), "consuming");
+    info!(worker_id = %settings.worker_id, slots = job_slots, "consuming");
     // The first slot to end decides: Ok on shutdown (wait for the others to finish their job),
     // Err on a broker failure (drop everything and reconnect).
     let mut outcome = Ok(());
