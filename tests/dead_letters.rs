@@ -245,8 +245,9 @@ async fn a_job_cancelled_while_its_inputs_are_staged_never_runs() {
     assert!(client.cancel(&spec.job_id).await.expect("cancel"));
     let result = wait(&mut client, &spec.job_id).await;
     assert_eq!(result.status, JobStatus::Cancelled, "{result:?}");
-    assert_eq!(result.reason.as_deref(), Some("cancelled before it started"), "{result:?}");
+    assert_eq!(result.reason.as_deref(), Some("cancelled before its program started"), "{result:?}");
     assert!(result.usage.is_none() && result.stdout.text.is_empty() && result.sandbox.is_none(), "it ran: {result:?}");
+    assert!(result.started_at_ms.is_some(), "`running` was written: its start is kept: {result:?}");
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
