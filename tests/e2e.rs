@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use lapin::options::BasicGetOptions;
 use sandq_schemas::{InputFile, JobStatus, Sku};
 use sandq_tests::{client, ensure_worker, namespace, publish_raw, python_job, repo_root, run, service_config, wait, worker_alive, worker_id};
 use sha2::{Digest, Sha256};
@@ -189,9 +188,11 @@ async fn malformed_messages_are_rejected_and_the_worker_survives() {
     assert!(reason_of(&result).contains("does not exist"), "{}", reason_of(&result));
 
     // No job id anywhere: nothing to write a result under, so it is dead-lettered.
+    // The worker's dead-letter consumer then counts and logs it.
     let marker = format!("garbage-{}", uuid::Uuid::new_v4());
+    let before = no_id_dead_letters(marker.len());
     publish_raw(marker.as_bytes(), Sku::M, None).await;
-    assert!(dead_lettered(marker.as_bytes()).await, "the unidentifiable message was not dead-lettered");
+    assert!(dead_lettered(marker.as_bytes(), before).await, "the unidentifiable message was not dead-lettered");
 
     // The worker is still there and the next job runs normally.
     assert!(worker_alive());
@@ -200,25 +201,25 @@ async fn malformed_messages_are_rejected_and_the_worker_survives() {
     assert_eq!(result.stdout.text, "42\n");
 }
 
-/// Looks (for up to 30 s) for a message with `body` in the dead-letter queue.
-async fn dead_lettered(body: &[u8]) -> bool {
-    let config = service_config();
-    let names = sandq_schemas::names::Names::new(namespace());
-    let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
-    let channel = connection.create_channel().await.expect("channel");
+/// Waits (up to 30 s) for the worker's dead-letter consumer to log one more message of
+/// `body`'s size without a usable job id than `before` (the count when it was published).
+async fn dead_lettered(body: &[u8], before: usize) -> bool {
     for _ in 0..300 {
-        while let Some(message) = channel
-            .basic_get(names.dead_letter_queue().into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("basic.get")
-        {
-            if message.delivery.data == body {
-                return true;
-            }
+        if no_id_dead_letters(body.len()) > before {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+/// Dead-lettered messages of `len` bytes the shared worker logged as having no usable job id.
+fn no_id_dead_letters(len: usize) -> usize {
+    let size = format!("bytes={len}");
+    sandq_tests::worker_log()
+        .lines()
+        .filter(|l| l.contains("dead-lettered message without a usable job id") && l.split_whitespace().any(|w| w == size))
+        .count()
 }
 
 #[tokio::test]
@@ -277,4 +278,61 @@ async fn node_jobs_report_output_stack_traces_and_exit_codes() {
     let result = run(&mut client, &node("import { createHash } from 'node:crypto';\nconsole.log(createHash('sha256').update('abc').digest('hex'));\nprocess.exit(4);\n")).await;
     assert_eq!(result.exit_code, Some(4));
     assert_eq!(result.stdout.text, format!("{}\n", hex::encode(Sha256::digest(b"abc"))));
+}
+
+/// The shared protocol vectors (schemas/vectors/) through the real broker and worker, each
+/// under a fresh job id on SKU S's queue: every valid JobSpec without inputs (inputs name
+/// objects the vectors do not upload) runs, and every invalid one that names a usable job id is
+/// `rejected` with exactly the reason its sidecar gives.
+#[tokio::test]
+async fn protocol_vectors_through_the_worker() {
+    use rmpv::Value;
+    let mut client = client().await;
+    let root = repo_root().join("schemas/vectors/jobspec");
+    // (name, body, expected status, expected reason)
+    let mut cases = Vec::new();
+    for (sub, valid) in [("valid", true), ("invalid", false)] {
+        let mut names: Vec<_> = std::fs::read_dir(root.join(sub)).expect("vectors").flatten().map(|e| e.path()).collect();
+        names.sort();
+        for path in names.into_iter().filter(|p| p.extension().is_some_and(|e| e == "msgpack")) {
+            let name = path.file_stem().expect("stem").to_string_lossy().into_owned();
+            let sidecar: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(path.with_extension("json")).expect("sidecar")).expect("json");
+            let mut value = rmpv::decode::read_value(&mut std::fs::read(&path).expect("vector").as_slice()).expect("msgpack");
+            let Value::Map(map) = &mut value else { panic!("{name}: not a map") };
+            let get = |map: &Vec<(Value, Value)>, k: &str| map.iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
+            let has_inputs = get(map, "inputs").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()));
+            let id_ok = get(map, "job_id").and_then(|v| v.as_str().map(str::to_owned)).is_some_and(|id| id == "vector-job-1");
+            if (valid && has_inputs) || !id_ok {
+                continue;
+            }
+            let id = uuid::Uuid::new_v4().to_string();
+            for (key, v) in map.iter_mut() {
+                match key.as_str() {
+                    Some("job_id") => *v = Value::from(id.as_str()),
+                    // The queue decides the SKU: every vector goes to S's queue.
+                    Some("sku") if v.as_str().is_some_and(|s| ["S", "M", "L", "XL"].contains(&s)) => *v = Value::from("S"),
+                    _ => {}
+                }
+            }
+            let mut body = Vec::new();
+            rmpv::encode::write_value(&mut body, &value).expect("encode");
+            let expected = if valid { None } else { Some(sidecar["reason"].as_str().expect("reason").to_owned()) };
+            cases.push((name, id, body, expected));
+        }
+    }
+    assert!(cases.len() >= 20, "only {} vectors", cases.len());
+    for (_, id, body, _) in &cases {
+        publish_raw(body, Sku::S, Some(id)).await;
+    }
+    for (name, id, _, expected) in &cases {
+        let result = wait(&mut client, id).await;
+        match expected {
+            None => assert!(matches!(result.status, JobStatus::Succeeded | JobStatus::Failed), "{name}: {result:?}"),
+            Some(reason) => {
+                assert_eq!(result.status, JobStatus::Rejected, "{name}");
+                assert_eq!(result.reason.as_deref(), Some(reason.as_str()), "{name}");
+            }
+        }
+    }
 }

@@ -123,7 +123,12 @@ async fn an_s3_outage_delays_jobs_but_loses_none() {
 async fn a_job_that_keeps_failing_on_infrastructure_is_dead_lettered_with_internal_error() {
     let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
-    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__MAX_ATTEMPTS", "2")]);
+    let port = sandq_tests::free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let mut worker = world.start_worker_ready(
+        &format!("{}-w", world.namespace),
+        &[("SANDQ__WORKER__MAX_ATTEMPTS", "2"), ("SANDQ__WORKER__METRICS_ADDR", &metrics_addr)],
+    );
     let mut client = world.client().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data.txt");
@@ -140,8 +145,12 @@ async fn a_job_that_keeps_failing_on_infrastructure_is_dead_lettered_with_intern
     assert_eq!(result.status, JobStatus::InternalError, "{result:?}");
     assert_eq!(result.attempt, 2);
     assert!(result.reason.as_deref().unwrap_or_default().contains("gave up after 2 attempts"), "{result:?}");
-    let dead = sandq_tests::dead_letter_count(&world.config, 1, Duration::from_secs(30)).await;
-    assert_eq!(dead, 1, "the job was not dead-lettered");
+    // Dead-lettered, then seen by the dead-letter consumer with its result already stored.
+    let series = r#"sandq_dead_letters_total{reason="rejected",action="already_final"}"#;
+    let dead = sandq_tests::wait_for_metric(port, series, 1.0, Duration::from_secs(30)).await;
+    assert!((dead - 1.0).abs() < 0.5, "the job was not dead-lettered once: {dead}");
+    let after = client.status(&spec.job_id).await.expect("status").expect("result");
+    assert_eq!(after, result, "the dead-letter consumer changed a terminal result");
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;

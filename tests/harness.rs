@@ -190,8 +190,8 @@ async fn purge_queues() {
     let config = service_config();
     let names = sandq_schemas::names::Names::new(namespace());
     let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    sandq_submitter::topology::declare(&connection, &names, &config).await.expect("topology");
     let channel = connection.create_channel().await.expect("channel");
-    sandq_submitter::topology::declare(&channel, &names, config.amqp.delivery_limit).await.expect("topology");
     for sku in Sku::ALL {
         channel.queue_purge(names.jobs_queue(sku).into(), QueuePurgeOptions::default()).await.expect("purge");
     }
@@ -288,13 +288,19 @@ pub struct Isolated {
 impl Isolated {
     /// A fresh namespace with its topology declared.
     pub async fn new() -> Self {
+        Self::with_config(|_| {}).await
+    }
+
+    /// A fresh namespace with its topology declared from the service config changed by `edit`
+    /// (a delivery limit or an unserved TTL of its own: give its workers the same values).
+    pub async fn with_config(edit: impl FnOnce(&mut ServiceConfig)) -> Self {
         let namespace = format!("sandq-test-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let mut config = service_config();
         config.namespace = namespace.clone();
+        edit(&mut config);
         let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
-        let channel = connection.create_channel().await.expect("channel");
         let names = sandq_schemas::names::Names::new(namespace.clone());
-        sandq_submitter::topology::declare(&channel, &names, config.amqp.delivery_limit).await.expect("topology");
+        sandq_submitter::topology::declare(&connection, &names, &config).await.expect("topology");
         Isolated { namespace, config }
     }
 
@@ -400,6 +406,32 @@ pub async fn dead_letter_count(config: &ServiceConfig, expected: usize, limit: D
     }
 }
 
+/// The value of one series of a worker's `/metrics` (`name{labels}` exactly as the endpoint
+/// writes it, e.g. `sandq_dead_letters_total{reason="rejected",action="no_job_id"}`); 0 when
+/// the series is absent, `None` when nothing answers.
+pub fn metric(port: u16, series: &str) -> Option<f64> {
+    let (_, body) = http_get(port, "/metrics")?;
+    Some(
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0),
+    )
+}
+
+/// Polls [`metric`] (every 200 ms, up to `limit`) until it reaches `expected`; returns the last
+/// value read.
+pub async fn wait_for_metric(port: u16, series: &str, expected: f64, limit: Duration) -> f64 {
+    let started = std::time::Instant::now();
+    loop {
+        let value = metric(port, series).unwrap_or(0.0);
+        if value >= expected || started.elapsed() > limit {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A loopback TCP port free at the time of the call (bound, then released), for a worker's
 /// `SANDQ__WORKER__METRICS_ADDR`.
 pub fn free_port() -> u16 {
@@ -418,4 +450,20 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let (head, body) = response.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, body.to_owned()))
+}
+
+/// Messages ready (not delivered) in the queue of `sku` in `config`'s namespace.
+pub async fn ready_messages(config: &ServiceConfig, sku: Sku) -> u32 {
+    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    let names = sandq_schemas::names::Names::new(config.namespace.clone());
+    let queue = channel
+        .queue_declare(
+            names.jobs_queue(sku).as_str().into(),
+            lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("queue");
+    queue.message_count()
 }

@@ -9,7 +9,10 @@
 //! - [`JobResult`] and [`JobStatus`]: what the worker writes to Redis, read back by clients.
 //! - [`names`]: exchange, queue and routing names, Redis keys, S3 key layout.
 //! - [`validate`]: limits and the checks every job passes before it is staged.
+//! - [`de`]: the lenient field decoders (nil is absent; integers of any width, or integral
+//!   floats), whose errors name the field.
 
+pub mod de;
 pub mod job;
 pub mod names;
 pub mod result;

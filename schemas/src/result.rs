@@ -67,6 +67,7 @@ impl std::fmt::Display for JobStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobResult {
     /// Wire format version ([`crate::SCHEMA_VERSION`]).
+    #[serde(deserialize_with = "crate::de::result::schema_version")]
     pub schema_version: u32,
     /// The job's id, as the client chose it.
     pub job_id: String,
@@ -87,46 +88,46 @@ pub struct JobResult {
     #[serde(default)]
     pub signal: Option<String>,
     /// The program's standard output.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::stdout")]
     pub stdout: CapturedOutput,
     /// The program's standard error.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::stderr")]
     pub stderr: CapturedOutput,
     /// Files the program created or changed under `/work`, uploaded to S3.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::artifacts")]
     pub artifacts: Vec<Artifact>,
     /// Files under `/work` that were not uploaded, and why (symlink, hard link, special file,
     /// over the count or size cap).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::skipped_artifacts")]
     pub skipped_artifacts: Vec<SkippedArtifact>,
     /// Files not uploaded, in all; `skipped_artifacts` lists at most the first 100.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::skipped_artifacts_total")]
     pub skipped_artifacts_total: u64,
     /// Resources the job used; absent when it never ran.
     #[serde(default)]
     pub usage: Option<ResourceUsage>,
     /// When the client submitted the job (from the `JobSpec`), Unix epoch milliseconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::queued_at_ms")]
     pub queued_at_ms: Option<u64>,
     /// When the worker started the container, Unix epoch milliseconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::started_at_ms")]
     pub started_at_ms: Option<u64>,
     /// When the worker finished the job, Unix epoch milliseconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::finished_at_ms")]
     pub finished_at_ms: Option<u64>,
     /// Id of the worker that wrote this result.
     #[serde(default)]
     pub worker_id: Option<String>,
     /// Delivery attempt that wrote this result, 1 for the first delivery.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::attempt")]
     pub attempt: u32,
     /// Rich outputs of a notebook-mode job, in order of appearance (see [`Output`]); empty in
     /// script mode.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::outputs")]
     pub outputs: Vec<Output>,
     /// Outputs left out because the job produced more than the worker's caps (count
     /// `max_outputs`, 100; bytes `max_outputs_bytes`, 32 MiB).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::de::result::outputs_dropped")]
     pub outputs_dropped: u64,
     /// The uncaught exception of a notebook-mode job (also the last entry of `outputs`).
     #[serde(default)]

@@ -87,8 +87,8 @@ impl Client {
     pub async fn connect(config: ServiceConfig) -> Result<Self, ClientError> {
         let names = Names::new(config.namespace.clone());
         let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await?;
+        topology::declare(&connection, &names, &config).await?;
         let channel = connection.create_channel().await?;
-        topology::declare(&channel, &names, config.amqp.delivery_limit).await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let redis = results::connect(&config.redis.url).await?;
         let s3 = storage::client(&config.s3);
@@ -267,8 +267,8 @@ impl Client {
 
     async fn reconnect(&mut self) -> Result<(), ClientError> {
         let connection = Connection::connect(&self.config.amqp.url, ConnectionProperties::default()).await?;
+        topology::declare(&connection, &self.names, &self.config).await?;
         let channel = connection.create_channel().await?;
-        topology::declare(&channel, &self.names, self.config.amqp.delivery_limit).await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         self._connection = connection;
         self.channel = channel;

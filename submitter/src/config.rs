@@ -26,6 +26,32 @@ pub struct ServiceConfig {
     /// S3 (Garage locally).
     #[serde(default)]
     pub s3: S3Config,
+    /// The job queues' arguments beyond `[amqp]`'s.
+    #[serde(default)]
+    pub queues: QueuesConfig,
+}
+
+/// `[queues]`: how long a job may wait for a worker.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueuesConfig {
+    /// A job that no worker takes within this time (humantime; no worker serves its SKU, or
+    /// every one is busy that long) is dead-lettered by the broker (the SKU queues'
+    /// `x-message-ttl`) and gets an `expired` result from a worker's dead-letter consumer.
+    /// Default `1h`; `0s`: no limit. Like `amqp.delivery_limit`, it is an argument of the
+    /// queues: queues declared with another value keep theirs (see docs/operations.md).
+    #[serde(default = "default_unserved_ttl", with = "humantime_serde")]
+    pub unserved_ttl: std::time::Duration,
+}
+
+fn default_unserved_ttl() -> std::time::Duration {
+    std::time::Duration::from_secs(3600)
+}
+
+impl Default for QueuesConfig {
+    fn default() -> Self {
+        QueuesConfig { unserved_ttl: default_unserved_ttl() }
+    }
 }
 
 fn default_namespace() -> String {

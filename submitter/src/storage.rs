@@ -53,8 +53,9 @@ pub enum TransferError {
         /// The SDK's error with its sources.
         message: String,
     },
-    /// The object has another size than expected.
-    #[error("object {key} is {found} bytes or more, expected {expected}")]
+    /// The object has another size than expected (the message says "more than N bytes" when
+    /// reading stopped past the declared size, the exact size when the object is shorter).
+    #[error("object {key} is {} bytes, expected {expected}", size_seen(*.found, *.expected))]
     Size {
         /// The key.
         key: String,
@@ -254,6 +255,16 @@ pub async fn get_bytes(s3: &Client, bucket: &str, key: &str, max: u64) -> Result
     Ok(bytes)
 }
 
+/// How many bytes a size check saw: the count when the object ended early, "more than N" when
+/// reading stopped past the declared size N (what lies beyond is never read).
+fn size_seen(found: u64, expected: u64) -> String {
+    if found > expected {
+        format!("more than {expected}")
+    } else {
+        found.to_string()
+    }
+}
+
 /// Characters percent-encoded in `x-amz-copy-source`: everything but unreserved characters
 /// and `/` (S3 URL-decodes the header; a key holding `%`, `?`, `+` or non-ASCII must survive).
 const COPY_SOURCE: &percent_encoding::AsciiSet =
@@ -354,4 +365,16 @@ pub async fn presign_get(s3: &Client, bucket: &str, key: &str, expires_in: std::
         .await
         .map_err(|e| request_error(key, e))?;
     Ok(request.uri().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Trial gap 18: a short object is not reported as "1099 bytes or more".
+    #[test]
+    fn size_errors_say_what_was_seen() {
+        let short = super::TransferError::Size { key: "k".into(), found: 1099, expected: 1100 };
+        assert_eq!(short.to_string(), "object k is 1099 bytes, expected 1100");
+        let long = super::TransferError::Size { key: "k".into(), found: 1101, expected: 1100 };
+        assert_eq!(long.to_string(), "object k is more than 1100 bytes, expected 1100");
+    }
 }

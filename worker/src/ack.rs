@@ -4,9 +4,9 @@
 //! |---|---|---|
 //! | the program ran (any exit, timeout, OOM) | terminal result | ack |
 //! | bad input (decode, validation, missing or corrupt input object) | `rejected` | ack (never retried) |
-//! | bad input without a readable job id | none | reject, no requeue (dead-lettered) |
+//! | bad input without a readable job id | none | reject, no requeue (dead-lettered; the dead-letter consumer counts and drops it) |
 //! | infrastructure failure, attempts left | `running` stays | nack + requeue |
-//! | infrastructure failure, last attempt | `internal_error` | reject, no requeue (dead-lettered) |
+//! | infrastructure failure, last attempt | `internal_error` | reject, no requeue (dead-lettered; the dead-letter consumer finds its result) |
 //! | a terminal result already exists (duplicate delivery) | unchanged | ack |
 //! | killed by shutdown past its grace period | `running` stays | nack + requeue |
 //!

@@ -50,8 +50,14 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
 async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lapin::Error> {
     let settings = &ctx.settings;
     let connection = Connection::connect(&settings.services.amqp.url, ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    sandq_submitter::topology::declare(&channel, &settings.names, settings.services.amqp.delivery_limit).await?;
+    let declared = sandq_submitter::topology::declare(&connection, &settings.names, &settings.services).await?;
+    for queue in &declared.with_other_arguments {
+        warn!(
+            queue,
+            "queue exists with other arguments (declared by an earlier version?): using it as it is; \
+             jobs nobody takes do not expire there (queues.unserved_ttl) until it is re-created or given a policy (docs/operations.md)"
+        );
+    }
     let mut slots = JoinSet::new();
     // Each consumer slot runs one job at a time, with the user namespace range of its index.
     let mut index = 0;
@@ -72,8 +78,13 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
             index += 1;
         }
     }
+    // Every worker also gives dead-lettered jobs their terminal result; the consumer ends with
+    // the slots (Ok on shutdown, Err on a broker failure).
+    let job_slots = slots.len();
+    let dead_letters = connection.create_channel().await?;
+    slots.spawn(crate::dead_letter::run(ctx.clone(), dead_letters, shutdown.clone()));
     crate::health::set_broker(Some(connection.status().clone()));
-    info!(worker_id = %settings.worker_id, slots = slots.len(), "consuming");
+    info!(worker_id = %settings.worker_id, slots = job_slots, "consuming");
     // The first slot to end decides: Ok on shutdown (wait for the others to finish their job),
     // Err on a broker failure (drop everything and reconnect).
     let mut outcome = Ok(());

@@ -37,6 +37,10 @@ pub struct Context {
     pub warm: Arc<crate::warm::Pool>,
 }
 
+/// Reason of a job cancelled after `running` was written (its `started_at_ms` is kept) but
+/// before its program started (while its inputs were staged).
+const CANCELLED_BEFORE_PROGRAM: &str = "cancelled before its program started";
+
 /// How often a running job's cancel key is checked (a cancelled job dies within about this).
 pub const CANCEL_POLL: Duration = Duration::from_millis(250);
 
@@ -200,6 +204,9 @@ async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<Jo
             info!(reason, "job cancelled");
             let mut result = publish::base(job, who, JobStatus::Cancelled);
             result.reason = Some(reason.to_owned());
+            if reason == CANCELLED_BEFORE_PROGRAM {
+                result.started_at_ms = Some(who.started_at_ms);
+            }
             result.finished_at_ms = Some(now_ms());
             result
         }
@@ -430,11 +437,15 @@ async fn execute_in(
             stage::check_quota(job, &place).map_err(stage_failure)?;
             let (dir, started, lease) = w.into_parts();
             let staged = stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            // Staging can take a while: a cancel that landed meanwhile stops the job here.
+            recheck(ctx, job, CANCELLED_BEFORE_PROGRAM).await?;
             let env = env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
             (dir, staged, started, Some((run::Handover { env, args: job.spec.args.clone() }, lease)))
         }
         None => {
             let (dir, staged) = stage::stage(job, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
+            // Staging can take a while: a cancel that landed meanwhile stops the job here.
+            recheck(ctx, job, CANCELLED_BEFORE_PROGRAM).await?;
             crate::metrics::enter(crate::metrics::Stage::SandboxStart);
             let launch = run::Launch {
                 container_id,

@@ -8,6 +8,8 @@
 //! single-threaded helper ([`sandbox`]); [`collect`] uploads what the program left in `/work`;
 //! [`publish`] writes the result to Redis; [`ack`] is the one place that decides ack, requeue
 //! or dead-letter for every outcome. [`job`] strings the stages together for one delivery.
+//! [`dead_letter`] gives every job the broker dead-lettered (unserved, or a poison message)
+//! its terminal result.
 //! [`metrics`] records what happens on the way; [`health`] serves it, with liveness and
 //! readiness, over HTTP.
 
@@ -15,6 +17,7 @@ pub mod ack;
 pub mod capacity;
 pub mod collect;
 pub mod consume;
+pub mod dead_letter;
 pub mod health;
 pub mod job;
 pub mod metrics;

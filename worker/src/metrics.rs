@@ -13,6 +13,7 @@
 //! | `sandq_redeliveries_total` | counter: deliveries the broker marked redelivered | |
 //! | `sandq_infrastructure_errors_total` | counter | `kind`: [`ErrorKind`] |
 //! | `sandq_collect_read_bytes_total` | counter: bytes of `/work` files read (hashed) by collection | |
+//! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`) |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
 //!
@@ -151,6 +152,7 @@ pub struct Metrics {
     redeliveries: Counter,
     infrastructure_errors: Family<Labels1, Counter>,
     collect_read: Counter,
+    dead_letters: Family<Labels2, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -201,6 +203,12 @@ impl Metrics {
             Unit::Bytes,
             collect_read.clone(),
         );
+        let dead_letters = Family::<Labels2, Counter>::default();
+        registry.register(
+            "sandq_dead_letters",
+            "Dead-lettered messages this worker handled, by the broker's reason and what was done",
+            dead_letters.clone(),
+        );
         for stage in Stage::ALL {
             let _ = stage_duration.get_or_create(&[("stage", stage.as_str())]);
         }
@@ -221,6 +229,7 @@ impl Metrics {
             redeliveries,
             infrastructure_errors,
             collect_read,
+            dead_letters,
         }
     }
 
@@ -289,6 +298,12 @@ pub fn collect_read(bytes: u64) {
 /// An infrastructure failure outside any job (`kind` [`ErrorKind::Broker`]).
 pub fn infrastructure_error(kind: ErrorKind) {
     METRICS.infrastructure_errors.get_or_create(&[("kind", kind.as_str())]).inc();
+}
+
+/// A dead-lettered message was handled: the broker's `reason` ([`crate::dead_letter::DeathReason::as_str`])
+/// and the `action` taken (`result_written`, `already_final`, `no_job_id`).
+pub fn dead_letter(reason: &'static str, action: &'static str) {
+    METRICS.dead_letters.get_or_create(&[("reason", reason), ("action", action)]).inc();
 }
 
 /// What is known of the job being processed.

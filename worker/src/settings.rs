@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sandq_schemas::names::Names;
 use sandq_schemas::{Limits, Sku};
-use sandq_submitter::config::{AmqpConfig, RedisConfig, S3Config, ServiceConfig};
+use sandq_submitter::config::{AmqpConfig, QueuesConfig, RedisConfig, S3Config, ServiceConfig};
 use serde::Deserialize;
 
 use crate::sandbox::spec::SandboxLimits;
@@ -31,6 +31,9 @@ pub struct RawConfig {
     /// S3.
     #[serde(default)]
     pub s3: S3Config,
+    /// The job queues' arguments (`unserved_ttl`).
+    #[serde(default)]
+    pub queues: QueuesConfig,
     /// This worker.
     #[serde(default)]
     pub worker: RawWorker,
@@ -512,7 +515,7 @@ impl RawConfig {
         let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
         Ok(Settings {
             names: Names::new(self.namespace.clone()),
-            services: ServiceConfig { namespace: self.namespace, amqp: self.amqp, redis: self.redis, s3: self.s3 },
+            services: ServiceConfig { namespace: self.namespace, amqp: self.amqp, redis: self.redis, s3: self.s3, queues: self.queues },
             jobs_dir: data_dir.join(&worker_id),
             state_root: state_dir.join(&worker_id),
             worker_id,

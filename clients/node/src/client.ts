@@ -7,7 +7,7 @@ import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from 
 import { decode, encode } from "@msgpack/msgpack";
 import { errorFor, JobNotFound, RAISED_BY_WAIT, SandqError, SubmitError, WaitTimeout } from "./errors.js";
 import {
-  APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, humantimeSeconds, inputKey, loadConfig, Names, newSessionName,
+  APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, humantimeSeconds, inputKey, loadConfig, Names, newSessionName, queueArguments,
   SCHEMA_VERSION, sha256Hex, SKUS,
 } from "./protocol.js";
 import { type Artifact, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL } from "./types.js";
@@ -195,17 +195,26 @@ export class Client {
   async declareTopology(): Promise<void> {
     const connection = await amqp.connect(this.config.amqpUrl);
     try {
-      const ch = await connection.createChannel();
+      let ch = await connection.createChannel();
+      // A refused declaration closes the channel with an error event, answered below.
+      ch.on("error", () => {});
       const n = this.names;
       await ch.assertExchange(n.dlx, "fanout", { durable: true });
       await ch.assertQueue(n.deadQueue, { durable: true, arguments: { "x-queue-type": "quorum" } });
       await ch.bindQueue(n.deadQueue, n.dlx, "");
       await ch.assertExchange(n.exchange, "direct", { durable: true });
       for (const sku of SKUS) {
-        await ch.assertQueue(n.queue(sku), {
-          durable: true,
-          arguments: { "x-queue-type": "quorum", "x-delivery-limit": this.config.deliveryLimit, "x-dead-letter-exchange": n.dlx },
-        });
+        const args = queueArguments(n.dlx, this.config.deliveryLimit, this.config.unservedTtl);
+        try {
+          await ch.assertQueue(n.queue(sku), { durable: true, arguments: args });
+        } catch (e) {
+          // 406 PRECONDITION_FAILED: declared by an earlier version with other arguments
+          // (docs/operations.md); it is used as it is. The broker closed the channel.
+          if ((e as { code?: number }).code !== 406) throw e;
+          ch = await connection.createChannel();
+          ch.on("error", () => {});
+          await ch.checkQueue(n.queue(sku));
+        }
         await ch.bindQueue(n.queue(sku), n.exchange, sku);
       }
     } finally {

@@ -7,5 +7,5 @@
 //   await client.close();
 export { Client, Session, type ClientOptions, type WaitOptions } from "./client.js";
 export * from "./errors.js";
-export { loadConfig, configPath, type Config, Names, CAS_SCRIPT, SCHEMA_VERSION } from "./protocol.js";
+export { loadConfig, configPath, type Config, Names, CAS_SCRIPT, SCHEMA_VERSION, buildJob, humantimeSeconds } from "./protocol.js";
 export * from "./types.js";

@@ -45,6 +45,8 @@ export interface Config {
   s3SecretAccessKey?: string;
   namespace: string;
   deliveryLimit: number;
+  /** `[queues] unserved_ttl`: a job no worker takes within it expires (the queues' x-message-ttl). */
+  unservedTtl: string;
 }
 
 /** `path`, else `$SANDQ_CONFIG`, else /etc/sandq/sandq.toml. */
@@ -72,6 +74,7 @@ export function loadConfig(path?: string): Config {
     s3SecretAccessKey: get<string | undefined>("s3", "secret_access_key", undefined),
     namespace: String(get(null, "namespace", "sandq")),
     deliveryLimit: Number(get("amqp", "delivery_limit", 5)),
+    unservedTtl: String(get("queues", "unserved_ttl", "1h")),
   };
 }
 
@@ -103,23 +106,53 @@ export function inputKey(sha256: string): string {
   return `inputs/sha256/${sha256}`;
 }
 
-const UNITS: Record<string, number> = {
-  ms: 0.001, s: 1, sec: 1, secs: 1, second: 1, seconds: 1, m: 60, min: 60, mins: 60, minute: 60, minutes: 60,
-  h: 3600, hr: 3600, hrs: 3600, hour: 3600, hours: 3600, d: 86400, day: 86400, days: 86400,
-  w: 604800, week: 604800, weeks: 604800,
-};
+// The worker's duration grammar (docs/protocol.md, "Durations"): one or more spans, each an
+// integer with an optional fraction and a unit, spaces allowed between and within spans.
+const UNITS: Record<string, number> = {};
+for (const [seconds, names] of [
+  [1e-9, ["nanos", "nsec", "ns"]], [1e-6, ["usec", "us", "µs"]], [1e-3, ["millis", "msec", "ms"]],
+  [1, ["seconds", "second", "secs", "sec", "s"]], [60, ["minutes", "minute", "min", "mins", "m"]],
+  [3600, ["hours", "hour", "hr", "hrs", "h"]], [86400, ["days", "day", "d"]],
+  [604800, ["weeks", "week", "wk", "wks", "w"]], [2630016, ["months", "month", "M"]],
+  [31557600, ["years", "year", "yr", "yrs", "y"]],
+] as const) {
+  for (const name of names) UNITS[name] = seconds;
+}
+const SPAN = /\s*(\d+)(?:\.(\d+))?\s*([A-Za-zµ]+)\s*/y;
 
-/** Seconds of a humantime duration ("60s", "2m 30s", "24h", "7days"), for key TTLs. */
+/** Seconds of a humantime duration ("60s", "2m 30s", "1.5h", "7days"), for key TTLs: whole
+ * seconds, at least 1. Throws for what the worker refuses ("90", "1H", ""). */
 export function humantimeSeconds(value: string): number {
-  const parts = [...value.matchAll(/(\d+)\s*([a-z]+)/g)];
-  const rest = value.replace(/(\d+)\s*([a-z]+)/g, "").trim();
-  if (parts.length === 0 || rest !== "") throw new Error(`bad duration ${JSON.stringify(value)}`);
+  // Past 2^53 ms a double is no longer exact; TTLs are far below.
+  return Math.max(1, Math.floor(durationSeconds(value) + 1e-9));
+}
+
+/** Whole milliseconds of a humantime duration (0 for "0s"). */
+export function durationMs(value: string): number {
+  return Math.floor(durationSeconds(value) * 1000 + 1e-6);
+}
+
+function durationSeconds(value: string): number {
+  if (value.trim() === "") throw new Error(`bad duration ${JSON.stringify(value)}: empty`);
   let total = 0;
-  for (const [, n, unit] of parts) {
-    if (!(unit in UNITS)) throw new Error(`bad duration ${JSON.stringify(value)}: unknown unit ${unit}`);
-    total += Number(n) * UNITS[unit];
+  SPAN.lastIndex = 0;
+  while (SPAN.lastIndex < value.length) {
+    const match = SPAN.exec(value);
+    if (!match || !(match[3] in UNITS)) {
+      throw new Error(`bad duration ${JSON.stringify(value)}: expected spans such as 60s or 2m 30s`);
+    }
+    const [, whole, frac, unit] = match;
+    total += Number(`${whole}.${frac ?? "0"}`) * UNITS[unit];
   }
-  return Math.max(1, Math.floor(total));
+  return total;
+}
+
+/** The SKU queues' arguments (docs/protocol.md, "Topology"); `x-message-ttl` unless the TTL is 0. */
+export function queueArguments(dlx: string, deliveryLimit: number, unservedTtl: string): Record<string, unknown> {
+  const args: Record<string, unknown> = { "x-queue-type": "quorum", "x-delivery-limit": deliveryLimit, "x-dead-letter-exchange": dlx };
+  const ttl = durationMs(unservedTtl);
+  if (ttl > 0) args["x-message-ttl"] = ttl;
+  return args;
 }
 
 /** A JobSpec map. Only what the protocol requires of a client is checked here (one of code and

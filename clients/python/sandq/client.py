@@ -156,7 +156,16 @@ class Client:
             ch.queue_bind(n.dead_queue, n.dlx, "")
             ch.exchange_declare(n.exchange, "direct", durable=True)
             for sku in protocol.SKUS:
-                ch.queue_declare(n.queue(sku), durable=True, arguments=protocol.queue_arguments(n, self.config.delivery_limit))
+                args = protocol.queue_arguments(n, self.config.delivery_limit, self.config.unserved_ttl)
+                try:
+                    ch.queue_declare(n.queue(sku), durable=True, arguments=args)
+                except pika.exceptions.ChannelClosedByBroker as e:
+                    # 406 PRECONDITION_FAILED: declared by an earlier version with other
+                    # arguments (docs/operations.md); it is used as it is.
+                    if e.reply_code != 406:
+                        raise
+                    ch = connection.channel()
+                    ch.queue_declare(n.queue(sku), passive=True)
                 ch.queue_bind(n.queue(sku), n.exchange, sku)
         finally:
             connection.close()

@@ -3,6 +3,9 @@ service config, names, the JobSpec, the compare-and-set script, the topology."""
 from __future__ import annotations
 
 import hashlib
+import math
+import re
+from fractions import Fraction
 import os
 import time
 import tomllib
@@ -59,6 +62,8 @@ class Config:
     s3_secret_access_key: Optional[str] = None
     namespace: str = "sandq"
     delivery_limit: int = 5
+    # `[queues] unserved_ttl`: a job no worker takes within it expires (the queues' x-message-ttl).
+    unserved_ttl: str = "1h"
 
     def with_namespace(self, namespace: str) -> "Config":
         return replace(self, namespace=namespace)
@@ -89,6 +94,7 @@ def load_config(path: Union[str, os.PathLike, None] = None) -> Config:
         s3_bucket=get("s3", "bucket", d.s3_bucket), s3_access_key_id=get("s3", "access_key_id", None),
         s3_secret_access_key=get("s3", "secret_access_key", None), namespace=get(None, "namespace", d.namespace),
         delivery_limit=int(get("amqp", "delivery_limit", d.delivery_limit)),
+        unserved_ttl=str(get("queues", "unserved_ttl", d.unserved_ttl)),
     )
 
 
@@ -115,8 +121,13 @@ class Names:
         return f"{self.ns}:job:{job_id}:cancel"
 
 
-def queue_arguments(names: Names, delivery_limit: int) -> dict:
-    return {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit, "x-dead-letter-exchange": names.dlx}
+def queue_arguments(names: Names, delivery_limit: int, unserved_ttl: str = "1h") -> dict:
+    """The SKU queues' arguments (docs/protocol.md, "Topology"); `x-message-ttl` unless the TTL is 0."""
+    args = {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit, "x-dead-letter-exchange": names.dlx}
+    ttl_ms = duration_ms(unserved_ttl)
+    if ttl_ms:
+        args["x-message-ttl"] = ttl_ms
+    return args
 
 
 def now_ms() -> int:
@@ -131,33 +142,43 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# The worker's duration grammar (docs/protocol.md, "Durations"): one or more spans, each an
+# integer with an optional fraction and a unit, spaces allowed between and within spans.
+_UNITS = {
+    **dict.fromkeys(("nanos", "nsec", "ns"), Fraction(1, 10**9)), **dict.fromkeys(("usec", "us", "µs"), Fraction(1, 10**6)),
+    **dict.fromkeys(("millis", "msec", "ms"), Fraction(1, 1000)),
+    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), 1), **dict.fromkeys(("minutes", "minute", "min", "mins", "m"), 60),
+    **dict.fromkeys(("hours", "hour", "hr", "hrs", "h"), 3600), **dict.fromkeys(("days", "day", "d"), 86400),
+    **dict.fromkeys(("weeks", "week", "wk", "wks", "w"), 604800), **dict.fromkeys(("months", "month", "M"), 2630016),
+    **dict.fromkeys(("years", "year", "yr", "yrs", "y"), 31557600),
+}
+_SPAN = re.compile(r"\s*(\d+)(?:\.(\d+))?\s*([A-Za-zµ]+)\s*")
+
+
 def humantime_seconds(value: str) -> int:
-    """Seconds of a humantime duration ("60s", "2m 30s", "24h", "7days"), for key TTLs."""
-    units = {"s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "mins": 60, "minute": 60,
-             "minutes": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600, "d": 86400,
-             "day": 86400, "days": 86400, "w": 604800, "week": 604800, "weeks": 604800, "ms": 0.001}
-    total, number = 0.0, ""
-    i = 0
-    text = value.strip()
-    while i < len(text):
-        c = text[i]
-        if c.isdigit():
-            number += c
-            i += 1
-        elif c.isspace():
-            i += 1
-        else:
-            j = i
-            while j < len(text) and text[j].isalpha():
-                j += 1
-            unit = text[i:j]
-            if not number or unit not in units:
-                raise ValueError(f"bad duration {value!r}")
-            total += int(number) * units[unit]
-            number, i = "", j
-    if number:
-        raise ValueError(f"bad duration {value!r}: a number without a unit")
-    return max(1, int(total))
+    """Seconds of a humantime duration ("60s", "2m 30s", "1.5h", "7days"), for key TTLs: whole
+    seconds, at least 1. Raises ValueError for what the worker refuses ("90", "1H", "")."""
+    return max(1, math.floor(_duration(value)))
+
+
+def duration_ms(value: str) -> int:
+    """Whole milliseconds of a humantime duration (0 for "0s")."""
+    return math.floor(_duration(value) * 1000)
+
+
+def _duration(value: str) -> Fraction:
+    total, pos = Fraction(0), 0
+    if not value.strip():
+        raise ValueError(f"bad duration {value!r}: empty")
+    while pos < len(value):
+        match = _SPAN.match(value, pos)
+        if not match or match.group(3) not in _UNITS:
+            raise ValueError(f"bad duration {value!r}: expected spans such as 60s or 2m 30s")
+        whole, frac, unit = match.groups()
+        number = Fraction(int(whole)) + (Fraction(int(frac), 10 ** len(frac)) if frac else 0)
+        total += number * _UNITS[unit]
+        pos = match.end()
+    return total
 
 
 def build_job(

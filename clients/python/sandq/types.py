@@ -15,6 +15,11 @@ def _list(value: Any) -> list:
     return list(value) if value else []
 
 
+def _int(value: Any) -> Any:
+    """An integer field as an int: some encoders (JavaScript's) write integers as floats."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 @dataclass(frozen=True)
 class InputFile:
     """An uploaded file and where the job sees it (`/work/<path>`)."""
@@ -228,15 +233,16 @@ class JobResult:
     def from_wire(cls, m: dict) -> "JobResult":
         return cls(
             job_id=m.get("job_id") or "", status=m.get("status") or "", reason=m.get("reason"), sku=m.get("sku"),
-            exit_code=m.get("exit_code"), signal=m.get("signal"),
+            exit_code=_int(m.get("exit_code")), signal=m.get("signal"),
             stdout=Stream.from_wire(m.get("stdout")), stderr=Stream.from_wire(m.get("stderr")),
             artifacts=[Artifact.from_wire(a) for a in _list(m.get("artifacts"))],
             skipped_artifacts=[SkippedArtifact.from_wire(s) for s in _list(m.get("skipped_artifacts"))],
-            skipped_artifacts_total=m.get("skipped_artifacts_total") or 0,
-            usage=Usage.from_wire(m.get("usage")), queued_at_ms=m.get("queued_at_ms"), started_at_ms=m.get("started_at_ms"),
-            finished_at_ms=m.get("finished_at_ms"), worker_id=m.get("worker_id"), attempt=m.get("attempt") or 0,
-            outputs=[Output.from_wire(o) for o in _list(m.get("outputs"))], execution_count=m.get("execution_count"),
-            sandbox=SandboxInfo.from_wire(m.get("sandbox")), outputs_dropped=m.get("outputs_dropped") or 0,
+            skipped_artifacts_total=_int(m.get("skipped_artifacts_total")) or 0,
+            usage=Usage.from_wire(m.get("usage")), queued_at_ms=_int(m.get("queued_at_ms")),
+            started_at_ms=_int(m.get("started_at_ms")), finished_at_ms=_int(m.get("finished_at_ms")),
+            worker_id=m.get("worker_id"), attempt=_int(m.get("attempt")) or 0,
+            outputs=[Output.from_wire(o) for o in _list(m.get("outputs"))], execution_count=_int(m.get("execution_count")),
+            sandbox=SandboxInfo.from_wire(m.get("sandbox")), outputs_dropped=_int(m.get("outputs_dropped")) or 0,
             error=ErrorInfo.from_wire(m.get("error")), session=SessionInfo.from_wire(m.get("session")), raw=m,
         )
 

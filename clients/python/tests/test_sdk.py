@@ -189,3 +189,33 @@ async def test_async_client(config: sandq.Config, worker) -> None:
         with pytest.raises(sandq.JobRejected) as e:
             await client.run("print(1)", env={"LD_PRELOAD": "x"}, sku="S", wait_timeout=WAIT)
         assert "LD_PRELOAD" in (e.value.reason or "")
+
+
+def test_declares_over_queues_of_an_earlier_version(config: sandq.Config) -> None:
+    """Queues declared before x-message-ttl (docs/operations.md): declaring the topology uses
+    them as they are, and the queue keeps its old arguments."""
+    import pika
+
+    from sandq import protocol
+
+    legacy = config.with_namespace(f"sandq-test-sdk-python-legacy-{uuid.uuid4().hex[:8]}")
+    names = protocol.Names(legacy.namespace)
+    connection = pika.BlockingConnection(pika.URLParameters(legacy.amqp_url))
+    try:
+        channel = connection.channel()
+        old = {"x-queue-type": "quorum", "x-delivery-limit": legacy.delivery_limit, "x-dead-letter-exchange": names.dlx}
+        for sku in protocol.SKUS:
+            channel.queue_declare(names.queue(sku), durable=True, arguments=old)
+        with sandq.Client(legacy) as client:
+            client.declare_topology()  # would raise ChannelClosedByBroker (406) without the fallback
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_declare(names.queue("S"), durable=True,
+                                  arguments=protocol.queue_arguments(names, legacy.delivery_limit, legacy.unserved_ttl))
+        assert refused.value.reply_code == 406, "the queue should have kept its old arguments"
+        channel = connection.channel()
+        for sku in protocol.SKUS:
+            channel.queue_delete(names.queue(sku))
+        channel.queue_delete(names.dead_queue)
+    finally:
+        connection.close()

@@ -1,0 +1,254 @@
+//! No job waits forever (issue 13): a job no worker takes expires through the queue's TTL, a
+//! job whose deliveries keep killing their worker ends `internal_error` at the delivery limit,
+//! a message without a job id is counted and dropped, a cancelled job waiting for its
+//! session's lock never runs, and queues an earlier version declared (without the TTL) keep
+//! working. Each test starts and kills its own workers in a namespace of its own.
+
+use std::time::Duration;
+
+use sandq_schemas::{JobStatus, Sku};
+use sandq_submitter::Client;
+use sandq_tests::{exits_within, python_job, signal, wait, wait_for_status, Isolated};
+
+/// Worker settings that keep the tests quick: no warm sandboxes (nothing to drain when a worker
+/// is killed), SKU S small.
+const SMALL: [(&str, &str); 3] =
+    [("SANDQ__WARM__PER_SKU", "0"), ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"), ("SANDQ__SKUS__S__CPUS", "1")];
+
+/// Messages left in the dead-letter queue after up to 5 s for it to drain.
+async fn drained(config: &sandq_submitter::config::ServiceConfig) -> usize {
+    let started = std::time::Instant::now();
+    loop {
+        let left = sandq_tests::dead_letter_count(config, 0, Duration::ZERO).await;
+        if left == 0 || started.elapsed() > Duration::from_secs(5) {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `rabbitmqctl` on the tests' node (`RABBITMQ_NODENAME` when set).
+fn rabbitmqctl(args: &[&str]) {
+    let status = std::process::Command::new("rabbitmqctl").args(args).status().expect("rabbitmqctl");
+    assert!(status.success(), "rabbitmqctl {args:?} failed");
+}
+
+fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    SMALL.iter().copied().chain(extra.iter().copied()).collect()
+}
+
+#[tokio::test]
+async fn a_job_for_an_unserved_sku_expires_with_a_reason() {
+    let world = Isolated::with_config(|c| c.queues.unserved_ttl = Duration::from_secs(2)).await;
+    // One core declared: serves S only (M, L and XL are larger); L's queue has no consumer.
+    let extra = [("SANDQ__QUEUES__UNSERVED_TTL", "2s"), ("SANDQ__WORKER__CAPACITY_CPUS", "1")];
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env(&extra));
+    let mut client = world.client().await;
+    assert_eq!(client.consumers(Sku::L).await.expect("consumers"), 0);
+    let spec = python_job("open('/work/ran', 'w').write('x')\nprint('ran')\n", Sku::L);
+    let submitted = sandq_submitter::client::now_ms();
+    client.submit(&spec).await.expect("submit");
+    assert_eq!(client.status(&spec.job_id).await.expect("status").map(|r| r.status), Some(JobStatus::Queued));
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Expired, "{result:?}");
+    assert_eq!(
+        result.reason.as_deref(),
+        Some("no worker took it within 2s (queues.unserved_ttl): no running worker serves its sku, or every one was busy")
+    );
+    assert_eq!(result.sku, Some(Sku::L));
+    assert!(result.usage.is_none() && result.stdout.text.is_empty() && result.started_at_ms.is_none(), "it ran: {result:?}");
+    let took = result.finished_at_ms.expect("finished") - submitted;
+    assert!(took >= 2000, "expired after {took} ms, before its TTL");
+    // A job of a served SKU under the same TTL runs.
+    let served = sandq_tests::run(&mut client, &python_job("print('served')", Sku::S)).await;
+    assert_eq!(served.status, JobStatus::Succeeded, "{served:?}");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+/// A job whose every delivery kills its worker (SIGKILLed by the test while the job runs) is
+/// dead-lettered by the queue after the delivery limit, and the next worker's dead-letter
+/// consumer gives it `internal_error` naming how many times it killed its worker.
+#[tokio::test]
+async fn a_poison_job_ends_internal_error_after_the_delivery_limit() {
+    const LIMIT: u32 = 2;
+    let world = Isolated::with_config(|c| c.amqp.delivery_limit = LIMIT).await;
+    let limit = LIMIT.to_string();
+    let extra = [("SANDQ__AMQP__DELIVERY_LIMIT", limit.as_str()), ("SANDQ__WORKER__MAX_ATTEMPTS", "1")];
+    let mut client = world.client().await;
+    let mut spec = python_job("import os, time\nprint('attempt', os.environ['SANDQ_ATTEMPT'], flush=True)\ntime.sleep(600)\n", Sku::S);
+    spec.timeout = Some("15m".into());
+    client.submit(&spec).await.expect("submit");
+    // One worker id throughout: each start cleans up what the killed one left.
+    let id = format!("{}-w", world.namespace);
+    let mut kills = 0u32;
+    let result = loop {
+        assert!(kills <= LIMIT + 2, "still not dead-lettered after {kills} kills");
+        let mut worker = world.start_worker_ready(&id, &env(&extra));
+        let started = std::time::Instant::now();
+        let current = loop {
+            let current = client.status(&spec.job_id).await.expect("status").expect("result");
+            if current.status.is_terminal() || (current.status == JobStatus::Running && current.attempt == kills + 1) {
+                break current;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "after {kills} kills: {current:?}\n{}", sandq_tests::isolated_worker_log(&id));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if current.status.is_terminal() {
+            drop(worker.stdin.take());
+            assert!(exits_within(&mut worker, Duration::from_secs(30)));
+            break current;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        signal(&worker, "KILL");
+        assert!(exits_within(&mut worker, Duration::from_secs(5)));
+        kills += 1;
+    };
+    assert_eq!(result.status, JobStatus::InternalError, "{result:?}");
+    let log = sandq_tests::isolated_worker_log(&id);
+    assert!(log.contains(r#"dead_letter_reason="delivery_limit""#), "not written by the dead-letter consumer:\n{log}");
+    // RabbitMQ dead-letters a message returned more than `x-delivery-limit` times.
+    assert_eq!(kills, LIMIT + 1, "{result:?}");
+    let reason = result.reason.as_deref().unwrap_or_default();
+    assert!(reason.starts_with(&format!("its deliveries kept failing (killed its worker {kills} times)")), "{reason}");
+    assert_eq!(result.attempt, kills, "the last running attempt is kept: {result:?}");
+    assert_eq!(result.sku, Some(Sku::S));
+    // The dead-letter queue is drained.
+    assert_eq!(drained(&world.config).await, 0);
+    // The worker restarted under the id cleans up what the last killed one left.
+    let mut cleaner = world.start_worker_ready(&id, &env(&extra));
+    drop(cleaner.stdin.take());
+    assert!(exits_within(&mut cleaner, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+/// A cancel that lands while a taken job waits for its session's lock: the job never runs and
+/// leaves the session as it was.
+#[tokio::test]
+async fn a_cancelled_job_waiting_on_a_session_lock_never_runs() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env(&[("SANDQ__SKUS__S__SLOTS", "2")]));
+    let mut client = world.client().await;
+    let session = uuid::Uuid::new_v4().to_string();
+    let mut holder = python_job("import time\nopen('a.txt', 'w').write('a')\ntime.sleep(5)\n", Sku::S);
+    holder.session = Some(session.clone());
+    let mut waiter = python_job("open('b.txt', 'w').write('b')\nprint('ran')\n", Sku::S);
+    waiter.session = Some(session.clone());
+    client.submit(&holder).await.expect("submit");
+    wait_for_status(&mut client, &holder.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    client.submit(&waiter).await.expect("submit");
+    // Taken by the second slot (no longer ready in the queue), and waiting: still queued.
+    let started = std::time::Instant::now();
+    while sandq_tests::ready_messages(&world.config, Sku::S).await > 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the second slot did not take the job");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(client.status(&waiter.job_id).await.expect("status").map(|r| r.status), Some(JobStatus::Queued));
+    assert!(client.cancel(&waiter.job_id).await.expect("cancel"));
+    let result = wait(&mut client, &waiter.job_id).await;
+    assert_eq!(result.status, JobStatus::Cancelled, "{result:?}");
+    assert!(result.usage.is_none() && result.stdout.text.is_empty() && result.sandbox.is_none(), "it ran: {result:?}");
+    let held = wait(&mut client, &holder.job_id).await;
+    assert_eq!(held.status, JobStatus::Succeeded, "{held:?}");
+    assert!(result.finished_at_ms >= held.finished_at_ms, "it did not wait for the session: {result:?} {held:?}");
+    let mut lister = python_job("import os\nprint(sorted(os.listdir('.')))\n", Sku::S);
+    lister.session = Some(session);
+    let listed = sandq_tests::run(&mut client, &lister).await;
+    assert_eq!(listed.stdout.text, "['a.txt']\n", "the cancelled job changed the session");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+/// Queues declared by a version without the unserved TTL (the broker refuses to redeclare a
+/// queue with other arguments): topology declaration reports them and goes on, the worker
+/// warns and consumes, and clients submit to them.
+#[tokio::test]
+async fn queues_declared_by_an_earlier_version_keep_working() {
+    // The namespace's queues declared as before issue 13: no x-message-ttl.
+    let world = Isolated::with_config(|c| c.queues.unserved_ttl = Duration::ZERO).await;
+    let mut current = world.config.clone();
+    current.queues = sandq_submitter::config::QueuesConfig::default();
+    let connection = lapin::Connection::connect(&current.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
+    let names = sandq_schemas::names::Names::new(world.namespace.clone());
+    let declared = sandq_submitter::topology::declare(&connection, &names, &current).await.expect("declare over old queues");
+    let expected: Vec<String> = Sku::ALL.iter().map(|s| names.jobs_queue(*s)).collect();
+    assert_eq!(declared.with_other_arguments, expected);
+    let id = format!("{}-w", world.namespace);
+    // Serves S only (one core declared).
+    let mut worker = world.start_worker_ready(&id, &env(&[("SANDQ__WORKER__CAPACITY_CPUS", "1")]));
+    assert!(sandq_tests::isolated_worker_log(&id).contains("queue exists with other arguments"), "no warning");
+    let mut client = Client::connect(current).await.expect("a client declares over old queues");
+    let result = sandq_tests::run(&mut client, &python_job("print('old queues')", Sku::S)).await;
+    assert_eq!(result.stdout.text, "old queues\n", "{result:?}");
+    // docs/operations.md's migration without re-creating the queues: a policy gives them a TTL,
+    // and a job nobody takes then expires.
+    let policy = format!("{}-unserved-ttl", world.namespace);
+    let pattern = format!("^{}\\.jobs\\.(S|M|L|XL)$", world.namespace.replace('-', "\\-"));
+    rabbitmqctl(&["set_policy", "--apply-to", "queues", &policy, &pattern, r#"{"message-ttl": 2000}"#]);
+    let unserved = python_job("print('ran')", Sku::L);
+    client.submit(&unserved).await.expect("submit");
+    let expired = wait(&mut client, &unserved.job_id).await;
+    rabbitmqctl(&["clear_policy", &policy]);
+    assert_eq!(expired.status, JobStatus::Expired, "{expired:?}");
+    assert!(expired.reason.as_deref().unwrap_or_default().starts_with("no worker took it within"), "{expired:?}");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+/// A dead-lettered message with no usable job id (neither body nor `message_id`) is counted
+/// and dropped; one naming a job gets a result.
+#[tokio::test]
+async fn dead_letters_without_a_job_id_are_counted_and_dropped() {
+    let world = Isolated::new().await;
+    let port = sandq_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env(&[("SANDQ__WORKER__METRICS_ADDR", &addr)]));
+    let publisher = sandq_tests::RawPublisher::new(&world.config).await;
+    publisher.publish(b"\xc1 not msgpack", Sku::S, None).await;
+    publisher.publish(b"\x81\xa6job_id\xa3a/b", Sku::S, Some("also bad!")).await;
+    let series = r#"sandq_dead_letters_total{reason="rejected",action="no_job_id"}"#;
+    let counted = sandq_tests::wait_for_metric(port, series, 2.0, Duration::from_secs(30)).await;
+    assert!((counted - 2.0).abs() < 0.5, "counted {counted}");
+    assert_eq!(drained(&world.config).await, 0, "not acked");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+/// A cancel that lands while a taken job's inputs are being staged (after `running` was
+/// written): the job is stopped before its program starts.
+#[tokio::test]
+async fn a_job_cancelled_while_its_inputs_are_staged_never_runs() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env(&[]));
+    let mut client = world.client().await;
+    // Big enough that staging (download and SHA-256 check) takes well over the time to see
+    // `running` and set the cancel key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("big.bin");
+    let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut data = Vec::with_capacity(256 << 20);
+    for i in 0..256u32 {
+        data.extend(chunk.iter().map(|b| b ^ (i as u8)));
+    }
+    std::fs::write(&path, &data).expect("write");
+    drop(data);
+    let input = client.upload(&path, "big.bin").await.expect("upload");
+    let mut spec = python_job("open('/work/ran', 'w').write('x')\nprint('ran')\n", Sku::S);
+    spec.inputs = vec![input];
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    assert!(client.cancel(&spec.job_id).await.expect("cancel"));
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Cancelled, "{result:?}");
+    assert_eq!(result.reason.as_deref(), Some("cancelled before its program started"), "{result:?}");
+    assert!(result.usage.is_none() && result.stdout.text.is_empty() && result.sandbox.is_none(), "it ran: {result:?}");
+    assert!(result.started_at_ms.is_some(), "`running` was written: its start is kept: {result:?}");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}

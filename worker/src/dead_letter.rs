@@ -1,0 +1,330 @@
+//! The dead-letter consumer: every worker also consumes `<ns>.dead`, so that no job waits
+//! forever and no separate process has to be deployed. For each message the broker
+//! dead-lettered, the job it names gets a terminal result unless it has one already:
+//!
+//! | `x-death` reason | how the message got here | result written |
+//! |---|---|---|
+//! | `expired` | no worker took it within `queues.unserved_ttl` (the queue's `x-message-ttl`) | `expired`: "no worker took it within ..." (`cancelled` when its cancel key is set; `internal_error` when it had started and its worker was lost) |
+//! | `delivery_limit` | delivered `amqp.delivery_limit` + 1 times without being settled: each delivery killed or lost its worker | `internal_error`: "its deliveries kept failing (killed its worker N times)" |
+//! | `rejected` | a worker dead-lettered it: no usable job id, or its `internal_error` is already stored | `internal_error` when a job id is found and it has no terminal result |
+//! | other (`maxlen`) | a policy limit | `internal_error` naming the reason |
+//!
+//! The job id comes from the body (`job_id`), else the `message_id` property, each only when it
+//! is a valid id. A message without one is counted (`sandq_dead_letters_total{action =
+//! "no_job_id"}`), logged and acked: there is nowhere to report it. A message naming a job that
+//! is `running` whose body is not a valid job (forged, or broken) is dropped without a result,
+//! as the worker drops such messages (security re-review N6). Every message is acked once its
+//! result is stored (or found stored); a Redis failure puts it back after a pause.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Consumer};
+use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
+use sandq_submitter::client::now_ms;
+use sandq_submitter::results;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::job::Context;
+
+/// Dead-lettered messages handled at once by one worker.
+const PREFETCH: u16 = 8;
+
+/// Why the broker dead-lettered a message: the `reason` of the newest `x-death` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathReason {
+    /// Its TTL passed in the queue: no worker took it (`expired`).
+    Expired,
+    /// Returned to the queue more often than its `x-delivery-limit` (`delivery_limit`).
+    DeliveryLimit,
+    /// A consumer rejected it without requeueing (`rejected`).
+    Rejected,
+    /// Anything else (`maxlen`, or no `x-death` header at all).
+    Other,
+}
+
+impl DeathReason {
+    /// The label value of `sandq_dead_letters_total{reason}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeathReason::Expired => "expired",
+            DeathReason::DeliveryLimit => "delivery_limit",
+            DeathReason::Rejected => "rejected",
+            DeathReason::Other => "other",
+        }
+    }
+}
+
+/// What the `x-death` header says of a message's last dead-lettering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Death {
+    /// Why.
+    pub reason: DeathReason,
+    /// The reason as the broker wrote it (`expired`, `delivery_limit`, `maxlen`...).
+    pub raw_reason: String,
+    /// The queue it was dead-lettered from (`sandq.jobs.M`).
+    pub queue: Option<String>,
+}
+
+fn text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+fn integer(value: &AMQPValue) -> Option<u64> {
+    match value {
+        AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::ShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortShortInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::ShortShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::Timestamp(n) => Some(*n),
+        _ => None,
+    }
+}
+
+/// Reads the newest entry of the `x-death` header (RabbitMQ puts the latest first).
+pub fn death(headers: Option<&FieldTable>) -> Death {
+    let entry = headers.and_then(|h| h.inner().get("x-death")).and_then(|v| match v {
+        AMQPValue::FieldArray(entries) => entries.as_slice().first().and_then(|e| match e {
+            AMQPValue::FieldTable(t) => Some(t.clone()),
+            _ => None,
+        }),
+        _ => None,
+    });
+    let field = |name: &str| entry.as_ref().and_then(|t| t.inner().get(name)).and_then(text);
+    let raw_reason = field("reason").unwrap_or_default();
+    let reason = match raw_reason.as_str() {
+        "expired" => DeathReason::Expired,
+        "delivery_limit" => DeathReason::DeliveryLimit,
+        "rejected" => DeathReason::Rejected,
+        _ => DeathReason::Other,
+    };
+    Death { reason, raw_reason, queue: field("queue") }
+}
+
+/// How many times the message was delivered before the broker gave up: an `x-delivery-count`
+/// header when the broker keeps one on dead-lettered messages, else `fallback` (RabbitMQ 3.10
+/// does not: its `x-death` entry counts dead-letterings, not deliveries, so the worker passes
+/// its `amqp.delivery_limit` + 1, the deliveries a quorum queue makes before it gives up).
+pub fn deliveries(headers: Option<&FieldTable>, fallback: u64) -> u64 {
+    headers.and_then(|h| h.inner().get("x-delivery-count")).and_then(integer).unwrap_or(fallback)
+}
+
+/// The terminal result a dead-lettered job gets, given why it was dead-lettered, what is
+/// stored for it now (`current`), whether its cancel key is set, and what its body says
+/// (`spec`, when it decodes). `None`: write nothing (see the module doc).
+pub fn verdict(
+    death: &Death,
+    current: Option<&JobResult>,
+    cancelled: bool,
+    spec_valid: bool,
+    deliveries: u64,
+    unserved_ttl: Duration,
+) -> Option<(JobStatus, String)> {
+    let running = current.is_some_and(|r| r.status == JobStatus::Running);
+    if current.is_some_and(|r| r.status.is_terminal()) || (running && !spec_valid) {
+        return None;
+    }
+    let ttl = humantime::format_duration(unserved_ttl);
+    Some(match death.reason {
+        _ if cancelled && !running => (JobStatus::Cancelled, "cancelled before it started".to_owned()),
+        DeathReason::Expired if running => (
+            JobStatus::InternalError,
+            format!("its worker was lost while running it, and no worker took it again within {ttl} (queues.unserved_ttl)"),
+        ),
+        DeathReason::Expired => (
+            JobStatus::Expired,
+            format!("no worker took it within {ttl} (queues.unserved_ttl): no running worker serves its sku, or every one was busy"),
+        ),
+        DeathReason::DeliveryLimit => (
+            JobStatus::InternalError,
+            format!("its deliveries kept failing (killed its worker {deliveries} times): it was dead-lettered at the queue's delivery limit"),
+        ),
+        DeathReason::Rejected => (JobStatus::InternalError, "a worker dead-lettered it without storing a result".to_owned()),
+        DeathReason::Other => (JobStatus::InternalError, format!("the broker dead-lettered it ({})", death.raw_reason)),
+    })
+}
+
+/// Consumes the dead-letter queue on `channel` until `shutdown`.
+///
+/// # Errors
+/// The broker's error (the caller reconnects).
+pub async fn run(ctx: Context, channel: Channel, mut shutdown: watch::Receiver<bool>) -> Result<(), lapin::Error> {
+    channel.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+    let tag = format!("{}-dead-letters", ctx.settings.worker_id);
+    let mut consumer: Consumer = channel
+        .basic_consume(
+            ctx.settings.names.dead_letter_queue().into(),
+            tag.into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    loop {
+        let delivery = tokio::select! {
+            next = consumer.next() => next,
+            _ = shutdown.changed() => return Ok(()),
+        };
+        let delivery = match delivery {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => return Err(e),
+            None if *shutdown.borrow() => return Ok(()),
+            None => return Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+                lapin::ChannelState::Closed,
+                "dead-letter consumer cancelled",
+            ))),
+        };
+        if handle(&ctx, &delivery).await {
+            delivery.acker.ack(BasicAckOptions::default()).await?;
+        } else {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.changed() => {}
+            }
+            delivery.acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?;
+        }
+    }
+}
+
+/// Handles one dead-lettered message; false when Redis failed (requeue it).
+async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
+    let headers = delivery.properties.headers().as_ref();
+    let death = death(headers);
+    let settings = &ctx.settings;
+    let parsable = delivery.data.len() <= crate::validate::max_body_bytes(&settings.limits);
+    let spec: Option<JobSpec> = parsable.then(|| sandq_schemas::decode::<JobSpec>(&delivery.data).ok()).flatten();
+    let spec = spec.filter(|s| sandq_schemas::validate::check_job_id(&s.job_id).is_ok());
+    let job_id = spec.as_ref().map(|s| s.job_id.clone()).or_else(|| {
+        let peeked = parsable.then(|| sandq_schemas::peek_job_id(&delivery.data)).flatten();
+        peeked.or_else(|| {
+            let id = delivery.properties.message_id().as_ref()?.to_string();
+            sandq_schemas::validate::check_job_id(&id).ok().map(|()| id)
+        })
+    });
+    let Some(job_id) = job_id else {
+        crate::metrics::dead_letter(death.reason.as_str(), "no_job_id");
+        warn!(reason = death.raw_reason, queue = ?death.queue, bytes = delivery.data.len(), "dead-lettered message without a usable job id; dropping it");
+        return true;
+    };
+    let mut redis = ctx.redis.clone();
+    let names = &settings.names;
+    let current = match results::read(&mut redis, names, &job_id).await {
+        Ok(current) => current,
+        Err(e) => {
+            warn!(%job_id, error = %e, "dead letter: cannot read the job's result; retrying");
+            return false;
+        }
+    };
+    let cancelled = match results::cancel_requested(&mut redis, names, &job_id).await {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(%job_id, error = %e, "dead letter: cannot read the cancel key; retrying");
+            return false;
+        }
+    };
+    // `x-delivery-limit` returns, plus the delivery that was never returned.
+    let count = deliveries(headers, u64::from(settings.services.amqp.delivery_limit) + 1);
+    let header_keys: Vec<String> = headers.map(|h| h.inner().keys().map(|k| k.as_str().to_owned()).collect()).unwrap_or_default();
+    tracing::debug!(%job_id, ?header_keys, deliveries = count, "dead-lettered message");
+    let Some((status, reason)) =
+        verdict(&death, current.as_ref(), cancelled, spec.is_some(), count, settings.services.queues.unserved_ttl)
+    else {
+        crate::metrics::dead_letter(death.reason.as_str(), "already_final");
+        info!(%job_id, reason = death.raw_reason, status = ?current.map(|c| c.status), "dead-lettered job needs no result");
+        return true;
+    };
+    let mut result = JobResult::new(job_id.clone(), status);
+    result.reason = Some(reason.clone());
+    result.sku = spec.as_ref().map(|s| s.sku).or_else(|| {
+        let queue = death.queue.as_deref()?;
+        Sku::ALL.into_iter().find(|s| names.jobs_queue(*s) == queue)
+    });
+    result.queued_at_ms = spec.as_ref().and_then(|s| s.submitted_at_ms).or_else(|| current.as_ref().and_then(|c| c.queued_at_ms));
+    result.attempt = current.as_ref().map_or(0, |c| c.attempt);
+    result.started_at_ms = current.as_ref().and_then(|c| c.started_at_ms);
+    result.worker_id = Some(settings.worker_id.clone());
+    result.finished_at_ms = Some(now_ms());
+    let ttl = spec
+        .and_then(|s| s.result_ttl)
+        .and_then(|t| humantime::parse_duration(&t).ok())
+        .filter(|t| !t.is_zero() && *t <= settings.limits.max_result_ttl)
+        .unwrap_or(settings.limits.default_result_ttl);
+    match crate::publish::publish(&mut redis, names, &result, ttl).await {
+        Ok(written) => {
+            crate::metrics::dead_letter(death.reason.as_str(), if written { "result_written" } else { "already_final" });
+            warn!(%job_id, dead_letter_reason = death.raw_reason, %status, reason, written, "dead-lettered job given its terminal result");
+            true
+        }
+        Err(e) => {
+            warn!(%job_id, error = %e, "dead letter: cannot store the result; retrying");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::FieldArray;
+
+    fn headers(reason: &str, delivery_count: Option<i64>) -> FieldTable {
+        let mut entry = FieldTable::default();
+        entry.insert("reason".into(), AMQPValue::LongString(reason.into()));
+        entry.insert("queue".into(), AMQPValue::LongString("sandq.jobs.L".into()));
+        entry.insert("count".into(), AMQPValue::LongLongInt(1));
+        let mut older = FieldTable::default();
+        older.insert("reason".into(), AMQPValue::LongString("maxlen".into()));
+        let mut h = FieldTable::default();
+        h.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(entry), AMQPValue::FieldTable(older)])),
+        );
+        if let Some(n) = delivery_count {
+            h.insert("x-delivery-count".into(), AMQPValue::LongLongInt(n));
+        }
+        h
+    }
+
+    #[test]
+    fn the_newest_death_decides() {
+        let d = death(Some(&headers("expired", None)));
+        assert_eq!(d.reason, DeathReason::Expired);
+        assert_eq!(d.queue.as_deref(), Some("sandq.jobs.L"));
+        assert_eq!(death(Some(&headers("delivery_limit", None))).reason, DeathReason::DeliveryLimit);
+        assert_eq!(death(Some(&headers("rejected", None))).reason, DeathReason::Rejected);
+        assert_eq!(death(None).reason, DeathReason::Other);
+        assert_eq!(deliveries(Some(&headers("delivery_limit", Some(5))), 9), 5);
+        assert_eq!(deliveries(Some(&headers("delivery_limit", None)), 6), 6);
+    }
+
+    #[test]
+    fn verdicts() {
+        let ttl = Duration::from_secs(3600);
+        let expired = death(Some(&headers("expired", None)));
+        let limit = death(Some(&headers("delivery_limit", None)));
+        let queued = JobResult::new("j", JobStatus::Queued);
+        let running = JobResult::new("j", JobStatus::Running);
+        let done = JobResult::new("j", JobStatus::Succeeded);
+        let (status, reason) = verdict(&expired, Some(&queued), false, true, 1, ttl).expect("expired");
+        assert_eq!(status, JobStatus::Expired);
+        assert_eq!(reason, "no worker took it within 1h (queues.unserved_ttl): no running worker serves its sku, or every one was busy");
+        assert_eq!(verdict(&expired, None, false, false, 1, ttl).map(|v| v.0), Some(JobStatus::Expired), "no queued record");
+        assert_eq!(verdict(&expired, Some(&queued), true, true, 1, ttl).map(|v| v.0), Some(JobStatus::Cancelled));
+        assert_eq!(verdict(&expired, Some(&running), false, true, 1, ttl).map(|v| v.0), Some(JobStatus::InternalError));
+        let (status, reason) = verdict(&limit, Some(&running), false, true, 6, ttl).expect("limit");
+        assert_eq!(status, JobStatus::InternalError);
+        assert!(reason.starts_with("its deliveries kept failing (killed its worker 6 times)"), "{reason}");
+        assert_eq!(verdict(&limit, Some(&done), false, true, 6, ttl), None, "terminal results stay");
+        assert_eq!(verdict(&limit, Some(&running), false, false, 6, ttl), None, "a broken message never ends a running job");
+    }
+}
