@@ -314,3 +314,65 @@ async fn host_port_forwards_and_later_forward_rules_do_not_open_the_policy() {
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;
 }
+
+/// Fourth review Q1: workers starting together on one host (and a host adding rules
+/// meanwhile) leave the policy's jumps first in FORWARD and raw PREROUTING, once each, and
+/// every rule of the host's in place.
+#[tokio::test]
+async fn workers_starting_together_keep_the_policy_and_the_hosts_rules() {
+    let world = Isolated::new().await;
+    let mut rules = HostRules(Vec::new());
+    // The host's own rules (TEST-NET-3 sources: never seen on this machine).
+    for (chain, action) in [("FORWARD", "ACCEPT"), ("FORWARD", "DROP")] {
+        let source = if action == "ACCEPT" { "203.0.113.1" } else { "203.0.113.2" };
+        rules.add(&["iptables", "-I", chain, "1", "-s", source, "-j", action], &["iptables", "-D", chain, "-s", source, "-j", action]);
+    }
+    rules.add(
+        &["iptables", "-t", "raw", "-I", "PREROUTING", "1", "-s", "203.0.113.3", "-j", "ACCEPT"],
+        &["iptables", "-t", "raw", "-D", "PREROUTING", "-s", "203.0.113.3", "-j", "ACCEPT"],
+    );
+    let list = |table: &str, chain: &str| -> Vec<String> {
+        let out = Command::new("iptables").args(["-t", table, "-S", chain]).output().expect("iptables");
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("-A ")).map(str::to_owned).collect()
+    };
+    for round in 0..3 {
+        // A host writer inserting at the top while the workers start.
+        let writer = std::thread::spawn(|| {
+            for _ in 0..10 {
+                let _ = Command::new("iptables").args(["-I", "FORWARD", "1", "-s", "203.0.113.9", "-j", "ACCEPT"]).status();
+            }
+        });
+        let workers: Vec<Child> =
+            (0..3).map(|i| world.start_worker(&format!("{}-r{round}w{i}", world.namespace), &[("SANDQ__WARM__PER_SKU", "0")])).collect();
+        writer.join().expect("writer");
+        for (i, mut worker) in workers.into_iter().enumerate() {
+            let id = format!("{}-r{round}w{i}", world.namespace);
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !sandq_tests::isolated_worker_log(&id).contains("consuming") {
+                assert!(std::time::Instant::now() < deadline, "worker {id} did not start");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            drop(worker.stdin.take());
+            assert!(exits_within(&mut worker, Duration::from_secs(30)));
+        }
+        let forward = list("filter", "FORWARD");
+        let jumps = ["-A FORWARD -i sandq0 -j SANDQ-FORWARD", "-A FORWARD -o sandq0 -j SANDQ-FORWARD"];
+        assert_eq!(forward[..2], jumps, "round {round}: FORWARD is {forward:#?}");
+        for jump in jumps {
+            assert_eq!(forward.iter().filter(|r| *r == jump).count(), 1, "round {round}: FORWARD is {forward:#?}");
+        }
+        for host in ["-A FORWARD -s 203.0.113.1/32 -j ACCEPT", "-A FORWARD -s 203.0.113.2/32 -j DROP"] {
+            assert!(forward.iter().any(|r| r == host), "round {round}: the host's rule {host:?} is gone: {forward:#?}");
+        }
+        assert_eq!(forward.iter().filter(|r| r.contains("203.0.113.9")).count(), 10 * (round + 1), "round {round}: a host rule was deleted");
+        let raw = list("raw", "PREROUTING");
+        assert_eq!(raw[0], "-A PREROUTING -i sandq0 -j SANDQ-RAW", "round {round}: {raw:#?}");
+        assert_eq!(raw.iter().filter(|r| r.contains("SANDQ-RAW")).count(), 1);
+        assert!(raw.iter().any(|r| r == "-A PREROUTING -s 203.0.113.3/32 -j ACCEPT"), "round {round}: the host's raw rule is gone");
+    }
+    for _ in 0..30 {
+        let _ = Command::new("iptables").args(["-D", "FORWARD", "-s", "203.0.113.9", "-j", "ACCEPT"]).status();
+    }
+    drop(rules);
+    world.delete_queues().await;
+}

@@ -130,40 +130,76 @@ fn ensure_chain(table: &str, chain: &str) -> Result<(), String> {
     }
 }
 
-/// Makes `jumps` (rule specs of `parent` in `table`, `-j` included) the first rules of `parent`:
-/// inserted at the top when they are not already there, then any later copy deleted (by
-/// number, bottom up), so that there is no moment without them. Rules a host inserted at the
-/// top since the last start (a restarted Docker) end up after them.
+/// The rules of `parent` in `table`, as `iptables -S` prints them (without `-A <parent> `).
+fn list_rules(table: &str, parent: &str) -> Result<Vec<String>, String> {
+    let args = ["-t", table, "-S", parent];
+    let out = Command::new("iptables")
+        .args(args)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .map_err(|e| format!("iptables: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("iptables {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let prefix = format!("-A {parent} ");
+    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.strip_prefix(&prefix)).map(str::to_owned).collect())
+}
+
+/// Makes `jumps` (rule specs of `parent` in `table`, `-j` included) the first rules of `parent`,
+/// once each. In one `iptables-restore --noflush` transaction, every copy of them is deleted by
+/// its text and they are inserted at the top: no moment without them, and no other rule is
+/// touched, whoever else changes the chain meanwhile (a transaction that finds the chain
+/// changed fails whole and is retried; fourth review Q1: deleting by rule number raced other
+/// writers and removed their rules). Rules a host inserted at the top since the last start (a
+/// restarted Docker) end up after them.
 fn ensure_first(table: &str, parent: &str, jumps: &[Vec<&str>]) -> Result<(), String> {
-    let listed = |args: &[&str]| -> Result<Vec<String>, String> {
-        let out = Command::new("iptables")
-            .args(args)
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .output()
-            .map_err(|e| format!("iptables: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("iptables {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
-        }
-        let prefix = format!("-A {parent} ");
-        Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.strip_prefix(&prefix)).map(str::to_owned).collect())
-    };
+    use std::io::Write;
     let wanted: Vec<String> = jumps.iter().map(|j| j.join(" ")).collect();
-    let rules = listed(&["-t", table, "-S", parent])?;
-    if rules.len() >= wanted.len() && rules[..wanted.len()] == wanted[..] {
-        return Ok(());
-    }
-    for jump in jumps.iter().rev() {
-        let mut insert = vec!["-t", table, "-I", parent, "1"];
-        insert.extend(jump.iter().copied());
-        run("iptables", &insert)?;
-    }
-    let rules = listed(&["-t", table, "-S", parent])?;
-    for (index, rule) in rules.iter().enumerate().skip(wanted.len()).rev() {
-        if wanted.contains(rule) {
-            run("iptables", &["-t", table, "-D", parent, &(index + 1).to_string()])?;
+    let mut last = String::new();
+    for _ in 0..10 {
+        let rules = list_rules(table, parent)?;
+        if rules.len() >= wanted.len() && rules[..wanted.len()] == wanted[..] && rules[wanted.len()..].iter().all(|r| !wanted.contains(r)) {
+            return Ok(());
         }
+        let mut script = format!("*{table}\n");
+        for rule in rules.iter().filter(|r| wanted.contains(r)) {
+            script.push_str(&format!("-D {parent} {rule}\n"));
+        }
+        for rule in wanted.iter().rev() {
+            script.push_str(&format!("-I {parent} 1 {rule}\n"));
+        }
+        script.push_str("COMMIT\n");
+        let mut child = Command::new("iptables-restore")
+            .arg("--noflush")
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("iptables-restore: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(script.as_bytes()).map_err(|e| format!("iptables-restore: {e}"))?;
+        }
+        let out = child.wait_with_output().map_err(|e| format!("iptables-restore: {e}"))?;
+        last = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    Ok(())
+    Err(format!("cannot put {wanted:?} first in {table} {parent}: {last}"))
+}
+
+/// Held while the host's network set-up is changed: workers starting together on one host take
+/// turns (`flock` on `<ADDRESS_DIR>/.setup.lock`).
+fn setup_lock() -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    std::fs::create_dir_all(ADDRESS_DIR).map_err(|e| format!("{ADDRESS_DIR}: {e}"))?;
+    let path = Path::new(ADDRESS_DIR).join(".setup.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| format!("{}: {e}", path.display()))
 }
 
 /// Creates the bridge, enables forwarding and installs the NAT and filter rules, unless they
@@ -173,6 +209,7 @@ fn ensure_first(table: &str, parent: &str, jumps: &[Vec<&str>]) -> Result<(), St
 /// # Errors
 /// The failing command and its stderr.
 pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
+    let _turn = setup_lock()?;
     if run("ip", &["link", "show", BRIDGE]).is_err() {
         run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
     }
@@ -293,7 +330,8 @@ pub fn release_address(address: Ipv4Addr) {
 /// Removes the reservations whose container state dir no longer exists (their helper died).
 pub fn release_stale() {
     let Ok(entries) = std::fs::read_dir(ADDRESS_DIR) else { return };
-    for entry in entries.flatten() {
+    // Reservations are named by their address; dot files (the set-up lock) are not ones.
+    for entry in entries.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')) {
         if let Ok(owner) = std::fs::read_to_string(entry.path()) {
             if !Path::new(&owner).exists() {
                 let _ = std::fs::remove_file(entry.path());
