@@ -385,7 +385,13 @@ def _figure_png(fig):
     if bundle is None:
         return None
     data, md = bundle
+    chart = data.get(sandq_mpl.CHART_MIME)
+    if chart is not None:
+        _FIGURE_CHARTS[id(fig)] = chart  # added to the bundle by the display formatter
     return data["image/png"], md["image/png"]
+
+
+_FIGURE_CHARTS = {}  # id(figure) -> its chart data, between the PNG formatter and format()
 
 
 # --------------------------------------------------------------------------------------
@@ -418,8 +424,9 @@ def _filter_te(te, script, seen):
     first = next((i for i, fs in enumerate(frames) if fs.filename == script), None)
     if first is not None:
         frames = frames[first:]
-    else:
-        frames = [fs for fs in frames if not _internal_file(fs.filename)]
+    # Also between the user's frames: a magic (%%time, %run...) runs the user's code through
+    # IPython's frames.
+    frames = [fs for fs in frames if not _internal_file(fs.filename)]
     for fs in frames:
         try:
             fs.colno = None
@@ -677,6 +684,9 @@ def make_shell(script, outputs, user_module):
                 return data, md  # _ipython_display_ published it
             if "text/plain" not in data and (not include or "text/plain" in include):
                 data["text/plain"] = _safe_repr(obj)
+            chart = _FIGURE_CHARTS.pop(id(obj), None)
+            if chart is not None:
+                data["application/vnd.sandq.chart+json"] = chart
             md = dict(md or {})
             shape = _table_shape(obj)
             if shape is not None:
@@ -693,6 +703,11 @@ def make_shell(script, outputs, user_module):
         compiler_class = Type(SandqCompiler)
 
         printed_errors = set()
+        # Every exception the shell caught on the cell's behalf: raised out of the cell's code
+        # (any run_cell, also one nested in a magic such as %%capture) or shown as a traceback
+        # (%%time, %time, %run and display formatters catch and show). A cell whose own
+        # run_cell reports no error still failed when this is not empty: the magic hid it.
+        caught_errors = []
 
         def init_display_formatter(self):
             self.display_formatter = SandqDisplayFormatter(parent=self)
@@ -727,12 +742,14 @@ def make_shell(script, outputs, user_module):
             except BaseException as exc:  # incl. SystemExit, KeyboardInterrupt
                 if result is not None:
                     result.error_in_exec = exc
+                self.caught_errors.append(exc)
                 return True
             return False
 
         def _sandq_report(self, exc):
             if exc is None:
                 return
+            self.caught_errors.append(exc)
             self.printed_errors.add(id(exc))
             _write_fd2("\n".join(format_exception_lines(exc, script)) + "\n")
 
@@ -1093,6 +1110,10 @@ def main():
     else:
         result = shell.run_cell(source, store_history=True)
         error = result.error_before_exec or result.error_in_exec
+        if error is None and shell.caught_errors:
+            # The cell's code failed inside a magic that caught it (%%time, %%capture, %run):
+            # the job fails with that exception, as the cell without the magic would.
+            error = shell.caught_errors[-1]
 
     _flush_figures()
 
