@@ -411,6 +411,9 @@ def _internal_file(filename):
 
 _INTERNAL_PREFIXES = []
 
+# Lines of the script up to and including its cell magic (`%%time` on line 1: 1), else 0.
+_CELL_MAGIC_LINES = 0
+
 
 def _filter_te(te, script, seen):
     """Hide runner/IPython frames: keep frames from the first frame in the user's script
@@ -427,6 +430,21 @@ def _filter_te(te, script, seen):
     # Also between the user's frames: a magic (%%time, %run...) runs the user's code through
     # IPython's frames.
     frames = [fs for fs in frames if not _internal_file(fs.filename)]
+    if _CELL_MAGIC_LINES:
+        # A cell magic ran the cell's body under a name of IPython's (`<timed exec>` for
+        # %%time, `<ipython-input-...>` for a body run as a cell): the body starts after the
+        # magic's line, so these are the script's lines, shifted.
+        for fs in frames:
+            if fs.filename == "<timed exec>" or fs.filename.startswith("<ipython-input-"):
+                fs.filename = script
+                fs.lineno += _CELL_MAGIC_LINES
+                if getattr(fs, "end_lineno", None) is not None:
+                    fs.end_lineno += _CELL_MAGIC_LINES
+                for cached in ("_lines", "_lines_dedented", "_line"):  # read again, from the script
+                    try:
+                        setattr(fs, cached, None)
+                    except AttributeError:
+                        pass
     for fs in frames:
         try:
             fs.colno = None
@@ -631,7 +649,9 @@ def make_shell(script, outputs, user_module):
             if name == script and raw_code is not None:
                 import linecache
                 lines = raw_code.splitlines()
-                if len(lines) == len(transformed_code.splitlines()):
+                # A cell magic makes the whole cell one call on line 1; its body's frames are
+                # mapped to the script's lines (_filter_te), which must then be the raw ones.
+                if len(lines) == len(transformed_code.splitlines()) or _CELL_MAGIC_LINES:
                     linecache.cache[name] = (len(raw_code), None,
                                              [line + "\n" for line in lines], name)
             return name
@@ -1108,6 +1128,11 @@ def main():
     if source is None:
         error = decode_error
     else:
+        global _CELL_MAGIC_LINES
+        lines = source.splitlines()
+        first = next((i for i, line in enumerate(lines) if line.strip()), None)
+        if first is not None and lines[first].startswith("%%"):
+            _CELL_MAGIC_LINES = first + 1
         result = shell.run_cell(source, store_history=True)
         error = result.error_before_exec or result.error_in_exec
         if error is None and shell.caught_errors:
