@@ -135,3 +135,48 @@ fig.suptitle('Both')
     assert_eq!(chart["elements"][1]["type"], "bar");
     assert_eq!(chart["elements"][1]["elements"][0]["value"], 7.0);
 }
+
+#[tokio::test]
+async fn a_dataframe_comes_with_its_table_schema_capped_like_its_html() {
+    let code = "\
+import numpy as np
+import pandas as pd
+df = pd.DataFrame({'price': [1.5, np.nan, 3.0], 'item': ['a', 'b', None]}, index=pd.date_range('2024-01-01', periods=3, name='day'))
+display(df)
+display(pd.DataFrame({'n': range(100)}))
+df['price']
+";
+    let mut client = client().await;
+    let result = run(&mut client, &python_job(code, Sku::S)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    let schemas: Vec<Value> = result
+        .outputs
+        .iter()
+        .map(|o| {
+            let text = o.data.get("application/vnd.dataresource+json").and_then(|v| v.text.as_deref()).unwrap_or_else(|| panic!("no table schema in {:?}", o.data.keys()));
+            serde_json::from_str(text).expect("schema JSON")
+        })
+        .collect();
+    assert_eq!(schemas.len(), 3);
+    let frame = &schemas[0];
+    let fields: Vec<(&str, &str)> =
+        frame["schema"]["fields"].as_array().expect("fields").iter().map(|f| (f["name"].as_str().expect("name"), f["type"].as_str().expect("type"))).collect();
+    assert_eq!(fields, [("day", "datetime"), ("price", "number"), ("item", "string")]);
+    assert_eq!(frame["schema"]["primaryKey"], json!(["day"]));
+    let rows = frame["data"].as_array().expect("data");
+    assert_eq!(rows.len(), 3);
+    for (row, (day, price, item)) in rows.iter().zip([("2024-01-01", json!(1.5), json!("a")), ("2024-01-02", Value::Null, json!("b")), ("2024-01-03", json!(3.0), Value::Null)]) {
+        assert!(row["day"].as_str().expect("day").starts_with(&format!("{day}T00:00:00")), "{row}");
+        assert_eq!((&row["price"], &row["item"]), (&price, &item), "NaN and None are null: {row}");
+    }
+
+    // 100 rows: the 10 the HTML shows (pandas' min_rows), the first and last five.
+    let index: Vec<u64> = schemas[1]["data"].as_array().expect("data").iter().map(|r| r["index"].as_u64().expect("index")).collect();
+    assert_eq!(index, [0, 1, 2, 3, 4, 95, 96, 97, 98, 99]);
+    assert_eq!(result.outputs[1].table.map(|t| t.rows), Some(100), "the table's true shape");
+
+    // A Series (the cell's value) too.
+    let series = &schemas[2];
+    assert_eq!(series["schema"]["fields"][1]["name"], "price");
+    assert_eq!(series["data"][1]["price"], Value::Null);
+}

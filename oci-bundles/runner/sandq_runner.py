@@ -365,6 +365,35 @@ def _series_html(s):
     return _series_frame(s)._repr_html_()
 
 
+TABLE_SCHEMA_MIME = "application/vnd.dataresource+json"
+
+
+def _html_rows_and_columns(obj):
+    """The rows and columns of a DataFrame or Series that pandas' HTML shows (display options
+    max_rows, min_rows, max_columns): all of them, or the first and last halves."""
+    import pandas as pd
+    max_rows = pd.get_option("display.max_rows")
+    min_rows = pd.get_option("display.min_rows") or max_rows
+    if max_rows and len(obj) > max_rows:
+        keep = min(min_rows, max_rows)
+        obj = pd.concat([obj.iloc[:(keep + 1) // 2], obj.iloc[len(obj) - keep // 2:]])
+    max_cols = pd.get_option("display.max_columns")
+    if isinstance(obj, pd.DataFrame) and max_cols and obj.shape[1] > max_cols:
+        obj = pd.concat([obj.iloc[:, :(max_cols + 1) // 2], obj.iloc[:, obj.shape[1] - max_cols // 2:]], axis=1)
+    return obj
+
+
+def _table_schema(obj):
+    """Jupyter's table schema (pandas' own `to_json(orient="table")`: fields with types, the
+    index as a column, dates as ISO text, NaN as null) of the rows and columns the HTML shows;
+    None where pandas cannot write it (MultiIndex columns, duplicate names)."""
+    import json
+    try:
+        return json.loads(_html_rows_and_columns(obj).to_json(orient="table", date_format="iso"))
+    except Exception:
+        return None
+
+
 def _table_shape(obj):
     pd = sys.modules.get("pandas")
     if pd is None:
@@ -608,7 +637,8 @@ def make_shell(script, outputs, user_module):
     from IPython.core.compilerop import CachingCompiler
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
-    from IPython.core.formatters import DisplayFormatter
+    from IPython.core.formatters import BaseFormatter, DisplayFormatter
+    from traitlets import ObjectName, Unicode
     from IPython.core.interactiveshell import InteractiveShell
     import IPython.core
 
@@ -805,6 +835,17 @@ def make_shell(script, outputs, user_module):
     fmts["text/markdown"].for_type_by_name("pandas.core.series", "Series", _series_markdown)
     fmts["text/html"].for_type_by_name("pandas.core.series", "Series", _series_html)
     fmts["image/png"].for_type_by_name("matplotlib.figure", "Figure", _figure_png)
+
+    class TableSchemaFormatter(BaseFormatter):
+        """application/vnd.dataresource+json for DataFrames and Series, beside their HTML."""
+        format_type = Unicode(TABLE_SCHEMA_MIME)
+        _return_type = (dict,)
+        print_method = ObjectName("_repr_data_resource_")
+
+    schema = TableSchemaFormatter(parent=shell.display_formatter)
+    schema.for_type_by_name("pandas.core.frame", "DataFrame", _table_schema)
+    schema.for_type_by_name("pandas.core.series", "Series", _table_schema)
+    fmts[TABLE_SCHEMA_MIME] = schema
     return shell
 
 
