@@ -198,3 +198,22 @@ async fn the_requested_summary_survives_the_artifact_cap_after_an_unzip() {
     assert_eq!(result.skipped_artifacts_total as usize, 150 - extracted, "{:?}", result.skipped_artifacts);
     assert!(result.skipped_artifacts.iter().all(|s| s.path.starts_with("extracted/") && s.reason == "too_many"), "{:?}", result.skipped_artifacts);
 }
+
+#[tokio::test]
+async fn parquet_docx_and_pdf_files_read_back_what_was_written() {
+    // Each format written by one library and read by the one an assistant reaches for.
+    let code = "\
+import pandas as pd, docx, pypdf
+from fpdf import FPDF
+pd.DataFrame({'city': ['Oslo', 'Lima'], 'temp': [4.5, 19.25]}).to_parquet('t.parquet')
+print(pd.read_parquet('t.parquet').to_csv(index=False), end='')
+d = docx.Document(); d.add_paragraph('hello from docx'); d.save('t.docx')
+print(docx.Document('t.docx').paragraphs[0].text)
+pdf = FPDF(); pdf.add_page(); pdf.set_font('helvetica', size=12); pdf.cell(text='hello from fpdf2'); pdf.output('t.pdf')
+print(pypdf.PdfReader('t.pdf').pages[0].extract_text())
+";
+    let mut client = client().await;
+    let result = run(&mut client, &script(code, Runtime::Python)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    assert_eq!(result.stdout.text, "city,temp\nOslo,4.5\nLima,19.25\nhello from docx\nhello from fpdf2\n");
+}
