@@ -180,3 +180,36 @@ df['price']
     assert_eq!(series["schema"]["fields"][1]["name"], "price");
     assert_eq!(series["data"][1]["price"], Value::Null);
 }
+
+/// The `p` quantile of sorted `data`, interpolated linearly between ranks (numpy's default),
+/// computed here.
+fn quantile(data: &[f64], p: f64) -> f64 {
+    let pos = p * (data.len() - 1) as f64;
+    let (low, frac) = (pos.floor() as usize, pos - pos.floor());
+    data[low] + (data[(low + 1).min(data.len() - 1)] - data[low]) * frac
+}
+
+#[tokio::test]
+async fn a_box_plot_gives_quartiles_whiskers_and_outliers() {
+    let groups: [(&str, Vec<f64>); 2] = [("north", vec![1.0, 2.0, 3.0, 4.0, 5.0, 20.0]), ("south", vec![100.0, 101.0, 102.0, 103.0, 140.0])];
+    let lists: Vec<String> = groups.iter().map(|(_, v)| format!("{v:?}")).collect();
+    let code = format!(
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.boxplot([{}], patch_artist=True, tick_labels=['north', 'south'])\nplt.show()\n",
+        lists.join(", ")
+    );
+    let charts = charts(&code, 1).await;
+    assert_eq!(charts[0]["type"], "box_and_whisker");
+    for ((label, data), element) in groups.iter().zip(charts[0]["elements"].as_array().expect("elements")) {
+        let (q1, median, q3) = (quantile(data, 0.25), quantile(data, 0.5), quantile(data, 0.75));
+        // Whiskers reach the furthest points within 1.5 IQR of the box; the rest are outliers.
+        let (low, high) = (q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1));
+        let inside: Vec<f64> = data.iter().copied().filter(|v| (low..=high).contains(v)).collect();
+        let outliers: Vec<f64> = data.iter().copied().filter(|v| !(low..=high).contains(v)).collect();
+        assert_eq!(element["label"], *label);
+        let got = |k: &str| element[k].as_f64().unwrap_or_else(|| panic!("{k} in {element}"));
+        assert_eq!((got("first_quartile"), got("median"), got("third_quartile")), (q1, median, q3), "{element}");
+        assert_eq!((got("min"), got("max")), (inside[0], inside[inside.len() - 1]), "{element}");
+        let found: Vec<f64> = element["outliers"].as_array().expect("outliers").iter().filter_map(Value::as_f64).collect();
+        assert_eq!(found, outliers, "{element}");
+    }
+}

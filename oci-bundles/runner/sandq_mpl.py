@@ -298,6 +298,26 @@ def _pie_chart(ax):
     return chart
 
 
+def _boxes_are_vertical(ax, boxes):
+    """True when the values run along y: a median line spans its box's width horizontally
+    (matplotlib and seaborn draw it edge to edge); else boxes of one width are vertical."""
+    def close(a, b):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+    for line in ax.lines:
+        xs, ys = list(line.get_xdata()), list(line.get_ydata())
+        if len(xs) != 2 or len(ys) != 2:
+            continue
+        for x0, x1, y0, y1 in boxes:
+            try:
+                if close(ys[0], ys[1]) and close(min(xs), x0) and close(max(xs), x1) and y0 <= ys[0] <= y1:
+                    return True
+                if close(xs[0], xs[1]) and close(min(ys), y0) and close(max(ys), y1) and x0 <= xs[0] <= x1:
+                    return False
+            except TypeError:
+                continue
+    return len({round(b[1] - b[0], 6) for b in boxes}) == 1
+
+
 def _box_chart(ax):
     """Boxes drawn as patches (patch_artist=True, seaborn): quartiles from each box, the
     median, whiskers and outliers from the lines over it."""
@@ -308,8 +328,7 @@ def _box_chart(ax):
         boxes.append([float(v[:, 0].min()), float(v[:, 0].max()), float(v[:, 1].min()), float(v[:, 1].max())])
     if not boxes:
         return chart
-    # Boxes of equal width across x are vertical: the values run along y.
-    vertical = len({round(b[1] - b[0], 6) for b in boxes}) == 1 or len(boxes) == 1 and (boxes[0][1] - boxes[0][0]) <= (boxes[0][3] - boxes[0][2])
+    vertical = _boxes_are_vertical(ax, boxes)
     axis = ax.xaxis if vertical else ax.yaxis
     stats = []
     for x0, x1, y0, y1 in boxes:
@@ -333,9 +352,12 @@ def _box_chart(ax):
         else:
             continue
         if len(xs) == 2 and ys[0] == ys[1] and xs[0] != xs[1]:
-            if box["first_quartile"] - eps <= ys[0] <= box["third_quartile"] + eps and box["median"] is None:
+            # The median spans the box's width; a whisker's cap is narrower (and may sit on a
+            # quartile).
+            spans = abs(min(xs) - lo) <= 1e-6 * max(1.0, abs(lo)) and abs(max(xs) - hi) <= 1e-6 * max(1.0, abs(hi))
+            if spans and box["first_quartile"] - eps <= ys[0] <= box["third_quartile"] + eps and box["median"] is None:
                 box["median"] = ys[0]
-            continue  # a median or a whisker's cap
+            continue
         if len(xs) == 2 and xs[0] == xs[1]:
             if max(ys) <= box["first_quartile"] + eps:
                 box["min"] = min(box["min"], min(ys))
