@@ -170,8 +170,16 @@ async fn capture_run_and_line_magics_do_not_hide_an_error() {
     )
     .await;
     assert_eq!(run_magic.error.expect("error").name, "ValueError");
-    // A magic that ran fine leaves the cell succeeded, with its value.
+
+    // A display formatter that raised: the shell showed its traceback, so the job failed.
     let mut client = client().await;
+    let code = "class Broken:\n    def _repr_html_(self):\n        raise ValueError('cannot render')\nBroken()\n";
+    let result = run(&mut client, &python_job(code, Sku::S)).await;
+    assert_eq!((result.status, result.exit_code), (JobStatus::Failed, Some(1)), "{result:?}");
+    let error = result.error.expect("error");
+    assert_eq!((error.name.as_str(), error.value.as_str()), ("ValueError", "cannot render"));
+
+    // A magic that ran fine leaves the cell succeeded, with its value.
     let result = run(&mut client, &python_job("%%time\nx = 6 * 7\nx\n", Sku::S)).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     assert!(result.stdout.text.contains("Wall time"), "{}", result.stdout.text);
