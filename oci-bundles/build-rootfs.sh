@@ -22,6 +22,7 @@ wheels=(PyPDF2==3.0.1 pyarrow==26.0.1 opencv-python-headless==5.0.0.93)
 export SOURCE_DATE_EPOCH=1767225600
 
 key=$(cat "$here/build-rootfs.sh" "$here/packages.txt" "$here/node/package-lock.json" "$here/image-check.py" "$here/image-check.js" \
+  "$here/sitecustomize-sandq.py" \
   | sha256sum | cut -c1-16)
 dest="$cache/rootfs/$key"
 if [ -f "$dest/.complete" ]; then
@@ -90,6 +91,10 @@ mmdebstrap --mode=root --variant=essential --quiet \
   --customize-hook='ln -s usr/local/lib/node_modules "$1/node_modules"' \
   --customize-hook='sed -i "s/^#font\.family:.*/font.family: sans-serif, Noto Sans CJK JP, Lohit Devanagari/" "$1/etc/matplotlibrc"' \
   --customize-hook='grep -q "^font.family: sans-serif, Noto Sans CJK JP" "$1/etc/matplotlibrc"' \
+  --customize-hook='mkdir -p "$1/usr/share/sandq/matplotlib"' \
+  --customize-hook='chroot "$1" env MPLCONFIGDIR=/usr/share/sandq/matplotlib python3 -c "import matplotlib.font_manager as fm; fm.fontManager"' \
+  --customize-hook='ls "$1/usr/share/sandq/matplotlib"/fontlist-*.json' \
+  --customize-hook="cat $here/sitecustomize-sandq.py >> \"\$1/etc/python3.13/sitecustomize.py\"" \
   --customize-hook='rm -rf "$1/opt/sandq/wheels" "$1/var/cache/apt"/*.bin "$1/var/lib/apt/lists"/*' \
   --customize-hook="copy-in $here/image-check.py $here/image-check.js /tmp" \
   --customize-hook='chroot "$1" python3 /tmp/image-check.py >/dev/null' \
