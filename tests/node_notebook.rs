@@ -167,14 +167,14 @@ async fn script_mode_still_runs_plain_node() {
     let mut client = client().await;
     let result = run(&mut client, &spec).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
-    assert_eq!(result.stdout.text, "[] true\n", "no runner beside main.js");
+    assert_eq!(result.stdout.text, "[\"sandq_stdio.js\"] true\n", "no runner beside main.js, only the stdio preload");
     assert!(result.outputs.is_empty(), "{:?}", result.outputs);
 
     // The same code in notebook mode: only the Node.js runner is staged, and the value comes back.
     let result = run(&mut client, &node_job(code)).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
-    assert_eq!(result.stdout.text, "[\"sandq_runner.js\"] true\n");
-    assert_eq!(result.outputs.iter().map(plain).collect::<Vec<_>>(), ["1"]);
+    assert_eq!(result.stdout.text, "[\"sandq_runner.js\",\"sandq_stdio.js\"] true\n");
+    assert_eq!(result.outputs.iter().map(plain).collect::<Vec<_>>(), ["2"]);
 
     // An uncaught error in script mode is node's own: on stderr, not in `error`.
     let mut spec = node_job("function boom() { throw new Error('kaboom'); }\nboom();\n");

@@ -365,6 +365,35 @@ def _series_html(s):
     return _series_frame(s)._repr_html_()
 
 
+TABLE_SCHEMA_MIME = "application/vnd.dataresource+json"
+
+
+def _html_rows_and_columns(obj):
+    """The rows and columns of a DataFrame or Series that pandas' HTML shows (display options
+    max_rows, min_rows, max_columns): all of them, or the first and last halves."""
+    import pandas as pd
+    max_rows = pd.get_option("display.max_rows")
+    min_rows = pd.get_option("display.min_rows") or max_rows
+    if max_rows and len(obj) > max_rows:
+        keep = min(min_rows, max_rows)
+        obj = pd.concat([obj.iloc[:(keep + 1) // 2], obj.iloc[len(obj) - keep // 2:]])
+    max_cols = pd.get_option("display.max_columns")
+    if isinstance(obj, pd.DataFrame) and max_cols and obj.shape[1] > max_cols:
+        obj = pd.concat([obj.iloc[:, :(max_cols + 1) // 2], obj.iloc[:, obj.shape[1] - max_cols // 2:]], axis=1)
+    return obj
+
+
+def _table_schema(obj):
+    """Jupyter's table schema (pandas' own `to_json(orient="table")`: fields with types, the
+    index as a column, dates as ISO text, NaN as null) of the rows and columns the HTML shows;
+    None where pandas cannot write it (MultiIndex columns, duplicate names)."""
+    import json
+    try:
+        return json.loads(_html_rows_and_columns(obj).to_json(orient="table", date_format="iso"))
+    except Exception:
+        return None
+
+
 def _table_shape(obj):
     pd = sys.modules.get("pandas")
     if pd is None:
@@ -385,7 +414,13 @@ def _figure_png(fig):
     if bundle is None:
         return None
     data, md = bundle
+    chart = data.get(sandq_mpl.CHART_MIME)
+    if chart is not None:
+        _FIGURE_CHARTS[id(fig)] = chart  # added to the bundle by the display formatter
     return data["image/png"], md["image/png"]
+
+
+_FIGURE_CHARTS = {}  # id(figure) -> its chart data, between the PNG formatter and format()
 
 
 # --------------------------------------------------------------------------------------
@@ -405,6 +440,9 @@ def _internal_file(filename):
 
 _INTERNAL_PREFIXES = []
 
+# Lines of the script up to and including its cell magic (`%%time` on line 1: 1), else 0.
+_CELL_MAGIC_LINES = 0
+
 
 def _filter_te(te, script, seen):
     """Hide runner/IPython frames: keep frames from the first frame in the user's script
@@ -418,8 +456,24 @@ def _filter_te(te, script, seen):
     first = next((i for i, fs in enumerate(frames) if fs.filename == script), None)
     if first is not None:
         frames = frames[first:]
-    else:
-        frames = [fs for fs in frames if not _internal_file(fs.filename)]
+    # Also between the user's frames: a magic (%%time, %run...) runs the user's code through
+    # IPython's frames.
+    frames = [fs for fs in frames if not _internal_file(fs.filename)]
+    if _CELL_MAGIC_LINES:
+        # A cell magic ran the cell's body under a name of IPython's (`<timed exec>` for
+        # %%time, `<ipython-input-...>` for a body run as a cell): the body starts after the
+        # magic's line, so these are the script's lines, shifted.
+        for fs in frames:
+            if fs.filename == "<timed exec>" or fs.filename.startswith("<ipython-input-"):
+                fs.filename = script
+                fs.lineno += _CELL_MAGIC_LINES
+                if getattr(fs, "end_lineno", None) is not None:
+                    fs.end_lineno += _CELL_MAGIC_LINES
+                for cached in ("_lines", "_lines_dedented", "_line"):  # read again, from the script
+                    try:
+                        setattr(fs, cached, None)
+                    except AttributeError:
+                        pass
     for fs in frames:
         try:
             fs.colno = None
@@ -583,7 +637,8 @@ def make_shell(script, outputs, user_module):
     from IPython.core.compilerop import CachingCompiler
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
-    from IPython.core.formatters import DisplayFormatter
+    from IPython.core.formatters import BaseFormatter, DisplayFormatter
+    from traitlets import ObjectName, Unicode
     from IPython.core.interactiveshell import InteractiveShell
     import IPython.core
 
@@ -624,7 +679,9 @@ def make_shell(script, outputs, user_module):
             if name == script and raw_code is not None:
                 import linecache
                 lines = raw_code.splitlines()
-                if len(lines) == len(transformed_code.splitlines()):
+                # A cell magic makes the whole cell one call on line 1; its body's frames are
+                # mapped to the script's lines (_filter_te), which must then be the raw ones.
+                if len(lines) == len(transformed_code.splitlines()) or _CELL_MAGIC_LINES:
                     linecache.cache[name] = (len(raw_code), None,
                                              [line + "\n" for line in lines], name)
             return name
@@ -677,6 +734,9 @@ def make_shell(script, outputs, user_module):
                 return data, md  # _ipython_display_ published it
             if "text/plain" not in data and (not include or "text/plain" in include):
                 data["text/plain"] = _safe_repr(obj)
+            chart = _FIGURE_CHARTS.pop(id(obj), None)
+            if chart is not None:
+                data["application/vnd.sandq.chart+json"] = chart
             md = dict(md or {})
             shape = _table_shape(obj)
             if shape is not None:
@@ -693,6 +753,11 @@ def make_shell(script, outputs, user_module):
         compiler_class = Type(SandqCompiler)
 
         printed_errors = set()
+        # Every exception the shell caught on the cell's behalf: raised out of the cell's code
+        # (any run_cell, also one nested in a magic such as %%capture) or shown as a traceback
+        # (%%time, %time, %run and display formatters catch and show). A cell whose own
+        # run_cell reports no error still failed when this is not empty: the magic hid it.
+        caught_errors = []
 
         def init_display_formatter(self):
             self.display_formatter = SandqDisplayFormatter(parent=self)
@@ -727,12 +792,14 @@ def make_shell(script, outputs, user_module):
             except BaseException as exc:  # incl. SystemExit, KeyboardInterrupt
                 if result is not None:
                     result.error_in_exec = exc
+                self.caught_errors.append(exc)
                 return True
             return False
 
         def _sandq_report(self, exc):
             if exc is None:
                 return
+            self.caught_errors.append(exc)
             self.printed_errors.add(id(exc))
             _write_fd2("\n".join(format_exception_lines(exc, script)) + "\n")
 
@@ -768,6 +835,17 @@ def make_shell(script, outputs, user_module):
     fmts["text/markdown"].for_type_by_name("pandas.core.series", "Series", _series_markdown)
     fmts["text/html"].for_type_by_name("pandas.core.series", "Series", _series_html)
     fmts["image/png"].for_type_by_name("matplotlib.figure", "Figure", _figure_png)
+
+    class TableSchemaFormatter(BaseFormatter):
+        """application/vnd.dataresource+json for DataFrames and Series, beside their HTML."""
+        format_type = Unicode(TABLE_SCHEMA_MIME)
+        _return_type = (dict,)
+        print_method = ObjectName("_repr_data_resource_")
+
+    schema = TableSchemaFormatter(parent=shell.display_formatter)
+    schema.for_type_by_name("pandas.core.frame", "DataFrame", _table_schema)
+    schema.for_type_by_name("pandas.core.series", "Series", _table_schema)
+    fmts[TABLE_SCHEMA_MIME] = schema
     return shell
 
 
@@ -1099,8 +1177,17 @@ def main():
     if source is None:
         error = decode_error
     else:
+        global _CELL_MAGIC_LINES
+        lines = source.splitlines()
+        first = next((i for i, line in enumerate(lines) if line.strip()), None)
+        if first is not None and lines[first].startswith("%%"):
+            _CELL_MAGIC_LINES = first + 1
         result = shell.run_cell(source, store_history=True)
         error = result.error_before_exec or result.error_in_exec
+        if error is None and shell.caught_errors:
+            # The cell's code failed inside a magic that caught it (%%time, %%capture, %run):
+            # the job fails with that exception, as the cell without the magic would.
+            error = shell.caught_errors[-1]
 
     _flush_figures()
 

@@ -38,6 +38,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         uid: 1000,
         gid: 1000,
         limits: SandboxLimits { cpus: 1.0, memory_bytes: 512 << 20, pids: 64 },
+        cpuset: None,
         id_map,
         seccomp,
         resolv_conf: None,

@@ -76,8 +76,9 @@ pub enum RunError {
 pub const OUTPUTS_FILE: &str = "/sandq/out/outputs.jsonl";
 
 /// The program's argv inside the sandbox: `python3 /sandq/sandq_runner.py <script> args...`
-/// or `node /sandq/sandq_runner.js <script> args...` in notebook mode, `python3 <script>
-/// args...` or `node <script> args...` in script mode.
+/// or `node --require /sandq/sandq_stdio.js /sandq/sandq_runner.js <script> args...` in
+/// notebook mode, `python3 <script> args...` or `node --require /sandq/sandq_stdio.js <script>
+/// args...` in script mode.
 pub fn command(job: &ValidJob) -> Vec<String> {
     let interpreter = match job.spec.runtime {
         Runtime::Python => "python3",
@@ -88,6 +89,9 @@ pub fn command(job: &ValidJob) -> Vec<String> {
         None => format!("/sandq/{}", job.spec.runtime.main_file()),
     };
     let mut argv = vec![interpreter.to_owned()];
+    if job.spec.runtime == Runtime::Node {
+        argv.extend(["--require".to_owned(), format!("/sandq/{}", crate::stage::NODE_STDIO)]);
+    }
     if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
         if let Some((runner, _)) = crate::stage::runner_files(job.spec.runtime).first() {
             argv.push(format!("/sandq/{runner}"));
@@ -144,7 +148,8 @@ pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs
 /// starts with before its job's environment replaces it. `outputs_bytes`: notebook mode's
 /// outputs budget (`SANDQ_OUTPUTS`, `SANDQ_OUTPUT_LIMIT`).
 pub fn sandbox_environment(sku: sandq_schemas::Sku, limits: &SandboxLimits, outputs_bytes: Option<u64>) -> Vec<String> {
-    let threads = (limits.cpus.ceil() as u64).max(1);
+    // The CPUs the sandbox is pinned to (`sandbox::cpuset`): what every CPU count reads.
+    let threads = crate::sandbox::cpuset::CpuPool::global().count_for(limits.cpus);
     let mut env = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
         "HOME=/tmp".to_owned(),
@@ -153,6 +158,15 @@ pub fn sandbox_environment(sku: sandq_schemas::Sku, limits: &SandboxLimits, outp
         "MPLBACKEND=Agg".to_owned(),
         "MPLCONFIGDIR=/tmp/matplotlib".to_owned(),
         "PYTHONDONTWRITEBYTECODE=1".to_owned(),
+        // Unbuffered stdout and stderr: what a program printed before a timeout, an OOM kill or
+        // a cancel (SIGKILL, no chance to flush) is already in the pipe. Inherited by child
+        // Python processes, and set before the interpreter starts (a warm sandbox too).
+        "PYTHONUNBUFFERED=1".to_owned(),
+        // Python 3.13's override of os.cpu_count() and os.process_cpu_count(), which otherwise
+        // count every online CPU whatever the affinity (multiprocessing, the default process
+        // pools and joblib/loky follow them).
+        format!("PYTHON_CPU_COUNT={threads}"),
+        // Also what `nproc` prints (it honours OMP_NUM_THREADS).
         format!("OMP_NUM_THREADS={threads}"),
         format!("OPENBLAS_NUM_THREADS={threads}"),
         format!("SANDQ_SKU={sku}"),
@@ -260,6 +274,8 @@ pub struct Started {
     stdout: tokio::task::JoinHandle<Captured>,
     stderr: tokio::task::JoinHandle<Captured>,
     warm: bool,
+    /// The CPUs the container is pinned to, held until it is gone.
+    _cpus: crate::sandbox::cpuset::CpuLease,
 }
 
 /// A warm start's handover: the job's environment and arguments (the program after the
@@ -279,6 +295,8 @@ pub struct Handover {
 pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Result<Started, RunError> {
     let cgroups_path = format!("/sandq/{}", launch.container_id);
     let resolv_conf = dir.src.join(crate::stage::RESOLV_CONF);
+    let cpus = crate::sandbox::cpuset::CpuPool::global().lease(launch.limits.cpus);
+    let cpuset = cpus.cpu_list();
     let sandbox = JobSandbox {
         rootfs: &settings.rootfs,
         work_dir: &dir.work,
@@ -289,6 +307,7 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
         uid: settings.sandbox_uid,
         gid: settings.sandbox_uid,
         limits: launch.limits,
+        cpuset: Some(&cpuset),
         id_map: launch.id_map,
         seccomp: settings.seccomp,
         resolv_conf: launch.outbound.then_some(resolv_conf.as_path()),
@@ -334,7 +353,7 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
     };
     let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
     let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
-    Ok(Started { container_id: launch.container_id.to_owned(), child, control, stdout, stderr, warm: launch.warm })
+    Ok(Started { container_id: launch.container_id.to_owned(), child, control, stdout, stderr, warm: launch.warm, _cpus: cpus })
 }
 
 impl Started {
@@ -376,7 +395,8 @@ impl Started {
             let line = format!("go {}\n", timeout.as_millis());
             self.control.write_all(line.as_bytes()).await.map_err(RunError::Helper)?;
         }
-        let Started { container_id, mut child, mut control, stdout, stderr, .. } = self;
+        // `_cpus` stays held until the helper has reaped the container (end of this function).
+        let Started { container_id, mut child, mut control, stdout, stderr, _cpus, .. } = self;
         let deadline = tokio::time::Instant::now() + timeout + HELPER_GRACE;
         let exited = tokio::select! {
             status = tokio::time::timeout_at(deadline, child.wait()) => Some(status),
@@ -480,14 +500,16 @@ mod tests {
     #[test]
     fn notebook_mode_runs_the_runtimes_runner_and_script_mode_the_interpreter() {
         assert_eq!(argv(Runtime::Python, None), ["python3", "/sandq/sandq_runner.py", "/sandq/main.py", "a"]);
-        assert_eq!(argv(Runtime::Node, None), ["node", "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
-        assert_eq!(argv(Runtime::Node, Some(RunMode::Notebook)), ["node", "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
+        let stdio = ["--require", "/sandq/sandq_stdio.js"];
+        assert_eq!(argv(Runtime::Node, None), ["node", stdio[0], stdio[1], "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
+        assert_eq!(argv(Runtime::Node, Some(RunMode::Notebook)), ["node", stdio[0], stdio[1], "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
         assert_eq!(argv(Runtime::Python, Some(RunMode::Script)), ["python3", "/sandq/main.py", "a"]);
-        assert_eq!(argv(Runtime::Node, Some(RunMode::Script)), ["node", "/sandq/main.js", "a"]);
-        // The runner named is one the stage writes.
+        assert_eq!(argv(Runtime::Node, Some(RunMode::Script)), ["node", stdio[0], stdio[1], "/sandq/main.js", "a"]);
+        // The runner and preload named are files the stage writes.
         for runtime in [Runtime::Python, Runtime::Node] {
-            let runner = argv(runtime, None)[1].trim_start_matches("/sandq/").to_owned();
-            assert!(crate::stage::runner_files(runtime).iter().any(|(name, _)| *name == runner), "{runtime:?}");
+            for file in argv(runtime, None).iter().filter_map(|a| a.strip_prefix("/sandq/")).filter(|f| *f != "main.py" && *f != "main.js") {
+                assert!(crate::stage::runner_files(runtime).iter().any(|(name, _)| *name == file), "{runtime:?} {file}");
+            }
         }
     }
 }

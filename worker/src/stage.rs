@@ -193,17 +193,23 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), StageError> {
 /// [`StageError`]; the partly made directory is removed.
 pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(JobDir, Staged), StageError> {
     check_quota(job, place)?;
+    let notebook = job.spec.run_mode() == sandq_schemas::RunMode::Notebook;
+    // A Node.js script gets the stdio preload alone (the notebook runner's files include it).
+    let node_script = !notebook && job.spec.runtime == sandq_schemas::Runtime::Node;
     let shape = Shape {
         jobs_dir: place.jobs_dir,
         container_id: place.container_id,
         sandbox_uid: place.sandbox_uid,
         disk_bytes: place.disk_bytes,
         out_bytes: place.outputs_bytes + place.state_bytes,
-        src_bytes: place.src_bytes,
-        runner: (job.spec.run_mode() == sandq_schemas::RunMode::Notebook).then_some(job.spec.runtime),
+        src_bytes: place.src_bytes + if node_script { NODE_STDIO_JS.len() } else { 0 },
+        runner: notebook.then_some(job.spec.runtime),
         warm: false,
     };
     let dir = prepare(&shape).await?;
+    if node_script {
+        write_new(&dir.src.join(NODE_STDIO), NODE_STDIO_JS.as_bytes(), 0o644)?;
+    }
     // On error `dir` is dropped here, which removes the partly made directory.
     fill(job, &dir, place, s3, bucket).await.map(|staged| (dir, staged))
 }
@@ -377,7 +383,15 @@ const RUNNER_FILES: [(&str, &str); 2] = [
 ];
 
 /// The Node.js notebook runner, written next to the user's code like [`RUNNER_FILES`].
-const NODE_RUNNER_FILES: [(&str, &str); 1] = [("sandq_runner.js", include_str!("../../oci-bundles/runner/sandq_runner.js"))];
+/// With it the stdio preload, [`NODE_STDIO`].
+const NODE_RUNNER_FILES: [(&str, &str); 2] =
+    [("sandq_runner.js", include_str!("../../oci-bundles/runner/sandq_runner.js")), (NODE_STDIO, NODE_STDIO_JS)];
+
+const NODE_STDIO_JS: &str = include_str!("../../oci-bundles/runner/sandq_stdio.js");
+
+/// The Node.js preload every Node.js job runs with (`node --require /sandq/sandq_stdio.js`, both
+/// modes): blocking writes to stdout and stderr, so that `process.exit` loses nothing.
+pub const NODE_STDIO: &str = "sandq_stdio.js";
 
 /// The notebook runner's files for a runtime: the first is the one the interpreter runs
 /// ([`crate::run::command`]).

@@ -218,9 +218,15 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         }
         Runtime::Node => "node",
     };
+    // As run::command starts a cold job of the runtime, with `--warm` for the script.
+    let mut args = vec![interpreter.to_owned()];
+    if runtime == Runtime::Node {
+        args.extend(["--require".to_owned(), format!("/sandq/{}", stage::NODE_STDIO)]);
+    }
+    args.extend([format!("/sandq/{runner}"), "--warm".to_owned()]);
     let launch = Launch {
         container_id: &container_id,
-        args: vec![interpreter.into(), format!("/sandq/{runner}"), "--warm".into()],
+        args,
         env,
         limits: sku_settings.limits,
         id_map,

@@ -1,7 +1,9 @@
 //! Reads a container's resource usage from its cgroup, on cgroup v1 (this machine kind: hybrid,
-//! v1 controllers under `/sys/fs/cgroup/<controller>`) and v2 (most production nodes).
+//! v1 controllers under `/sys/fs/cgroup/<controller>`) and v2 (most production nodes), and the
+//! CPUs sandboxes may be pinned to ([`available_cpus`], for [`super::cpuset`]).
 //!
-//! Must run after the container's processes exit and before `delete` (which removes the cgroup).
+//! [`read`] must run after the container's processes exit and before `delete` (which removes
+//! the cgroup).
 
 use std::path::{Path, PathBuf};
 
@@ -62,6 +64,61 @@ pub fn dirs(cgroups_path: &str) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// The CPUs sandboxes may be pinned to: the effective cpuset of the sandboxes' parent cgroup
+/// (`/sandq`) if it exists yet, else of the root (v2 `cpuset.cpus.effective`, v1
+/// `cpuset/.../cpuset.effective_cpus`), else the online CPUs. Never empty: `[0]` when nothing
+/// is readable.
+pub fn available_cpus() -> Vec<u32> {
+    let root = Path::new(CGROUP_ROOT);
+    let (dir, file) = if is_v2() { (root.to_path_buf(), "cpuset.cpus.effective") } else { (root.join("cpuset"), "cpuset.effective_cpus") };
+    [dir.join("sandq").join(file), dir.join(file), PathBuf::from("/sys/devices/system/cpu/online")]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|text| parse_cpu_list(&text))
+        .find(|cpus| !cpus.is_empty())
+        .unwrap_or_else(|| vec![0])
+}
+
+/// Parses the kernel's CPU list format (`0-3,8,10-11`), sorted, without duplicates; an
+/// unreadable part is skipped.
+pub fn parse_cpu_list(text: &str) -> Vec<u32> {
+    let mut cpus: Vec<u32> = text
+        .trim()
+        .split(',')
+        .filter_map(|part| {
+            let part = part.trim();
+            match part.split_once('-') {
+                Some((a, b)) => Some(a.parse::<u32>().ok()?..=b.parse::<u32>().ok()?),
+                None => part.parse::<u32>().ok().map(|c| c..=c),
+            }
+        })
+        // A bound on a malformed range: no machine has a million CPUs.
+        .flat_map(|range| range.take(1 << 20))
+        .collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    cpus
+}
+
+/// Formats CPUs in the kernel's list format (the OCI `linux.resources.cpu.cpus`), ranges
+/// joined: `[0, 1, 2, 5]` -> `0-2,5`.
+pub fn format_cpu_list(cpus: &[u32]) -> String {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        while i + 1 < sorted.len() && sorted[i + 1] == sorted[i] + 1 {
+            i += 1;
+        }
+        parts.push(if sorted[i] == start { start.to_string() } else { format!("{start}-{}", sorted[i]) });
+        i += 1;
+    }
+    parts.join(",")
+}
+
 /// Reads the usage of the cgroup at `cgroups_path` (the spec's `linux.cgroupsPath`, absolute).
 pub fn read(cgroups_path: &str) -> CgroupStats {
     let root = Path::new(CGROUP_ROOT);
@@ -111,6 +168,24 @@ mod tests {
         assert_eq!(read_keyed(&file, "oom_kill"), Some(2));
         assert_eq!(read_keyed(&file, "oom"), Some(1));
         assert_eq!(read_keyed(&file, "missing"), None);
+    }
+
+    #[test]
+    fn cpu_lists_parse_and_format() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), [0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list("1"), [1]);
+        assert_eq!(parse_cpu_list("\n"), Vec::<u32>::new());
+        assert_eq!(parse_cpu_list("3,1-2,x,2"), [1, 2, 3]);
+        assert_eq!(format_cpu_list(&[5, 0, 1, 2, 7, 8]), "0-2,5,7-8");
+        assert_eq!(format_cpu_list(&[3]), "3");
+        assert_eq!(parse_cpu_list(&format_cpu_list(&[0, 2, 3, 4, 9])), [0, 2, 3, 4, 9]);
+    }
+
+    #[test]
+    fn available_cpus_are_the_hosts_online_cpus_here() {
+        // Nothing restricts the root cpuset on a test machine: every online CPU.
+        let online = parse_cpu_list(&std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online"));
+        assert_eq!(available_cpus(), online);
     }
 
     #[test]

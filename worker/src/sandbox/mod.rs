@@ -14,6 +14,7 @@
 //!   written.
 
 pub mod cgroup;
+pub mod cpuset;
 pub mod helper;
 pub mod network;
 pub mod spec;

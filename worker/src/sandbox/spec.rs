@@ -71,6 +71,9 @@ pub struct JobSandbox<'a> {
     pub gid: u32,
     /// SKU limits.
     pub limits: SandboxLimits,
+    /// The CPUs the sandbox is pinned to, in the kernel's list format (`0-1,4`;
+    /// [`super::cpuset`]); `None`: any CPU.
+    pub cpuset: Option<&'a str>,
     /// Own user namespace with this mapping (container root is then an unprivileged host
     /// uid); `None` keeps the host's user namespace.
     pub id_map: Option<IdMap>,
@@ -154,6 +157,7 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     if job.low_cpu_weight {
         cpu.set_shares(Some(2));
     }
+    cpu.set_cpus(job.cpuset.map(str::to_owned));
     resources.set_cpu(Some(cpu));
     let mut memory = LinuxMemory::default();
     let bytes = i64::try_from(job.limits.memory_bytes).unwrap_or(i64::MAX);
@@ -215,6 +219,7 @@ mod tests {
             uid: 1000,
             gid: 1000,
             limits: SandboxLimits { cpus: 2.0, memory_bytes: 4 << 30, pids: 512 },
+            cpuset: Some("2-3"),
             id_map: Some(IdMap { host_base: 100_000, size: 65_536 }),
             seccomp: true,
             resolv_conf: None,
@@ -228,6 +233,7 @@ mod tests {
         assert_eq!(json["process"]["noNewPrivileges"], true);
         assert_eq!(json["process"]["capabilities"]["bounding"], serde_json::json!([]));
         assert_eq!(json["linux"]["resources"]["cpu"]["quota"], 200_000);
+        assert_eq!(json["linux"]["resources"]["cpu"]["cpus"], "2-3");
         assert_eq!(json["linux"]["resources"]["memory"]["limit"], 4_i64 << 30);
         assert_eq!(json["linux"]["resources"]["memory"]["swap"], 4_i64 << 30);
         assert_eq!(json["linux"]["resources"]["pids"]["limit"], 512);
