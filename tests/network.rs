@@ -11,6 +11,9 @@ use sandq_schemas::{JobStatus, NetworkMode, Sku};
 use sandq_tests::{exits_within, python_job, service_port, wait, wait_for_status, Isolated};
 
 const NETNS: &str = "sandqt-ext";
+
+/// The tests take turns: they share the test netns and change the host's firewall.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const SERVER: &str = "198.18.0.2";
 
 fn ip(args: &[&str]) {
@@ -117,6 +120,7 @@ fn sandbox_address(container_id: &str) -> Option<String> {
 
 #[tokio::test]
 async fn outbound_works_inbound_and_the_host_do_not() {
+    let _serial = SERIAL.lock().await;
     let token = uuid::Uuid::new_v4().to_string();
     let external = External::start(&token);
     let world = Isolated::new().await;
@@ -201,6 +205,7 @@ async fn outbound_works_inbound_and_the_host_do_not() {
 /// sandbox's own namespace has IPv6 off (no link-local address, nothing to send from).
 #[tokio::test]
 async fn outbound_sandboxes_have_no_ipv6_path_to_the_host() {
+    let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
     let worker_id = format!("{}-w6", world.namespace);
     let mut worker = world.start_worker_ready(&worker_id, &[]);
@@ -266,6 +271,7 @@ impl Drop for HostRules {
 /// address the host forwards to; the test's public server stays reachable.
 #[tokio::test]
 async fn host_port_forwards_and_later_forward_rules_do_not_open_the_policy() {
+    let _serial = SERIAL.lock().await;
     let token = uuid::Uuid::new_v4().to_string();
     let external = External::start(&token);
     // The "container" the host publishes: a private address in the test's netns.
@@ -320,6 +326,7 @@ async fn host_port_forwards_and_later_forward_rules_do_not_open_the_policy() {
 /// every rule of the host's in place.
 #[tokio::test]
 async fn workers_starting_together_keep_the_policy_and_the_hosts_rules() {
+    let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
     let mut rules = HostRules(Vec::new());
     // The host's own rules (TEST-NET-3 sources: never seen on this machine).
