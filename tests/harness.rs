@@ -467,3 +467,8 @@ pub async fn ready_messages(config: &ServiceConfig, sku: Sku) -> u32 {
         .expect("queue");
     queue.message_count()
 }
+
+/// CPUs this machine has online (`available_parallelism`).
+pub fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}

@@ -347,3 +347,44 @@ async fn a_warm_sandbox_yields_the_cpu_until_its_job_arrives() {
     stop(worker);
     world.delete_queues().await;
 }
+
+/// Fifth review P2: a waiting warm sandbox holds no CPUs, and the job handed to it is pinned to
+/// CPUs of its own: beside a cold job it runs on other CPUs (on a host with two or more). With
+/// both runtimes' pools of S and M waiting on two CPUs, pins taken at warm-up put the cold S job
+/// on the warm S sandbox's CPU.
+#[tokio::test]
+async fn a_warm_start_and_a_cold_one_get_cpus_of_their_own() {
+    if sandq_tests::host_cpus() < 2 {
+        eprintln!("one CPU: nothing to check");
+        return;
+    }
+    let world = Isolated::new().await;
+    let id = format!("{}-pins", world.namespace);
+    let worker = world.start_worker_ready(
+        &id,
+        &[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__SKUS__S__SLOTS", "2"), ("SANDQ__SKUS__S__CPUS", "1"), ("SANDQ__SKUS__S__MEMORY_BYTES", "1073741824"), ("SANDQ__WORKER__CAPACITY_CPUS", "2")],
+    );
+    let mut client = world.client().await;
+    let code = "import time\nprint(next(l for l in open('/proc/self/status') if l.startswith('Cpus_allowed_list')).split()[1])\n\
+                t = time.time()\nwhile time.time() - t < 3: pass\n";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        // Room for the pool to refill, then a warm-eligible job and a script-mode (cold) one.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let warm = python_job(code, Sku::S);
+        let mut cold = python_job(code, Sku::S);
+        cold.mode = Some(sandq_schemas::RunMode::Script);
+        client.submit(&warm).await.expect("submit");
+        client.submit(&cold).await.expect("submit");
+        let (w, c) = (sandq_tests::wait(&mut client, &warm.job_id).await, sandq_tests::wait(&mut client, &cold.job_id).await);
+        assert_eq!((w.status, c.status), (JobStatus::Succeeded, JobStatus::Succeeded), "{} {}", w.stderr.text, c.stderr.text);
+        let overlapped = w.started_at_ms < c.finished_at_ms && c.started_at_ms < w.finished_at_ms;
+        if w.sandbox.is_some_and(|s| s.warm) && overlapped {
+            assert_ne!(w.stdout.text, c.stdout.text, "a warm and a cold job ran on the same CPUs at once");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no warm start beside a cold one");
+    }
+    stop(worker);
+    world.delete_queues().await;
+}

@@ -11,7 +11,14 @@
 //!
 //! The job id comes from the body (`job_id`), else the `message_id` property, each only when it
 //! is a valid id. A message without one is counted (`sandq_dead_letters_total{action =
-//! "no_job_id"}`), logged and acked: there is nowhere to report it. A message naming a job that
+//! "no_job_id"}`), logged and acked: there is nowhere to report it. A job still `running` is
+//! not given a result on a dead letter's word (anyone allowed to publish to the dead-letter
+//! exchange can write `x-death`, and a client's duplicate can expire while the first copy
+//! runs: fifth review P1): a `delivery_limit` counts only when the job's record shows that
+//! many attempts (`ignored` otherwise), and for any other reason the job is checked again once
+//! its attempt must have ended, its timeout plus 2 minutes (`deferred`), and given
+//! `internal_error` if it is still `running` with the same attempt. A record Redis holds as
+//! another type or shape is not retried (`unreadable`: fifth review P3). A message naming a job that
 //! is `running` whose body is not a valid job (forged, or broken) is dropped without a result,
 //! as the worker drops such messages (security re-review N6). Every message is acked once its
 //! result is stored (or found stored); a Redis failure puts it back after a pause.
@@ -220,18 +227,57 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     let names = &settings.names;
     let current = match results::read(&mut redis, names, &job_id).await {
         Ok(current) => current,
-        Err(e) => {
+        Err(results::ResultError::Redis(e)) if transient(&e) => {
             warn!(%job_id, error = %e, "dead letter: cannot read the job's result; retrying");
             return false;
+        }
+        Err(e) => {
+            // Not Redis being away: a record of another type or shape (a client can write one).
+            // Retrying would hold every dead letter behind this one (fifth review P3).
+            crate::metrics::dead_letter(death.reason.as_str(), "unreadable");
+            warn!(%job_id, error = %e, "dead letter: the job's record is unreadable; dropping the message");
+            return true;
         }
     };
     let cancelled = match results::cancel_requested(&mut redis, names, &job_id).await {
         Ok(c) => c,
-        Err(e) => {
+        Err(results::ResultError::Redis(e)) if transient(&e) => {
             warn!(%job_id, error = %e, "dead letter: cannot read the cancel key; retrying");
             return false;
         }
+        Err(e) => {
+            crate::metrics::dead_letter(death.reason.as_str(), "unreadable");
+            warn!(%job_id, error = %e, "dead letter: the job's cancel key is unreadable; dropping the message");
+            return true;
+        }
     };
+    // A running job: its attempt may be alive. A dead letter is no proof it is not (anyone who
+    // can publish to the dead-letter exchange can forge `x-death`, and a client's duplicate
+    // publish can expire while the first copy runs: fifth review P1).
+    if let Some(run) = current.as_ref().filter(|r| r.status == JobStatus::Running) {
+        let limit = settings.services.amqp.delivery_limit;
+        if death.reason == DeathReason::DeliveryLimit && run.attempt < limit {
+            // Its record shows fewer attempts than the limit: its deliveries did not keep failing.
+            crate::metrics::dead_letter(death.reason.as_str(), "ignored");
+            warn!(%job_id, attempt = run.attempt, limit, "dead letter: delivery limit claimed for a job attempted fewer times; ignoring it");
+            return true;
+        }
+        if death.reason != DeathReason::DeliveryLimit {
+            let timeout = spec
+                .as_ref()
+                .and_then(|s| s.timeout.as_deref())
+                .and_then(|t| humantime::parse_duration(t).ok())
+                .unwrap_or(settings.limits.max_timeout)
+                .min(settings.limits.max_timeout);
+            let alive_until = run.started_at_ms.unwrap_or(0) + (timeout + ATTEMPT_GRACE).as_millis() as u64;
+            if now_ms() < alive_until {
+                crate::metrics::dead_letter(death.reason.as_str(), "deferred");
+                info!(%job_id, attempt = run.attempt, "dead letter for a running job: checking again once its attempt must have ended");
+                tokio::spawn(recheck_lost(ctx.clone(), job_id, run.attempt, alive_until, death.raw_reason.clone()));
+                return true;
+            }
+        }
+    }
     // `x-delivery-limit` returns, plus the delivery that was never returned.
     let count = deliveries(headers, u64::from(settings.services.amqp.delivery_limit) + 1);
     let header_keys: Vec<String> = headers.map(|h| h.inner().keys().map(|k| k.as_str().to_owned()).collect()).unwrap_or_default();
@@ -265,10 +311,48 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
             warn!(%job_id, dead_letter_reason = death.raw_reason, %status, reason, written, "dead-lettered job given its terminal result");
             true
         }
+        Err(results::ResultError::Redis(e)) if !transient(&e) => {
+            crate::metrics::dead_letter(death.reason.as_str(), "unreadable");
+            warn!(%job_id, error = %e, "dead letter: the job's record cannot be written; dropping the message");
+            true
+        }
         Err(e) => {
             warn!(%job_id, error = %e, "dead letter: cannot store the result; retrying");
             false
         }
+    }
+}
+
+/// How long past its timeout a running attempt may still store its result (collection and
+/// upload of its outputs), before the dead-letter consumer calls its worker lost.
+const ATTEMPT_GRACE: Duration = Duration::from_secs(120);
+
+/// True for a Redis error that may pass (unreachable, dropped, timed out): worth a retry.
+fn transient(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+}
+
+/// At `until` (Unix ms), gives a job still `running` the same attempt an `internal_error`: its
+/// worker was lost. In-process: a worker restarting meanwhile forgets it (the job then stays
+/// `running`, as before the dead-letter consumer existed).
+async fn recheck_lost(ctx: Context, job_id: String, attempt: u32, until: u64, dead_letter_reason: String) {
+    tokio::time::sleep(Duration::from_millis(until.saturating_sub(now_ms()))).await;
+    let mut redis = ctx.redis.clone();
+    let names = &ctx.settings.names;
+    let Ok(Some(current)) = results::read(&mut redis, names, &job_id).await else { return };
+    if current.status != JobStatus::Running || current.attempt != attempt {
+        return;
+    }
+    let mut result = JobResult::new(job_id.clone(), JobStatus::InternalError);
+    result.reason = Some("its worker was lost while running it (no result past its timeout), and no worker took it again".into());
+    result.sku = current.sku;
+    result.queued_at_ms = current.queued_at_ms;
+    result.attempt = current.attempt;
+    result.started_at_ms = current.started_at_ms;
+    result.worker_id = Some(ctx.settings.worker_id.clone());
+    result.finished_at_ms = Some(now_ms());
+    if let Ok(written) = crate::publish::publish(&mut redis, names, &result, ctx.settings.limits.default_result_ttl).await {
+        warn!(%job_id, dead_letter_reason, written, "dead-lettered running job given its terminal result");
     }
 }
 

@@ -435,7 +435,8 @@ async fn execute_in(
     let (dir, staged, started, handover) = match warm {
         Some(w) => {
             stage::check_quota(job, &place).map_err(stage_failure)?;
-            let (dir, started, lease) = w.into_parts();
+            let (dir, mut started, lease) = w.into_parts();
+            started.pin(sku.limits.cpus).map_err(|e| Failure::Infrastructure(format!("cannot pin the warm sandbox to its CPUs: {e}")))?;
             let staged = stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
             // Staging can take a while: a cancel that landed meanwhile stops the job here.
             recheck(ctx, job, CANCELLED_BEFORE_PROGRAM).await?;

@@ -274,8 +274,9 @@ pub struct Started {
     stdout: tokio::task::JoinHandle<Captured>,
     stderr: tokio::task::JoinHandle<Captured>,
     warm: bool,
-    /// The CPUs the container is pinned to, held until it is gone.
-    _cpus: crate::sandbox::cpuset::CpuLease,
+    /// The CPUs the container is pinned to, held until it is gone; none for a warm sandbox
+    /// until its job is handed over ([`Started::pin`]).
+    _cpus: Option<crate::sandbox::cpuset::CpuLease>,
 }
 
 /// A warm start's handover: the job's environment and arguments (the program after the
@@ -295,8 +296,12 @@ pub struct Handover {
 pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Result<Started, RunError> {
     let cgroups_path = format!("/sandq/{}", launch.container_id);
     let resolv_conf = dir.src.join(crate::stage::RESOLV_CONF);
-    let cpus = crate::sandbox::cpuset::CpuPool::global().lease(launch.limits.cpus);
-    let cpuset = cpus.cpu_list();
+    // A warm sandbox holds no CPUs while it waits (fifth review P2: idle warm sandboxes' pins
+    // made running jobs share CPUs): it may run on any, at the lowest weight, and is pinned
+    // when its job arrives.
+    let pool = crate::sandbox::cpuset::CpuPool::global();
+    let cpus = (!launch.warm).then(|| pool.lease(launch.limits.cpus));
+    let cpuset = cpus.as_ref().map_or_else(|| pool.all_list(), crate::sandbox::cpuset::CpuLease::cpu_list);
     let sandbox = JobSandbox {
         rootfs: &settings.rootfs,
         work_dir: &dir.work,
@@ -354,6 +359,21 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
     let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
     let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
     Ok(Started { container_id: launch.container_id.to_owned(), child, control, stdout, stderr, warm: launch.warm, _cpus: cpus })
+}
+
+impl Started {
+    /// Pins a warm sandbox, now its job's, to CPUs of its own for `cores` (the SKU's), as a cold
+    /// start is pinned from the start: the cpuset cgroup is rewritten, which moves its
+    /// processes.
+    ///
+    /// # Errors
+    /// The cgroup write's error.
+    pub fn pin(&mut self, cores: f64) -> std::io::Result<()> {
+        let lease = crate::sandbox::cpuset::CpuPool::global().lease(cores);
+        crate::sandbox::cgroup::set_cpuset(&format!("/sandq/{}", self.container_id), &lease.cpu_list())?;
+        self._cpus = Some(lease);
+        Ok(())
+    }
 }
 
 impl Started {

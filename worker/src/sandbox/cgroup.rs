@@ -156,6 +156,17 @@ pub fn set_cpu_priority(cgroups_path: &str, low: bool) -> std::io::Result<()> {
     }
 }
 
+/// Pins the cgroup at `cgroups_path` to `cpus` (the kernel's list format): v1
+/// `cpuset/<path>/cpuset.cpus`, v2 `<path>/cpuset.cpus`. The kernel moves its processes.
+///
+/// # Errors
+/// The write's error (no cpuset controller, the cgroup gone, CPUs outside the parent's).
+pub fn set_cpuset(cgroups_path: &str, cpus: &str) -> std::io::Result<()> {
+    let root = Path::new(CGROUP_ROOT);
+    let dir = if is_v2() { join(root, cgroups_path) } else { join(&root.join("cpuset"), cgroups_path) };
+    std::fs::write(dir.join("cpuset.cpus"), cpus)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,6 +71,14 @@ impl CpuPool {
     }
 }
 
+impl CpuPool {
+    /// Every CPU of the pool in the kernel's list format: where a sandbox holding no lease (a
+    /// warm one, waiting) may run.
+    pub fn all_list(&self) -> String {
+        super::cgroup::format_cpu_list(&self.cpus)
+    }
+}
+
 impl CpuLease {
     /// The CPU numbers held.
     pub fn cpus(&self) -> Vec<u32> {
