@@ -16,8 +16,9 @@
 //! exchange can write `x-death`, and a client's duplicate can expire while the first copy
 //! runs: fifth review P1): a `delivery_limit` counts only when the job's record shows that
 //! many attempts (`ignored` otherwise), and for any other reason the job is checked again once
-//! its attempt must have ended, its timeout plus 2 minutes (`deferred`), and given
-//! `internal_error` if it is still `running` with the same attempt. A record Redis holds as
+//! any attempt must have ended, `limits.max_timeout` plus 30 minutes after its start
+//! (`deferred`; one check per job and attempt, at most 10,000 pending, `deferred_full` past
+//! that), and given `internal_error` if it is still `running` with the same attempt. A record Redis holds as
 //! another type or shape is not retried (`unreadable`: fifth review P3). A message naming a job that
 //! is `running` whose body is not a valid job (forged, or broken) is dropped without a result,
 //! as the worker drops such messages (security re-review N6). Every message is acked once its
@@ -263,17 +264,21 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
             return true;
         }
         if death.reason != DeathReason::DeliveryLimit {
-            let timeout = spec
-                .as_ref()
-                .and_then(|s| s.timeout.as_deref())
-                .and_then(|t| humantime::parse_duration(t).ok())
-                .unwrap_or(settings.limits.max_timeout)
-                .min(settings.limits.max_timeout);
-            let alive_until = run.started_at_ms.unwrap_or(0) + (timeout + ATTEMPT_GRACE).as_millis() as u64;
+            let alive_until = run.started_at_ms.unwrap_or(0) + attempt_lifetime(settings).as_millis() as u64;
             if now_ms() < alive_until {
+                let key = (job_id.clone(), run.attempt);
+                // None: full; Some(false): a check of this attempt is pending already.
+                let new = DEFERRED.lock().ok().and_then(|mut d| (d.contains(&key) || d.len() < MAX_DEFERRED).then(|| d.insert(key.clone())));
+                let Some(new) = new else {
+                    crate::metrics::dead_letter(death.reason.as_str(), "deferred_full");
+                    warn!(%job_id, "dead letter for a running job: too many deferred checks; dropping it");
+                    return true;
+                };
                 crate::metrics::dead_letter(death.reason.as_str(), "deferred");
-                info!(%job_id, attempt = run.attempt, "dead letter for a running job: checking again once its attempt must have ended");
-                tokio::spawn(recheck_lost(ctx.clone(), job_id, run.attempt, alive_until, death.raw_reason.clone()));
+                info!(%job_id, attempt = run.attempt, new, "dead letter for a running job: checking again once its attempt must have ended");
+                if new {
+                    tokio::spawn(recheck_lost(ctx.clone(), key, alive_until));
+                }
                 return true;
             }
         }
@@ -323,20 +328,39 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     }
 }
 
-/// How long past its timeout a running attempt may still store its result (collection and
-/// upload of its outputs), before the dead-letter consumer calls its worker lost.
-const ATTEMPT_GRACE: Duration = Duration::from_secs(120);
-
-/// True for a Redis error that may pass (unreachable, dropped, timed out): worth a retry.
+/// True for a Redis error worth a retry: everything but a key of another type (`WRONGTYPE`,
+/// which no retry changes). A restarting or failing-over Redis (`LOADING`, `READONLY`,
+/// `TRYAGAIN`, `OOM`...) is retried (sixth review S5).
 fn transient(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+    e.code() != Some("WRONGTYPE")
 }
+
+/// How long after a running job's start its attempt may still store a result: the longest
+/// timeout, plus 30 minutes for staging before it and collection after it (uploads of up to
+/// 512 MiB of artifacts, the session save). Taken from the worker's settings, never from the
+/// dead letter's body (sixth review S2: a forged body said `timeout: 0s`).
+fn attempt_lifetime(settings: &crate::settings::Settings) -> Duration {
+    settings.limits.max_timeout + Duration::from_secs(30 * 60)
+}
+
+/// Deferred checks pending in this worker, one per (job id, attempt) (sixth review S3: one
+/// task per forged message grew without bound); at most [`MAX_DEFERRED`].
+static DEFERRED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<(String, u32)>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Most deferred checks a worker keeps; past it a dead letter for a running job is dropped
+/// (counted `deferred_full`).
+const MAX_DEFERRED: usize = 10_000;
 
 /// At `until` (Unix ms), gives a job still `running` the same attempt an `internal_error`: its
 /// worker was lost. In-process: a worker restarting meanwhile forgets it (the job then stays
 /// `running`, as before the dead-letter consumer existed).
-async fn recheck_lost(ctx: Context, job_id: String, attempt: u32, until: u64, dead_letter_reason: String) {
+async fn recheck_lost(ctx: Context, key: (String, u32), until: u64) {
     tokio::time::sleep(Duration::from_millis(until.saturating_sub(now_ms()))).await;
+    if let Ok(mut deferred) = DEFERRED.lock() {
+        deferred.remove(&key);
+    }
+    let (job_id, attempt) = key;
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
     let Ok(Some(current)) = results::read(&mut redis, names, &job_id).await else { return };
@@ -352,7 +376,7 @@ async fn recheck_lost(ctx: Context, job_id: String, attempt: u32, until: u64, de
     result.worker_id = Some(ctx.settings.worker_id.clone());
     result.finished_at_ms = Some(now_ms());
     if let Ok(written) = crate::publish::publish(&mut redis, names, &result, ctx.settings.limits.default_result_ttl).await {
-        warn!(%job_id, dead_letter_reason, written, "dead-lettered running job given its terminal result");
+        warn!(%job_id, written, "dead-lettered running job given its terminal result");
     }
 }
 
