@@ -90,11 +90,20 @@ pub fn attempt_number(headers: Option<&FieldTable>, redelivered: bool) -> u32 {
 /// # Errors
 /// The broker's error; the delivery then comes back after the channel closes (at-least-once).
 pub async fn settle(acker: &Acker, disposition: Disposition) -> Result<(), lapin::Error> {
-    match disposition {
+    let sent = match disposition {
         Disposition::Ack => acker.ack(BasicAckOptions::default()).await?,
         Disposition::Requeue => acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?,
         Disposition::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await?,
     };
+    // lapin answers false when the delivery's channel is gone (closed by the broker, e.g. its
+    // consumer_timeout): the settlement was not sent and the broker redelivers the message
+    // (seventh review T2: this was taken for success).
+    if !sent {
+        return Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
+            lapin::ChannelState::Closed,
+            "the delivery's channel is closed: not settled",
+        )));
+    }
     Ok(())
 }
 

@@ -63,35 +63,39 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
     let mut index = 0;
     for (sku, sku_settings) in &settings.skus {
         for slot in 0..sku_settings.slots {
-            let channel = connection.create_channel().await?;
-            channel.basic_qos(1, BasicQosOptions::default()).await?;
-            let tag = format!("{}-{}-{}", settings.worker_id, sku, slot);
-            let consumer = channel
-                .basic_consume(
-                    settings.names.jobs_queue(*sku).into(),
-                    tag.clone().into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
-            slots.spawn(slot_loop(ctx.clone(), (*sku, index), consumer, shutdown.clone(), channel, tag));
+            let task = Task::Slot { sku: *sku, slot, index };
+            let run = open_slot(ctx, &connection, task, shutdown.clone()).await?;
+            slots.spawn(run);
             index += 1;
         }
     }
     // Every worker also gives dead-lettered jobs their terminal result; the consumer ends with
     // the slots (Ok on shutdown, Err on a broker failure).
     let job_slots = slots.len();
-    let dead_letters = connection.create_channel().await?;
-    slots.spawn(crate::dead_letter::run(ctx.clone(), dead_letters, shutdown.clone()));
+    slots.spawn(open_slot(ctx, &connection, Task::DeadLetters, shutdown.clone()).await?);
     crate::health::set_broker(Some(connection.status().clone()));
     info!(worker_id = %settings.worker_id, slots = job_slots, "consuming");
-    // The first slot to end decides: Ok on shutdown (wait for the others to finish their job),
-    // Err on a broker failure (drop everything and reconnect).
+    // A task that ends with an error while the connection stands lost only its channel (the
+    // broker closed it: a consumer_timeout, say): that one is reopened, the other slots' jobs
+    // go on (seventh review T2). When the connection is gone, everything is dropped and the
+    // worker reconnects. Ok on shutdown (wait for the others to finish their job).
     let mut outcome = Ok(());
     while let Some(joined) = slots.join_next().await {
         match joined {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+            Ok((_, Ok(()))) => {}
+            Ok((task, Err(e))) if !*shutdown.borrow() && connection.status().connected() => {
+                warn!(error = %e, ?task, "a channel closed; reopening it alone");
+                match open_slot(ctx, &connection, task, shutdown.clone()).await {
+                    Ok(run) => {
+                        slots.spawn(run);
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        slots.abort_all();
+                    }
+                }
+            }
+            Ok((_, Err(e))) => {
                 outcome = Err(e);
                 if !*shutdown.borrow() {
                     slots.abort_all();
@@ -105,6 +109,34 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
         let _ = connection.close(200, "worker shutting down".into()).await;
     }
     outcome
+}
+
+/// What a task of [`serve`] consumes: a job slot of a SKU (its slot number and user namespace
+/// range index), or the dead-letter queue.
+#[derive(Debug, Clone, Copy)]
+enum Task {
+    Slot { sku: sandq_schemas::Sku, slot: usize, index: usize },
+    DeadLetters,
+}
+
+type TaskRun = std::pin::Pin<Box<dyn std::future::Future<Output = (Task, Result<(), lapin::Error>)> + Send>>;
+
+/// Opens `task`'s channel and consumer on `connection`; returns the future that runs it.
+async fn open_slot(ctx: &Context, connection: &Connection, task: Task, shutdown: watch::Receiver<bool>) -> Result<TaskRun, lapin::Error> {
+    let settings = &ctx.settings;
+    let channel = connection.create_channel().await?;
+    let ctx = ctx.clone();
+    match task {
+        Task::Slot { sku, slot, index } => {
+            channel.basic_qos(1, BasicQosOptions::default()).await?;
+            let tag = format!("{}-{}-{}", settings.worker_id, sku, slot);
+            let consumer = channel
+                .basic_consume(settings.names.jobs_queue(sku).into(), tag.clone().into(), BasicConsumeOptions::default(), FieldTable::default())
+                .await?;
+            Ok(Box::pin(async move { (task, slot_loop(ctx, (sku, index), consumer, shutdown, channel, tag).await) }))
+        }
+        Task::DeadLetters => Ok(Box::pin(async move { (task, crate::dead_letter::run(ctx, channel, shutdown).await) })),
+    }
 }
 
 async fn slot_loop(
