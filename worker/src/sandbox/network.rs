@@ -234,7 +234,7 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
     ensure_chain("raw", RAW_CHAIN)?;
     let dns: Vec<(String, &str)> = nameservers.iter().flat_map(|n| ["udp", "tcp"].map(|p| (n.to_string(), p))).collect();
     for (ns, proto) in &dns {
-        ensure_rule_in_first("raw", &[RAW_CHAIN, "-d", ns, "-p", proto, "--dport", "53", "-j", "RETURN"])?;
+        ensure_rule_first("iptables", "raw", &[RAW_CHAIN, "-d", ns, "-p", proto, "--dport", "53", "-j", "RETURN"])?;
     }
     ensure_rule("raw", &[RAW_CHAIN, "-m", "addrtype", "--dst-type", "LOCAL", "-j", "DROP"])?;
     for range in BLOCKED_RANGES {
@@ -245,7 +245,7 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
     // Forwarding, in a chain of its own at the top of FORWARD.
     ensure_chain("filter", FORWARD_CHAIN)?;
     for (ns, proto) in &dns {
-        ensure_rule_in_first("filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-d", ns, "-p", proto, "--dport", "53", "-j", "ACCEPT"])?;
+        ensure_rule_first("iptables", "filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-d", ns, "-p", proto, "--dport", "53", "-j", "ACCEPT"])?;
     }
     ensure_rule("filter", &[FORWARD_CHAIN, "-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"])?;
     ensure_rule("filter", &[FORWARD_CHAIN, "-o", BRIDGE, "-j", "DROP"])?;
@@ -256,11 +256,6 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
     ensure_first("filter", "FORWARD", &[vec!["-i", BRIDGE, "-j", FORWARD_CHAIN], vec!["-o", BRIDGE, "-j", FORWARD_CHAIN]])?;
     remove_legacy_rules(nameservers);
     Ok(())
-}
-
-/// Like [`ensure_rule`], but a missing rule is inserted first in its chain.
-fn ensure_rule_in_first(table: &str, rule: &[&str]) -> Result<(), String> {
-    ensure_rule_first("iptables", table, rule)
 }
 
 /// Removes the FORWARD rules earlier versions appended to FORWARD itself (now in
