@@ -35,6 +35,72 @@ pub struct Context {
     pub capacity: Arc<crate::capacity::Capacity>,
     /// Warm sandboxes ready for jobs.
     pub warm: Arc<crate::warm::Pool>,
+    /// Job ids this worker is running: a second delivery of one waits for the first attempt.
+    pub in_flight: Arc<InFlight>,
+}
+
+/// The job ids this worker has an attempt of, so that one job runs at most once at a time here.
+///
+/// A second delivery of a job this worker is still running comes when the broker took the first
+/// back without the connection failing: its channel was closed under the running job (RabbitMQ's
+/// `consumer_timeout`, seventh security review T2), and the message went to another consumer
+/// slot of the same worker. Without this the job ran twice at once, side by side (reproduced by
+/// `tests/channel_close.rs`). The second delivery waits, before it reads the job's state or takes
+/// capacity, until the first attempt has ended and stored its result; it then finds that result
+/// and is acked as a duplicate. Another worker taking the redelivery cannot be told apart from a
+/// worker that died, so it runs the job (at-least-once; the compare-and-set keeps one result).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    ids: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// An attempt's hold on its job id in [`InFlight`]; released on drop.
+pub struct Held<'a> {
+    in_flight: &'a InFlight,
+    job_id: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl InFlight {
+    /// Waits until no other attempt of `job_id` runs on this worker, then holds the id until the
+    /// returned [`Held`] is dropped.
+    pub async fn hold(&self, job_id: &str) -> Held<'_> {
+        let lock = {
+            let mut ids = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(ids.entry(job_id.to_owned()).or_default())
+        };
+        let guard = match Arc::clone(&lock).try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => {
+                warn!("another delivery of this job is running on this worker (its channel was closed under it); waiting for it to end");
+                lock.lock_owned().await
+            }
+        };
+        Held { in_flight: self, job_id: job_id.to_owned(), guard: Some(guard) }
+    }
+
+    /// Job ids held or waited for (for tests of the bookkeeping).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    /// Whether no job id is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut ids = self.in_flight.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(self.guard.take());
+        // Only the map's own reference left: nobody holds or waits for the id.
+        if ids.get(&self.job_id).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            ids.remove(&self.job_id);
+        }
+    }
 }
 
 /// Reason of a job cancelled after `running` was written (its `started_at_ms` is kept) but
@@ -152,6 +218,8 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32, slot: usize) 
         number: attempt,
         started_at_ms: now_ms(),
     };
+    // Held until the attempt has ended (its result stored, its sandbox gone), whichever way.
+    let _held = ctx.in_flight.hold(&job.spec.job_id).await;
     match still_wanted(ctx, &job).await {
         Ok(Wanted::Yes) => {}
         Ok(Wanted::Finished) => {
@@ -570,4 +638,27 @@ async fn store_logs(ctx: &Context, job: &ValidJob, who: &Attempt, output: &run::
         }
     }
     Ok(logs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InFlight;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_second_attempt_of_a_job_waits_for_the_first() {
+        let in_flight = InFlight::default();
+        let first = in_flight.hold("job-1").await;
+        let other = in_flight.hold("job-2").await;
+        assert_eq!(in_flight.len(), 2, "another job id does not wait");
+        let second = in_flight.hold("job-1");
+        tokio::pin!(second);
+        assert!(tokio::time::timeout(Duration::from_millis(100), &mut second).await.is_err(), "the second attempt ran beside the first");
+        drop(first);
+        let second = tokio::time::timeout(Duration::from_secs(5), second).await.expect("the second attempt goes on once the first ends");
+        assert_eq!(in_flight.len(), 2);
+        drop(second);
+        drop(other);
+        assert!(in_flight.is_empty(), "ids are forgotten once nobody holds them");
+    }
 }

@@ -94,7 +94,7 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
     let listener = sandq_worker::health::bind(metrics_addr)
         .await
         .with_context(|| format!("cannot listen on worker.metrics_addr {metrics_addr}"))?;
-    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity, warm };
+    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity, warm, in_flight: Arc::default() };
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(sandq_worker::health::serve(listener, ctx.clone(), rx.clone()));
     tokio::spawn(async move {
