@@ -178,6 +178,12 @@ fn times(result: &JobResult, submitted_ms: u64) -> JobTimes {
     }
 }
 
+/// The worker's default `worker.userns_host_base` (`sandq_worker::settings::DEFAULT_USERNS_HOST_BASE`).
+const USERNS_DEFAULT_BASE: u32 = 0x7000_0000;
+/// Id ranges set aside per started worker: its consumer slots and warm sandboxes (10 with the
+/// defaults on a 2-core machine), with room for more cores.
+const USERNS_BLOCK: u32 = 64;
+
 fn spawn_worker(bin_dir: &Path, config: &ServiceConfig, id: &str, env: &[(String, String)]) -> anyhow::Result<(Child, PathBuf)> {
     let log_path = std::env::temp_dir().join(format!("{id}.log"));
     let log = std::fs::File::create(&log_path)?;
@@ -329,7 +335,20 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     // The topology first (the client declares it), so that workers and the sampler find it.
     drop(Client::connect(config.clone()).await?);
     let mut workers = Vec::new();
+    // Workers on one host need disjoint user namespace ranges (docs/threat-model.md): the n-th
+    // gets the n-th block of USERNS_BLOCK ranges of 65,536 ids from the base (the setting's
+    // value when given, else the worker's default), unless --worker-env sets one itself.
+    let base_setting = "SANDQ__WORKER__USERNS_HOST_BASE";
+    let base = match std::env::var(base_setting) {
+        Ok(v) => v.parse::<u32>().with_context(|| format!("{base_setting}={v}"))?,
+        Err(_) => USERNS_DEFAULT_BASE,
+    };
     for i in 0..args.workers {
+        let mut env = env.clone();
+        if !env.iter().any(|(k, _)| k == base_setting) {
+            let own = u32::try_from(i).ok().and_then(|i| i.checked_mul(USERNS_BLOCK * 65_536)).and_then(|o| base.checked_add(o)).context("too many workers for the id space")?;
+            env.push((base_setting.to_owned(), own.to_string()));
+        }
         workers.push(spawn_worker(&bin_dir, &config, &format!("{}-w{i}", config.namespace), &env)?);
     }
     let ready_by = Instant::now() + Duration::from_secs(60);
