@@ -180,6 +180,12 @@ enum Failure {
     Duplicate,
     /// The client cancelled the job before it ran; the reason says when.
     Cancelled(&'static str),
+    /// Its deadline (latest start) passed while it waited, still `queued`; the reason says how.
+    Expired(String),
+    /// Another attempt of the job runs (its record says `running`) and holds what this one
+    /// waited for (the session's lock): this delivery is handed back without a result, to find
+    /// that attempt's result later (eighth review U1).
+    RunningElsewhere,
 }
 
 /// Reads the job's stored status: `Some(reason)` when it must not run (it has a terminal
@@ -188,22 +194,39 @@ enum Failure {
 async fn still_wanted(ctx: &Context, job: &ValidJob) -> Result<Wanted, Failure> {
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
-    match results::read(&mut redis, names, &job.spec.job_id).await {
+    let started = match results::read(&mut redis, names, &job.spec.job_id).await {
         Ok(Some(existing)) if existing.status.is_terminal() => return Ok(Wanted::Finished),
-        Ok(_) => {}
+        Ok(existing) => existing.is_some_and(|r| r.status == JobStatus::Running),
         Err(e) => return Err(Failure::Infrastructure(format!("cannot read result: {e}"))),
-    }
+    };
     match results::cancel_requested(&mut redis, names, &job.spec.job_id).await {
         Ok(true) => Ok(Wanted::Cancelled),
-        Ok(false) => Ok(Wanted::Yes),
+        Ok(false) => Ok(Wanted::Yes { started }),
         Err(e) => Err(Failure::Infrastructure(format!("cannot read cancel key: {e}"))),
     }
 }
 
+/// How late a job is to start (ms past its `deadline_ms`, its latest start), if it is; `None`
+/// once an attempt of it has started (its record says `running`: the deadline was met, and
+/// this delivery is a retry or a duplicate of that attempt, which must not be expired over it:
+/// eighth review U2).
+fn late_ms(job: &ValidJob, started: bool, now_ms: u64) -> Option<u64> {
+    let deadline = job.spec.deadline_ms.filter(|_| !started)?;
+    (deadline < now_ms).then(|| now_ms - deadline)
+}
+
+/// Whether the job's record says `running` (an attempt of it runs, or ran and died: then the
+/// session lock it held expires with its lease, and the session is not busy). A Redis error
+/// counts as running: the delivery is handed back rather than the job rejected.
+async fn running_elsewhere(ctx: &Context, job: &ValidJob) -> bool {
+    let mut redis = ctx.redis.clone();
+    results::read(&mut redis, &ctx.settings.names, &job.spec.job_id).await.map_or(true, |r| r.is_some_and(|r| r.status == JobStatus::Running))
+}
+
 /// Whether a taken job should still run.
 enum Wanted {
-    /// Yes.
-    Yes,
+    /// Yes; `started` when its record says `running` (an attempt of it started already).
+    Yes { started: bool },
     /// It already has a terminal result (a duplicate delivery): ack without running.
     Finished,
     /// A client cancelled it.
@@ -220,8 +243,8 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32, slot: usize) 
     };
     // Held until the attempt has ended (its result stored, its sandbox gone), whichever way.
     let _held = ctx.in_flight.hold(&job.spec.job_id).await;
-    match still_wanted(ctx, &job).await {
-        Ok(Wanted::Yes) => {}
+    let started = match still_wanted(ctx, &job).await {
+        Ok(Wanted::Yes { started }) => started,
         Ok(Wanted::Finished) => {
             info!("job already has a terminal result; acking the duplicate");
             return Outcome::Stored;
@@ -232,10 +255,10 @@ async fn process_valid(ctx: &Context, job: ValidJob, attempt: u32, slot: usize) 
             return Outcome::Infrastructure { attempt, final_result_stored: false };
         }
         Err(_) => unreachable!("still_wanted fails only on infrastructure"),
-    }
-    if let Some(deadline) = job.spec.deadline_ms.filter(|d| *d < who.started_at_ms) {
+    };
+    if let Some(late) = late_ms(&job, started, who.started_at_ms) {
         let mut result = publish::base(&job, &who, JobStatus::Expired);
-        result.reason = Some(format!("its deadline passed {} ms before a worker took it", who.started_at_ms - deadline));
+        result.reason = Some(format!("its deadline passed {late} ms before a worker took it"));
         result.finished_at_ms = Some(now_ms());
         info!("job expired in the queue");
         return store_or_retry(ctx, &result, job.result_ttl, attempt).await;
@@ -277,6 +300,17 @@ async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<Jo
             }
             result.finished_at_ms = Some(now_ms());
             result
+        }
+        Err(Failure::Expired(reason)) => {
+            info!(reason, "job expired before it could start");
+            let mut result = publish::base(job, who, JobStatus::Expired);
+            result.reason = Some(reason);
+            result.finished_at_ms = Some(now_ms());
+            result
+        }
+        Err(Failure::RunningElsewhere) => {
+            info!("another attempt of this job runs and holds its session; handing this delivery back");
+            return Outcome::Infrastructure { attempt, final_result_stored: false };
         }
         Err(Failure::Rejected(reason)) => {
             warn!(reason, "rejected job");
@@ -357,7 +391,12 @@ async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
 /// (see [`still_wanted`]).
 async fn recheck(ctx: &Context, job: &ValidJob, when: &'static str) -> Result<(), Failure> {
     match still_wanted(ctx, job).await? {
-        Wanted::Yes => Ok(()),
+        // The deadline too (eighth review U3): a job that waited past it (for its session or
+        // for capacity) is still `queued`, and is not started.
+        Wanted::Yes { started } => match late_ms(job, started, now_ms()) {
+            Some(late) => Err(Failure::Expired(format!("its deadline passed {late} ms before it could start (it waited for its session or for capacity)"))),
+            None => Ok(()),
+        },
         Wanted::Finished => Err(Failure::Duplicate),
         Wanted::Cancelled => Err(Failure::Cancelled(when)),
     }
@@ -401,6 +440,9 @@ async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Atte
             Ok(opened) => Some(opened),
             Err(e) => {
                 let failure = match e {
+                    // The lock is held by an attempt of this very job (a duplicate delivery of
+                    // a running session job): not a busy session (eighth review U1).
+                    sessions::SessionError::Busy { .. } if running_elsewhere(ctx, job).await => Failure::RunningElsewhere,
                     sessions::SessionError::Busy { .. } => {
                         Failure::Rejected(format!("{e} (waited {})", humantime::format_duration(ctx.settings.session_lock_wait)))
                     }
