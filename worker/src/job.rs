@@ -547,6 +547,9 @@ async fn execute_in(
             stage::check_quota(job, &place).map_err(stage_failure)?;
             let (dir, mut started, lease) = w.into_parts();
             started.pin(sku.limits.cpus).map_err(|e| Failure::Infrastructure(format!("cannot pin the warm sandbox to its CPUs: {e}")))?;
+            started
+                .give_job_memory(sku.limits.memory_bytes, settings.warm_memory_bytes)
+                .map_err(|e| Failure::Infrastructure(format!("cannot give the warm sandbox its job's memory: {e}")))?;
             let staged = stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
             // Staging can take a while: a cancel that landed meanwhile stops the job here.
             recheck(ctx, job, CANCELLED_BEFORE_PROGRAM).await?;

@@ -277,6 +277,9 @@ pub struct Started {
     /// The CPUs the container is pinned to, held until it is gone; none for a warm sandbox
     /// until its job is handed over ([`Started::pin`]).
     _cpus: Option<crate::sandbox::cpuset::CpuLease>,
+    /// CPU time the sandbox used before its job was handed over (a warm sandbox's warm-up),
+    /// ms: not the job's, taken off the report's usage (eighth review W1).
+    cpu_ms_before_job: u64,
 }
 
 /// A warm start's handover: the job's environment and arguments (the program after the
@@ -358,7 +361,7 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
     };
     let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
     let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
-    Ok(Started { container_id: launch.container_id.to_owned(), child, control, stdout, stderr, warm: launch.warm, _cpus: cpus })
+    Ok(Started { container_id: launch.container_id.to_owned(), child, control, stdout, stderr, warm: launch.warm, _cpus: cpus, cpu_ms_before_job: 0 })
 }
 
 impl Started {
@@ -373,6 +376,21 @@ impl Started {
         crate::sandbox::cgroup::set_cpuset(&format!("/sandq/{}", self.container_id), &lease.cpu_list())?;
         self._cpus = Some(lease);
         Ok(())
+    }
+
+    /// Gives a warm sandbox, now its job's, the job's whole memory (eighth review W2): its
+    /// limit is the SKU's `memory_bytes` plus what the warm-up holds now (the interpreter and
+    /// its preloaded modules, at most `reserve`, the `warm.memory_bytes` set aside for it in
+    /// the worker's capacity), so that a program that fits a cold start fits a warm one. Also
+    /// notes the warm-up's CPU time, which is not the job's usage (W1).
+    ///
+    /// # Errors
+    /// The cgroup write's error.
+    pub fn give_job_memory(&mut self, memory_bytes: u64, reserve: u64) -> std::io::Result<()> {
+        let path = format!("/sandq/{}", self.container_id);
+        self.cpu_ms_before_job = crate::sandbox::cgroup::read(&path).cpu_ms;
+        let held = crate::sandbox::cgroup::memory_current(&path).unwrap_or(reserve).min(reserve);
+        crate::sandbox::cgroup::raise_memory_limit(&path, memory_bytes.saturating_add(held))
     }
 }
 
@@ -416,7 +434,7 @@ impl Started {
             self.control.write_all(line.as_bytes()).await.map_err(RunError::Helper)?;
         }
         // `_cpus` stays held until the helper has reaped the container (end of this function).
-        let Started { container_id, mut child, mut control, stdout, stderr, _cpus, .. } = self;
+        let Started { container_id, mut child, mut control, stdout, stderr, _cpus, cpu_ms_before_job, .. } = self;
         let deadline = tokio::time::Instant::now() + timeout + HELPER_GRACE;
         let exited = tokio::select! {
             status = tokio::time::timeout_at(deadline, child.wait()) => Some(status),
@@ -450,6 +468,8 @@ impl Started {
         let report = read_report(&dir.report)
             .await
             .map_err(|message| RunError::NoReport { status: status.to_string(), message })?;
+        let mut report = report;
+        report.stats.cpu_ms = report.stats.cpu_ms.saturating_sub(cpu_ms_before_job);
         Ok(RunOutput { report, stdout, stderr })
     }
 }

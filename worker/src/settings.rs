@@ -294,6 +294,10 @@ pub struct Settings {
     pub max_state_save: Duration,
     /// Warm sandboxes kept per SKU served (0: none).
     pub warm_per_sku: usize,
+    /// Memory set aside in the capacity for each warm sandbox (`warm.memory_bytes`, default
+    /// 256 MiB), bytes; also the most of a warm-up's memory a job is given on top of its
+    /// SKU's at handover.
+    pub warm_memory_bytes: u64,
     /// Modules a warm runner preloads (`SANDQ_PRELOAD`).
     pub warm_preload: String,
     /// Runtimes with warm sandboxes.
@@ -466,7 +470,8 @@ impl RawConfig {
         }
         // The warm pool's memory comes off the capacity jobs get.
         let warm_sandboxes = self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
-        let warm_reserve = warm_sandboxes as u64 * self.warm.memory_bytes.unwrap_or(256 << 20);
+        let warm_memory_bytes = self.warm.memory_bytes.unwrap_or(256 << 20);
+        let warm_reserve = warm_sandboxes as u64 * warm_memory_bytes;
         let capacity_memory_bytes = match capacity_memory_bytes.checked_sub(warm_reserve) {
             Some(left) if skus.values().all(|s| s.limits.memory_bytes <= left) => left,
             _ => {
@@ -540,6 +545,7 @@ impl RawConfig {
             max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
             max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
             warm_per_sku: self.warm.per_sku.unwrap_or(1),
+            warm_memory_bytes,
             warm_preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
             warm_runtimes,
             max_attempts,

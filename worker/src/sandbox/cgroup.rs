@@ -140,6 +140,39 @@ pub fn read(cgroups_path: &str) -> CgroupStats {
     }
 }
 
+/// The memory the cgroup at `cgroups_path` holds now (v1 `memory.usage_in_bytes`, v2
+/// `memory.current`), bytes; `None` when it cannot be read.
+pub fn memory_current(cgroups_path: &str) -> Option<u64> {
+    let root = Path::new(CGROUP_ROOT);
+    if is_v2() {
+        read_u64(&join(root, cgroups_path).join("memory.current"))
+    } else {
+        read_u64(&join(&root.join("memory"), cgroups_path).join("memory.usage_in_bytes"))
+    }
+}
+
+/// Raises the memory limit of the cgroup at `cgroups_path` to `bytes`: v2 `memory.max`; v1
+/// `memory.memsw.limit_in_bytes` (memory + swap, when the kernel accounts swap: it may not be
+/// below the memory limit, so it is raised first) then `memory.limit_in_bytes`. Also restarts
+/// v1's peak (`memory.max_usage_in_bytes`) from the current usage. Only for raising: a lower
+/// limit would be written in the wrong order on v1.
+///
+/// # Errors
+/// The write's error (no memory controller, the cgroup gone).
+pub fn raise_memory_limit(cgroups_path: &str, bytes: u64) -> std::io::Result<()> {
+    let root = Path::new(CGROUP_ROOT);
+    if is_v2() {
+        return std::fs::write(join(root, cgroups_path).join("memory.max"), bytes.to_string());
+    }
+    let dir = join(&root.join("memory"), cgroups_path);
+    let memsw = dir.join("memory.memsw.limit_in_bytes");
+    if memsw.exists() {
+        std::fs::write(&memsw, bytes.to_string())?;
+    }
+    std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string())?;
+    std::fs::write(dir.join("memory.max_usage_in_bytes"), "0")
+}
+
 /// The CPU weight of the cgroup at `cgroups_path` among its siblings (the other sandboxes):
 /// the lowest when `low` (v1 `cpu.shares` 2, v2 `cpu.weight` 1), else the kernel's default
 /// (1024, 100). A warm sandbox warms up at the lowest, so that a job arriving meanwhile gets
