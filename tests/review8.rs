@@ -314,3 +314,31 @@ async fn a_message_with_deeply_nested_headers_does_not_stop_the_worker() {
     world.delete_queues().await;
     assert!(exited.is_none(), "the worker exited ({exited:?}) on one message with nested headers; log tail:\n{}", log.lines().rev().take(3).collect::<Vec<_>>().join("\n"));
 }
+
+/// G1, G2: a sandbox opens at most 64 ptys (its devpts instance's `max=`), and the host tables
+/// every sandbox draws from were raised at the worker's start so that the sandboxes' memory and
+/// pids limits run out first: `fs.file-max` at least one file per 256 bytes of the worker's
+/// memory capacity (64 GiB here), `kernel.pid_max` at least its sandboxes' pids plus 32,768,
+/// `kernel.pty.max` at least the reserve plus 64 per sandbox.
+#[tokio::test]
+async fn a_sandbox_takes_a_bounded_share_of_the_hosts_tables() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &worker_env(&[]));
+    let read = |path: &str| std::fs::read_to_string(path).expect("sysctl").trim().parse::<u64>().expect("number");
+    // Isolated workers get 64 GiB of capacity (harness); 2 S slots of 1024 pids.
+    assert!(read("/proc/sys/fs/file-max") >= (64u64 << 30) / 256);
+    assert!(read("/proc/sys/kernel/pid_max") >= 2 * 1024 + 32_768);
+    assert!(read("/proc/sys/kernel/pty/max") >= read("/proc/sys/kernel/pty/reserve") + 2 * 64);
+    let mut client = world.client().await;
+    let spec = python_job(
+        "import os\nfds = []\ntry:\n    while len(fds) < 1000:\n        fds.append(os.openpty())\nexcept OSError as e:\n    print(len(fds), e.errno)\n",
+        Sku::S,
+    );
+    let result = sandq_tests::run(&mut client, &spec).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    // ENOSPC (28) at the 65th.
+    assert_eq!(result.stdout.text, "64 28\n", "{result:?}");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(40)));
+    world.delete_queues().await;
+}

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Consumer};
 use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
@@ -192,14 +192,16 @@ pub async fn run(ctx: Context, channel: Channel, mut shutdown: watch::Receiver<b
                 "dead-letter consumer cancelled",
             ))),
         };
+        // Through ack::settle, which takes lapin's "not sent" (the channel closed) for the
+        // error it is: the consumer is then reopened (eighth review note).
         if handle(&ctx, &delivery).await {
-            delivery.acker.ack(BasicAckOptions::default()).await?;
+            crate::ack::settle(&delivery.acker, crate::ack::Disposition::Ack).await?;
         } else {
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = shutdown.changed() => {}
             }
-            delivery.acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?;
+            crate::ack::settle(&delivery.acker, crate::ack::Disposition::Requeue).await?;
         }
     }
 }

@@ -48,6 +48,11 @@ fn main() -> anyhow::Result<()> {
     for dir in [&settings.jobs_dir, &settings.state_root] {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    // Host tables every sandbox draws from (open files, pids, ptys), sized so that the
+    // sandboxes' own limits run out first (eighth security review G1, G2).
+    for (path, from, to) in sandq_worker::sandbox::host_limits::ensure(&settings)? {
+        info!(path, from, to, "raised a host-wide limit the sandboxes share");
+    }
     // Crash safety: containers and job dirs of a previous run of this worker id.
     let status = std::process::Command::new(&settings.container_helper)
         .arg("cleanup")

@@ -16,6 +16,7 @@
 pub mod cgroup;
 pub mod cpuset;
 pub mod helper;
+pub mod host_limits;
 pub mod network;
 pub mod spec;
 

@@ -1,0 +1,106 @@
+//! Host-wide kernel tables that every sandbox draws from, sized at start-up so that a
+//! sandbox's own cgroup limits (memory, pids) run out before a table the host shares does
+//! (eighth security review G1, G2).
+//!
+//! - `fs.file-max`, the open file table: a program can hold open files beyond its
+//!   `RLIMIT_NOFILE` (a mapping keeps its file open after the descriptor is closed; measured:
+//!   400,000 files held by one S job, ~406 bytes of the job's memory each). Raised to at least
+//!   one file per [`BYTES_PER_FILE`] of the worker's memory capacity, so that the jobs' memory
+//!   limits bound it: when full, every process without `CAP_SYS_ADMIN` (other sandboxes, the
+//!   broker, Redis) gets `ENFILE`. systemd raises it to the largest value by default for the
+//!   same reason.
+//! - `kernel.pid_max`: the sandboxes' `pids` limits together (slots and warm sandboxes) plus
+//!   the host's own [`HOST_PIDS`]; the kernel's default on a host without systemd is 32,768.
+//! - `kernel.pty.max`: each sandbox's `/dev/pts` is a new devpts instance capped at
+//!   [`PTYS_PER_SANDBOX`] (`max=` in the config template); the instances share
+//!   `pty.max - pty.reserve`, raised to cover every sandbox.
+//!
+//! Only ever raised, never lowered. Each is a write to `/proc/sys` (root); a value that cannot
+//! be raised is an error at start, not a silent risk.
+
+use std::path::Path;
+
+use crate::settings::Settings;
+
+/// Memory a held open file costs its job at the least, bytes (a `struct file` is ~256 bytes;
+/// 406 were measured with its mapping, eighth review G1).
+pub const BYTES_PER_FILE: u64 = 256;
+
+/// Pids left to the host's own processes beside the sandboxes' limits.
+pub const HOST_PIDS: u64 = 32_768;
+
+/// The most ptys one sandbox may open (its devpts `max=`, `oci-bundles/config.template.json`).
+pub const PTYS_PER_SANDBOX: u64 = 64;
+
+/// The kernel's largest `pid_max` on 64-bit (`PID_MAX_LIMIT`, 2^22).
+const PID_MAX_LIMIT: u64 = 1 << 22;
+
+/// A host limit that could not be read or raised.
+#[derive(Debug, thiserror::Error)]
+pub enum HostLimitError {
+    /// The sysctl could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The `/proc/sys` file.
+        path: String,
+        /// The read's error.
+        source: std::io::Error,
+    },
+    /// The sysctl could not be raised (not root, or a read-only `/proc/sys`).
+    #[error("cannot raise {path} from {from} to {to}: {source} (raise it on the host, e.g. sysctl -w)")]
+    Raise {
+        /// The `/proc/sys` file.
+        path: String,
+        /// Its value.
+        from: u64,
+        /// The value needed.
+        to: u64,
+        /// The write's error.
+        source: std::io::Error,
+    },
+}
+
+/// A limit raised at start: (the `/proc/sys` file, old value, new value).
+pub type Raised = (&'static str, u64, u64);
+
+/// Raises the host tables the sandboxes share to what `settings` needs; returns what was
+/// raised.
+///
+/// # Errors
+/// [`HostLimitError`] when a table is too small and cannot be raised.
+pub fn ensure(settings: &Settings) -> Result<Vec<Raised>, HostLimitError> {
+    let sandboxes = (settings.total_slots() + settings.warm_ranges()) as u64;
+    let most_pids = settings.skus.values().map(|s| u64::try_from(s.limits.pids).unwrap_or(0)).max().unwrap_or(0);
+    let files = settings.capacity_memory_bytes / BYTES_PER_FILE;
+    let pids = (sandboxes * most_pids + HOST_PIDS).min(PID_MAX_LIMIT);
+    let pty_reserve = read("/proc/sys/kernel/pty/reserve")?;
+    let ptys = pty_reserve + sandboxes * PTYS_PER_SANDBOX;
+    let mut raised = Vec::new();
+    for (path, needed) in [("/proc/sys/fs/file-max", files), ("/proc/sys/kernel/pid_max", pids), ("/proc/sys/kernel/pty/max", ptys)] {
+        let now = read(path)?;
+        if now < needed {
+            std::fs::write(path, needed.to_string()).map_err(|source| HostLimitError::Raise { path: path.to_owned(), from: now, to: needed, source })?;
+            raised.push((path, now, needed));
+        }
+    }
+    Ok(raised)
+}
+
+fn read(path: &str) -> Result<u64, HostLimitError> {
+    let text = std::fs::read_to_string(Path::new(path)).map_err(|source| HostLimitError::Read { path: path.to_owned(), source })?;
+    text.trim().parse().map_err(|e| HostLimitError::Read { path: path.to_owned(), source: std::io::Error::other(format!("{e}: {text:?}")) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PTYS_PER_SANDBOX;
+
+    #[test]
+    fn the_templates_devpts_is_capped_at_ptys_per_sandbox() {
+        let spec: serde_json::Value = serde_json::from_str(crate::sandbox::spec::TEMPLATE).expect("template");
+        let mounts = spec["mounts"].as_array().expect("mounts");
+        let devpts = mounts.iter().find(|m| m["type"] == "devpts").expect("a devpts mount");
+        let max = format!("max={PTYS_PER_SANDBOX}");
+        assert!(devpts["options"].as_array().expect("options").iter().any(|o| o == max.as_str()), "{devpts}");
+    }
+}
