@@ -111,6 +111,14 @@ if [ -n "${SANDQ_RABBITMQ_DIR:-}" ]; then
   export RABBITMQ_CONFIG_FILE=$rabbitmq_dir/rabbitmq.conf RABBITMQ_CONF_ENV_FILE=$rabbitmq_dir/rabbitmq-env.conf
   export RABBITMQ_ADVANCED_CONFIG_FILE=$rabbitmq_dir/advanced.config
 fi
+# The largest message the broker takes: 16 MiB, above the largest valid job body (13 MiB with
+# the default limits: code 1 MiB, stdin 8 MiB, 4 MiB for the rest; the worker's
+# validate::max_body_bytes). With the broker's default, 128 MiB, a few oversized messages pinned
+# ~1 GiB of a worker's memory before it refused them (eighth security review R2). Read at the
+# node's start.
+rabbitmq_conf=${RABBITMQ_CONFIG_FILE:-/etc/rabbitmq/rabbitmq.conf}
+mkdir -p "$(dirname "$rabbitmq_conf")"
+grep -qs '^max_message_size' "$rabbitmq_conf" || echo 'max_message_size = 16777216' >>"$rabbitmq_conf"
 if ! wait_port "$amqp_port" 1; then
   log "starting rabbitmq${RABBITMQ_NODENAME:+ node $RABBITMQ_NODENAME} on port $amqp_port"
   rabbitmq-server -detached >&2 || true

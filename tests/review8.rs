@@ -342,3 +342,12 @@ async fn a_sandbox_takes_a_bounded_share_of_the_hosts_tables() {
     assert!(exits_within(&mut worker, Duration::from_secs(40)));
     world.delete_queues().await;
 }
+
+/// R2: the tests' broker (configured by scripts/services.sh) takes no message over 16 MiB, so
+/// that an oversized job body is refused by the broker rather than buffered whole by a worker.
+#[test]
+fn the_broker_refuses_messages_over_16_mib() {
+    let out = std::process::Command::new("rabbitmqctl").args(["eval", "application:get_env(rabbit, max_message_size)."]).output().expect("rabbitmqctl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "{ok,16777216}");
+}
