@@ -86,22 +86,80 @@ impl Default for AmqpConfig {
     }
 }
 
-/// Redis connection.
+/// Redis connection: a single server (the default), a Redis Cluster or a Sentinel-managed
+/// primary (docs/protocol.md "Redis deployments"; `crate::redis_conn`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// Redis URL; default `redis://127.0.0.1:6379/`.
+    /// `single`, `cluster` or `sentinel`; default `single`.
+    #[serde(default)]
+    pub mode: RedisMode,
+    /// Redis URL of the single server; default `redis://127.0.0.1:6379/`. Unused by the other
+    /// modes.
     #[serde(default = "default_redis_url")]
     pub url: String,
+    /// `cluster`: URLs of some of the cluster's nodes (`redis://127.0.0.1:7000/`), from which
+    /// the rest is learnt; `sentinel`: URLs of the sentinels. A TOML array, or one string of
+    /// comma-separated URLs (`SANDQ__REDIS__NODES=redis://a:7000/,redis://b:7000/`).
+    #[serde(default, deserialize_with = "string_or_list")]
+    pub nodes: Vec<String>,
+    /// `sentinel`: the primary's name in the sentinels' configuration; default `mymaster`.
+    #[serde(default = "default_sentinel_service")]
+    pub service: String,
+}
+
+/// How Redis is deployed ([`RedisConfig::mode`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server at [`RedisConfig::url`].
+    #[default]
+    Single,
+    /// A Redis Cluster reached through [`RedisConfig::nodes`].
+    Cluster,
+    /// The primary the sentinels at [`RedisConfig::nodes`] name [`RedisConfig::service`].
+    Sentinel,
 }
 
 fn default_redis_url() -> String {
     "redis://127.0.0.1:6379/".to_owned()
 }
 
+fn default_sentinel_service() -> String {
+    "mymaster".to_owned()
+}
+
+/// A list of strings from a sequence, or from one string split at commas (how an environment
+/// variable gives a list), blanks dropped.
+fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match Either::deserialize(d)? {
+        Either::One(s) => s.split(',').map(str::to_owned).collect(),
+        Either::Many(v) => v,
+    };
+    Ok(items.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+}
+
+impl RedisConfig {
+    /// Where Redis is, for messages: `redis://127.0.0.1:6379/`, `cluster [redis://a:7000/, ...]`
+    /// or `sentinel service mymaster via [redis://a:26379/, ...]`.
+    pub fn describe(&self) -> String {
+        match self.mode {
+            RedisMode::Single => self.url.clone(),
+            RedisMode::Cluster => format!("cluster {:?}", self.nodes),
+            RedisMode::Sentinel => format!("sentinel service {} via {:?}", self.service, self.nodes),
+        }
+    }
+}
+
 impl Default for RedisConfig {
     fn default() -> Self {
-        RedisConfig { url: default_redis_url() }
+        RedisConfig { mode: RedisMode::Single, url: default_redis_url(), nodes: Vec::new(), service: default_sentinel_service() }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::redis_conn::RedisConn;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobResult, JobStatus};
 
@@ -54,13 +54,14 @@ pub enum ResultError {
     Encode(#[from] sandq_schemas::EncodeError),
 }
 
-/// Connects to Redis with a connection manager (reconnects by itself).
+/// Connects to the Redis `config` describes: a single server (a connection manager, which
+/// reconnects by itself), a Redis Cluster or a Sentinel-managed primary
+/// ([`crate::redis_conn`]).
 ///
 /// # Errors
-/// [`ResultError::Redis`] when the URL is invalid or the server cannot be reached.
-pub async fn connect(url: &str) -> Result<ConnectionManager, ResultError> {
-    let client = redis::Client::open(url)?;
-    Ok(ConnectionManager::new(client).await?)
+/// [`ResultError::Redis`] when the configuration is invalid or Redis cannot be reached.
+pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, ResultError> {
+    Ok(crate::redis_conn::connect(config).await?)
 }
 
 /// Writes `result` unless the stored status ranks higher (see the module doc). Returns true
@@ -69,7 +70,7 @@ pub async fn connect(url: &str) -> Result<ConnectionManager, ResultError> {
 /// # Errors
 /// [`ResultError::Redis`] or [`ResultError::Encode`].
 pub async fn write(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     result: &JobResult,
     ttl: Duration,
@@ -93,7 +94,7 @@ pub async fn write(
 /// # Errors
 /// [`ResultError::Redis`] or [`ResultError::Decode`].
 pub async fn read(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     job_id: &str,
 ) -> Result<Option<JobResult>, ResultError> {
@@ -108,7 +109,7 @@ pub async fn read(
 /// # Errors
 /// [`ResultError::Redis`].
 pub async fn status(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     job_id: &str,
 ) -> Result<Option<JobStatus>, ResultError> {
@@ -122,7 +123,7 @@ pub async fn status(
 /// # Errors
 /// [`ResultError::Redis`].
 pub async fn request_cancel(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     job_id: &str,
     ttl: Duration,
@@ -146,7 +147,7 @@ pub async fn request_cancel(
 ///
 /// # Errors
 /// [`ResultError::Redis`].
-pub async fn cancel_requested(redis: &mut ConnectionManager, names: &Names, job_id: &str) -> Result<bool, ResultError> {
+pub async fn cancel_requested(redis: &mut RedisConn, names: &Names, job_id: &str) -> Result<bool, ResultError> {
     let exists: bool = redis::cmd("EXISTS").arg(names.cancel_key(job_id)).query_async(redis).await?;
     Ok(exists)
 }

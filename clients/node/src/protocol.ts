@@ -93,9 +93,11 @@ export class Names {
   }
 
   queue(sku: string): string { return `${this.ns}.jobs.${sku}`; }
-  job(id: string): string { return `${this.ns}:job:${id}`; }
-  done(id: string): string { return `${this.ns}:job:${id}:done`; }
-  cancel(id: string): string { return `${this.ns}:job:${id}:cancel`; }
+  // Redis key layout 2 (docs/protocol.md "Redis key layout"): `{<id>}` is a Redis Cluster hash
+  // tag, so a job's keys share a slot and the CAS script (two keys) runs on a cluster.
+  job(id: string): string { return `${this.ns}:job:{${id}}`; }
+  done(id: string): string { return `${this.job(id)}:done`; }
+  cancel(id: string): string { return `${this.job(id)}:cancel`; }
 }
 
 export function sha256Hex(data: Uint8Array): string {

@@ -111,14 +111,16 @@ class Names:
     def queue(self, sku: str) -> str:
         return f"{self.ns}.jobs.{sku}"
 
+    # Redis key layout 2 (docs/protocol.md "Redis key layout"): `{<job_id>}` is a Redis Cluster
+    # hash tag, so a job's keys share a slot and the CAS script (two keys) runs on a cluster.
     def job(self, job_id: str) -> str:
-        return f"{self.ns}:job:{job_id}"
+        return f"{self.ns}:job:{{{job_id}}}"
 
     def done(self, job_id: str) -> str:
-        return f"{self.ns}:job:{job_id}:done"
+        return f"{self.job(job_id)}:done"
 
     def cancel(self, job_id: str) -> str:
-        return f"{self.ns}:job:{job_id}:cancel"
+        return f"{self.job(job_id)}:cancel"
 
 
 def queue_arguments(names: Names, delivery_limit: int, unserved_ttl: str = "1h") -> dict:
