@@ -48,9 +48,9 @@ pub enum RedisTarget {
     /// A Redis Cluster, from its seed nodes.
     Cluster {
         /// For command connections (a response time-out per try).
-        commands: ClusterClient,
+        commands: Box<ClusterClient>,
         /// For blocking commands (no response time-out).
-        blocking: ClusterClient,
+        blocking: Box<ClusterClient>,
     },
     /// The primary named `service` by the sentinels.
     Sentinel {
@@ -86,8 +86,8 @@ impl RedisTarget {
                 }
                 let builder = || ClusterClient::builder(config.nodes.iter().map(String::as_str).collect::<Vec<_>>());
                 Ok(RedisTarget::Cluster {
-                    commands: builder().response_timeout(CLUSTER_RESPONSE_TIMEOUT).overall_response_timeout(None).build()?,
-                    blocking: builder().build()?,
+                    commands: Box::new(builder().response_timeout(CLUSTER_RESPONSE_TIMEOUT).overall_response_timeout(None).build()?),
+                    blocking: Box::new(builder().build()?),
                 })
             }
             RedisMode::Sentinel => {
