@@ -40,7 +40,7 @@ fn expected_stdout(i: u64) -> String {
 }
 
 /// Worker settings: SKU S small and 2 slots (as the harness's shared worker, but two jobs at
-/// once), Redis as `redis` says.
+/// once), Redis as `redis` says, results waited for on one replica.
 fn worker_env(redis: &sandq_submitter::config::RedisConfig) -> Vec<(&'static str, String)> {
     let mode = match redis.mode {
         sandq_submitter::config::RedisMode::Single => "single",
@@ -51,6 +51,11 @@ fn worker_env(redis: &sandq_submitter::config::RedisConfig) -> Vec<(&'static str
         ("SANDQ__REDIS__MODE", mode.to_owned()),
         ("SANDQ__REDIS__NODES", redis.nodes.join(",")),
         ("SANDQ__REDIS__SERVICE", redis.service.clone()),
+        // A terminal result is acknowledged by a replica before its delivery is: after the
+        // failover the promoted primary has none, every `WAIT` times out and the job is
+        // redelivered, finds its result and is acknowledged (the degraded path runs too).
+        ("SANDQ__REDIS__WAIT_REPLICAS", "1".to_owned()),
+        ("SANDQ__REDIS__WAIT_TIMEOUT", "500ms".to_owned()),
         ("SANDQ__SKUS__S__CPUS", "1".to_owned()),
         ("SANDQ__SKUS__S__MEMORY_BYTES", (512u64 << 20).to_string()),
         ("SANDQ__SKUS__S__SLOTS", "2".to_owned()),

@@ -106,6 +106,20 @@ pub struct RedisConfig {
     /// `sentinel`: the primary's name in the sentinels' configuration; default `mymaster`.
     #[serde(default = "default_sentinel_service")]
     pub service: String,
+    /// Replicas that must have a job's terminal result before the worker acknowledges the job's
+    /// delivery (`WAIT`); default 0: not waited for. With 1 on a cluster or Sentinel setup, a
+    /// primary's death cannot lose a result whose job was acknowledged: a write too few
+    /// replicas took in time leaves the delivery to be redelivered (docs/protocol.md "Redis
+    /// deployments").
+    #[serde(default)]
+    pub wait_replicas: u32,
+    /// Longest `WAIT` for them (humantime); default `1s`.
+    #[serde(default = "default_wait_timeout", with = "humantime_serde")]
+    pub wait_timeout: std::time::Duration,
+}
+
+fn default_wait_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(1)
 }
 
 /// How Redis is deployed ([`RedisConfig::mode`]).
@@ -159,7 +173,14 @@ impl RedisConfig {
 
 impl Default for RedisConfig {
     fn default() -> Self {
-        RedisConfig { mode: RedisMode::Single, url: default_redis_url(), nodes: Vec::new(), service: default_sentinel_service() }
+        RedisConfig {
+            mode: RedisMode::Single,
+            url: default_redis_url(),
+            nodes: Vec::new(),
+            service: default_sentinel_service(),
+            wait_replicas: 0,
+            wait_timeout: default_wait_timeout(),
+        }
     }
 }
 

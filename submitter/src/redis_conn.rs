@@ -42,7 +42,14 @@ pub const CLUSTER_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where Redis is, from the configuration; opens connections ([`Self::connect`] for commands,
 /// [`Self::connect_blocking`] for `BLPOP`).
 #[derive(Clone)]
-pub enum RedisTarget {
+pub struct RedisTarget {
+    kind: TargetKind,
+    /// `[redis] wait_replicas`, given to the command connections.
+    wait: Option<WaitReplicas>,
+}
+
+#[derive(Clone)]
+enum TargetKind {
     /// One server (`redis://host:port/db`).
     Single(redis::Client),
     /// A Redis Cluster, from its seed nodes.
@@ -63,13 +70,18 @@ pub enum RedisTarget {
 
 impl std::fmt::Debug for RedisTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RedisTarget::Single(_) => f.write_str("RedisTarget::Single"),
-            RedisTarget::Cluster { .. } => f.write_str("RedisTarget::Cluster"),
-            RedisTarget::Sentinel { sentinels, service } => write!(f, "RedisTarget::Sentinel({service} via {sentinels:?})"),
+        match &self.kind {
+            TargetKind::Single(_) => f.write_str("RedisTarget::Single"),
+            TargetKind::Cluster { .. } => f.write_str("RedisTarget::Cluster"),
+            TargetKind::Sentinel { sentinels, service } => write!(f, "RedisTarget::Sentinel({service} via {sentinels:?})"),
         }
     }
 }
+
+/// The `redis` crate's default response time-out of a single connection (its
+/// `DEFAULT_RESPONSE_TIMEOUT`, not exported), kept for the single and Sentinel paths unless a
+/// `WAIT` needs longer.
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl RedisTarget {
     /// The target `config` describes.
@@ -78,17 +90,20 @@ impl RedisTarget {
     /// A [`RedisError`] when a URL is invalid, or `cluster`/`sentinel` has no `nodes`.
     pub fn from_config(config: &RedisConfig) -> RedisResult<Self> {
         let no_nodes = || RedisError::from((redis::ErrorKind::InvalidClientConfig, "redis.nodes is empty: cluster and sentinel modes need it"));
-        match config.mode {
-            RedisMode::Single => Ok(RedisTarget::Single(redis::Client::open(config.url.as_str())?)),
+        let wait = (config.wait_replicas > 0).then_some(WaitReplicas { replicas: config.wait_replicas, timeout: config.wait_timeout });
+        // A `WAIT` blocks its connection for up to `wait_timeout`: answers may take that long.
+        let slack = |floor: Duration| wait.map_or(floor, |w| floor.max(w.timeout + Duration::from_secs(1)));
+        let kind = match config.mode {
+            RedisMode::Single => TargetKind::Single(redis::Client::open(config.url.as_str())?),
             RedisMode::Cluster => {
                 if config.nodes.is_empty() {
                     return Err(no_nodes());
                 }
                 let builder = || ClusterClient::builder(config.nodes.iter().map(String::as_str).collect::<Vec<_>>());
-                Ok(RedisTarget::Cluster {
-                    commands: Box::new(builder().response_timeout(CLUSTER_RESPONSE_TIMEOUT).overall_response_timeout(None).build()?),
+                TargetKind::Cluster {
+                    commands: Box::new(builder().response_timeout(slack(CLUSTER_RESPONSE_TIMEOUT)).overall_response_timeout(None).build()?),
                     blocking: Box::new(builder().build()?),
-                })
+                }
             }
             RedisMode::Sentinel => {
                 if config.nodes.is_empty() {
@@ -96,9 +111,16 @@ impl RedisTarget {
                 }
                 // Checks the URLs now rather than on first use.
                 SentinelClient::build(config.nodes.clone(), config.service.clone(), None, SentinelServerType::Master)?;
-                Ok(RedisTarget::Sentinel { sentinels: config.nodes.clone(), service: config.service.clone() })
+                TargetKind::Sentinel { sentinels: config.nodes.clone(), service: config.service.clone() }
             }
-        }
+        };
+        Ok(RedisTarget { kind, wait })
+    }
+
+    /// Response time-out of the single and Sentinel command connections: the crate's default,
+    /// or longer than a `WAIT`.
+    fn response_timeout(&self) -> Duration {
+        self.wait.map_or(DEFAULT_RESPONSE_TIMEOUT, |w| DEFAULT_RESPONSE_TIMEOUT.max(w.timeout + Duration::from_secs(1)))
     }
 
     /// A connection for commands; reconnects (and on a cluster or Sentinel, retries) as the
@@ -107,15 +129,21 @@ impl RedisTarget {
     /// # Errors
     /// A [`RedisError`] when no server can be reached.
     pub async fn connect(&self) -> RedisResult<RedisConn> {
-        match self {
-            RedisTarget::Single(client) => Ok(RedisConn::Single(ConnectionManager::new(client.clone()).await?)),
-            RedisTarget::Cluster { commands, .. } => Ok(RedisConn::Cluster(commands.get_async_connection().await?)),
-            RedisTarget::Sentinel { sentinels, service } => {
-                let conn = SentinelConn::new(sentinels, service, AsyncConnectionConfig::new())?;
-                conn.current().await?;
-                Ok(RedisConn::Sentinel(conn))
+        let link = match &self.kind {
+            TargetKind::Single(client) if self.wait.is_none() => Link::Single(ConnectionManager::new(client.clone()).await?),
+            TargetKind::Single(client) => {
+                let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(self.response_timeout()));
+                Link::Single(ConnectionManager::new_with_config(client.clone(), config).await?)
             }
-        }
+            TargetKind::Cluster { commands, .. } => Link::Cluster(commands.get_async_connection().await?),
+            TargetKind::Sentinel { sentinels, service } => {
+                let config = AsyncConnectionConfig::new().set_response_timeout(Some(self.response_timeout()));
+                let conn = SentinelConn::new(sentinels, service, config)?;
+                conn.current().await?;
+                Link::Sentinel(conn)
+            }
+        };
+        Ok(RedisConn { link, wait: self.wait })
     }
 
     /// A connection of its own for a blocking command (`BLPOP`), without a response time-out
@@ -125,17 +153,16 @@ impl RedisTarget {
     /// A [`RedisError`] when no server can be reached.
     pub async fn connect_blocking(&self) -> RedisResult<RedisConn> {
         let no_timeout = AsyncConnectionConfig::new().set_response_timeout(None);
-        match self {
-            RedisTarget::Single(client) => {
-                Ok(RedisConn::Blocking(client.get_multiplexed_async_connection_with_config(&no_timeout).await?))
-            }
-            RedisTarget::Cluster { blocking, .. } => Ok(RedisConn::Cluster(blocking.get_async_connection().await?)),
-            RedisTarget::Sentinel { sentinels, service } => {
+        let link = match &self.kind {
+            TargetKind::Single(client) => Link::Blocking(client.get_multiplexed_async_connection_with_config(&no_timeout).await?),
+            TargetKind::Cluster { blocking, .. } => Link::Cluster(blocking.get_async_connection().await?),
+            TargetKind::Sentinel { sentinels, service } => {
                 let conn = SentinelConn::new(sentinels, service, no_timeout)?;
                 conn.current().await?;
-                Ok(RedisConn::Sentinel(conn))
+                Link::Sentinel(conn)
             }
-        }
+        };
+        Ok(RedisConn { link, wait: None })
     }
 }
 
@@ -147,11 +174,40 @@ pub async fn connect(config: &RedisConfig) -> RedisResult<RedisConn> {
     RedisTarget::from_config(config)?.connect().await
 }
 
+/// `[redis] wait_replicas` and `wait_timeout`: after a job's terminal result is written, `WAIT`
+/// until that many replicas have it (see [`RedisConn::wait_replicated`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WaitReplicas {
+    /// Replicas that must acknowledge.
+    pub replicas: u32,
+    /// Longest wait.
+    pub timeout: Duration,
+}
+
+/// A terminal result that fewer replicas than `[redis] wait_replicas` acknowledged in time.
+#[derive(Debug, thiserror::Error)]
+#[error("{acked} of {wanted} redis replicas acknowledged the write within {timeout:?}")]
+pub struct NotReplicated {
+    /// Replicas that did.
+    pub acked: u32,
+    /// `wait_replicas`.
+    pub wanted: u32,
+    /// `wait_timeout`.
+    pub timeout: Duration,
+}
+
 /// A connection to a single Redis, a Redis Cluster or a Sentinel-managed primary: use it like
 /// any `redis::aio::ConnectionLike` (`query_async`, `Script::invoke_async`). Clones share the
 /// underlying connections.
 #[derive(Clone)]
-pub enum RedisConn {
+pub struct RedisConn {
+    link: Link,
+    /// `[redis] wait_replicas`, for [`RedisConn::wait_replicated`].
+    wait: Option<WaitReplicas>,
+}
+
+#[derive(Clone)]
+enum Link {
     /// A single server, reconnecting by itself.
     Single(ConnectionManager),
     /// A single server's connection for blocking commands (no response time-out; dropped by
@@ -163,31 +219,73 @@ pub enum RedisConn {
     Sentinel(SentinelConn),
 }
 
+impl RedisConn {
+    /// When `[redis] wait_replicas` is set: `WAIT <wait_replicas> <wait_timeout ms>` on the
+    /// connection to the primary of `key`'s slot, after a write to `key` on this connection, so
+    /// that the write survives the primary's death (replication is asynchronous: the Redis
+    /// Cluster specification, "Write safety"). Nothing when it is not set.
+    ///
+    /// # Errors
+    /// [`WaitError::NotReplicated`] when fewer replicas acknowledged in time;
+    /// [`WaitError::Redis`].
+    pub async fn wait_replicated(&mut self, key: &str) -> Result<(), WaitError> {
+        let Some(wait) = self.wait else { return Ok(()) };
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(wait.replicas).arg(wait.timeout.as_millis() as u64);
+        let acked: i64 = match &mut self.link {
+            Link::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master)));
+                redis::from_redis_value(c.route_command(cmd, route).await?).map_err(RedisError::from)?
+            }
+            // Not retried on another connection: `WAIT` counts this connection's writes.
+            Link::Sentinel(c) => cmd.query_async(&mut c.current().await?).await?,
+            _ => cmd.query_async(self).await?,
+        };
+        let acked = u32::try_from(acked).unwrap_or(0);
+        if acked < wait.replicas {
+            return Err(WaitError::NotReplicated(NotReplicated { acked, wanted: wait.replicas, timeout: wait.timeout }));
+        }
+        Ok(())
+    }
+}
+
+/// Failure of [`RedisConn::wait_replicated`].
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    /// Too few replicas acknowledged.
+    #[error(transparent)]
+    NotReplicated(#[from] NotReplicated),
+}
+
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Blocking(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
-            RedisConn::Sentinel(c) => c.req_packed_command(cmd),
+        match &mut self.link {
+            Link::Single(c) => c.req_packed_command(cmd),
+            Link::Blocking(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
     fn req_packed_commands<'a>(&'a mut self, cmd: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            RedisConn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConn::Blocking(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConn::Sentinel(c) => c.req_packed_commands(cmd, offset, count),
+        match &mut self.link {
+            Link::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Blocking(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Sentinel(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            RedisConn::Single(c) => c.get_db(),
-            RedisConn::Blocking(c) => c.get_db(),
-            RedisConn::Cluster(c) => c.get_db(),
-            RedisConn::Sentinel(_) => 0,
+        match &self.link {
+            Link::Single(c) => c.get_db(),
+            Link::Blocking(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+            Link::Sentinel(_) => 0,
         }
     }
 }

@@ -52,6 +52,15 @@ pub enum ResultError {
     /// The result could not be encoded.
     #[error("cannot encode result: {0}")]
     Encode(#[from] sandq_schemas::EncodeError),
+    /// A terminal result was written, but fewer replicas than `[redis] wait_replicas` took it
+    /// in time: it may not survive the primary's death.
+    #[error("result of {job_id} written but not replicated: {source}")]
+    NotReplicated {
+        /// The job.
+        job_id: String,
+        /// What `WAIT` found.
+        source: crate::redis_conn::NotReplicated,
+    },
 }
 
 /// Connects to the Redis `config` describes: a single server (a connection manager, which
@@ -65,10 +74,12 @@ pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, R
 }
 
 /// Writes `result` unless the stored status ranks higher (see the module doc). Returns true
-/// when written. `ttl` is rounded up to whole seconds.
+/// when written. `ttl` is rounded up to whole seconds. A terminal result written is then waited
+/// for on `[redis] wait_replicas` replicas, when set ([`RedisConn::wait_replicated`]).
 ///
 /// # Errors
-/// [`ResultError::Redis`] or [`ResultError::Encode`].
+/// [`ResultError::Redis`], [`ResultError::Encode`], or [`ResultError::NotReplicated`] (the
+/// result is stored on the primary).
 pub async fn write(
     redis: &mut RedisConn,
     names: &Names,
@@ -85,6 +96,15 @@ pub async fn write(
         .arg(ttl_s)
         .invoke_async(redis)
         .await?;
+    if written == 1 && result.status.is_terminal() {
+        match redis.wait_replicated(&names.job_key(&result.job_id)).await {
+            Ok(()) => {}
+            Err(crate::redis_conn::WaitError::Redis(e)) => return Err(e.into()),
+            Err(crate::redis_conn::WaitError::NotReplicated(source)) => {
+                return Err(ResultError::NotReplicated { job_id: result.job_id.clone(), source })
+            }
+        }
+    }
     Ok(written == 1)
 }
 
