@@ -27,9 +27,9 @@ use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, Redis
 use crate::config::{RedisConfig, RedisMode};
 
 /// How long a command is retried on a Sentinel-managed primary while it fails over: longer than
-/// a failover with the sentinels' defaults needs on a small deployment (`down-after-milliseconds`
-/// plus the election and promotion, a few seconds; the Redis Sentinel docs) and short enough
-/// that a caller sees an outage. Every failed try waits [`SENTINEL_RETRY_WAIT`].
+/// a failover takes with the sentinels' default `down-after-milliseconds` (30 s, the Redis
+/// Sentinel docs) plus the election and promotion (seconds), and short enough that a caller
+/// sees a real outage. Every failed try waits [`SENTINEL_RETRY_WAIT`].
 pub const SENTINEL_RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// Wait between tries on a Sentinel-managed primary.
