@@ -162,6 +162,23 @@ async fn jobs_survive_a_redis_cluster_primary_failover() {
     let result = client.wait(&after.job_id, Duration::from_secs(120), Duration::from_secs(2), |_| {}).await.expect("wait");
     assert_eq!((result.status, result.stdout.text.as_str()), (JobStatus::Succeeded, expected_stdout(JOBS).as_str()), "{}", log());
 
+    // A session on the cluster: its lock, the sessions index and the Rust client's list of the
+    // session's jobs (keys of another slot than the jobs') all work, and the second job sees
+    // the first one's file.
+    let session = format!("s-{}", &world.namespace[11..]);
+    let mut first = python_job("open('/work/note.txt', 'w').write('kept')\nprint('wrote')\n", Sku::S);
+    first.session = Some(session.clone());
+    let mut second = python_job("print(open('/work/note.txt').read())\n", Sku::S);
+    second.session = Some(session.clone());
+    for spec in [&first, &second] {
+        client.submit(spec).await.expect("submit a session job");
+        let result = client.wait(&spec.job_id, Duration::from_secs(120), Duration::from_secs(2), |_| {}).await.expect("wait");
+        assert_eq!(result.status, JobStatus::Succeeded, "{result:?}\n{}", log());
+    }
+    let second_result = client.status(&second.job_id).await.expect("status").expect("known");
+    assert_eq!(second_result.stdout.text, "kept\n");
+    assert_eq!(client.session_jobs(&session).await.expect("session jobs"), vec![first.job_id.clone(), second.job_id.clone()]);
+
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(40)), "worker did not stop: {}", log());
     world.delete_queues().await;

@@ -273,3 +273,35 @@ pub fn load<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigErro
         .try_deserialize()
         .map_err(err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redis_section(toml: &str) -> RedisConfig {
+        #[derive(Deserialize)]
+        struct File {
+            redis: RedisConfig,
+        }
+        let file: File = config::Config::builder()
+            .add_source(config::File::from_str(toml, config::FileFormat::Toml))
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .expect("parse");
+        file.redis
+    }
+
+    #[test]
+    fn redis_modes_and_nodes_as_a_list_or_a_string() {
+        let single = redis_section("[redis]\nurl = \"redis://10.0.0.1:6379/\"\n");
+        assert_eq!((single.mode, single.nodes.len(), single.wait_replicas), (RedisMode::Single, 0, 0));
+        let cluster = redis_section("[redis]\nmode = \"cluster\"\nnodes = [\"redis://a:1/\", \"redis://b:2/\"]\n");
+        assert_eq!((cluster.mode, cluster.nodes), (RedisMode::Cluster, vec!["redis://a:1/".to_owned(), "redis://b:2/".to_owned()]));
+        let sentinel = redis_section(
+            "[redis]\nmode = \"sentinel\"\nnodes = \" redis://a:26379/, ,redis://b:26379/\"\nservice = \"p1\"\nwait_replicas = 1\nwait_timeout = \"250ms\"\n",
+        );
+        assert_eq!(sentinel.nodes, vec!["redis://a:26379/".to_owned(), "redis://b:26379/".to_owned()]);
+        assert_eq!((sentinel.service.as_str(), sentinel.wait_replicas), ("p1", 1));
+        assert_eq!(sentinel.wait_timeout, std::time::Duration::from_millis(250));
+    }
+}
