@@ -1,4 +1,4 @@
-//! Job results in Redis: one hash per job (`<ns>:job:<id>`, fields `status` and `result`),
+//! Job results in Redis: one hash per job (`<ns>:job:{<id>}`, fields `status` and `result`),
 //! written with a compare-and-set so that a status only moves forward:
 //! `queued` < `running` < any terminal status, and a terminal status is never replaced.
 //! This is what keeps a late `queued` write (the submitter's, racing a fast worker) or a
@@ -136,7 +136,7 @@ pub async fn status(
     Ok(read(redis, names, job_id).await?.map(|r| r.status))
 }
 
-/// Asks for a job to be cancelled: sets its cancel key (`<ns>:job:<id>:cancel`) for `ttl`. A
+/// Asks for a job to be cancelled: sets its cancel key (`<ns>:job:{<id>}:cancel`) for `ttl`. A
 /// worker skips a queued job whose key is set (status `cancelled`), and kills a running one
 /// within a second. Returns false when the job is unknown or already finished (nothing set).
 ///

@@ -4,7 +4,7 @@
 //! S3     sessions/<ns>/<name>/manifest.json       Manifest (JSON): path -> sha256, size; expiry
 //!        sessions/<ns>/<name>/blobs/<sha256>      file contents, content-addressed
 //! Redis  <ns>:sessions                            sorted set: name -> expires_at_ms
-//!        <ns>:session:<name>:lock                 id of the job using the session (SET NX PX)
+//!        <ns>:session:{<name>}:lock               id of the job using the session (SET NX PX)
 //! ```
 //!
 //! One job of a session runs at a time: a worker takes the lock before it restores the files
