@@ -297,7 +297,7 @@ async fn forged_and_unreadable_dead_letters_do_not_end_a_running_job_or_block_th
     // A record of another type under a job's key: unreadable, not a Redis outage.
     let bad = uuid::Uuid::new_v4().to_string();
     let names = sandq_schemas::names::Names::new(world.config.namespace.clone());
-    let mut redis = redis::aio::ConnectionManager::new(redis::Client::open(world.config.redis.url.as_str()).expect("redis")).await.expect("redis");
+    let mut redis = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
     let () = redis::cmd("SET").arg(names.job_key(&bad)).arg("not a hash").query_async(&mut redis).await.expect("set");
     forge_dead_letter(&world.config, b"garbage", &bad, "expired").await;
     // Behind it, a queued job's real-looking dead letter is handled at once.

@@ -472,3 +472,260 @@ pub async fn ready_messages(config: &ServiceConfig, sku: Sku) -> u32 {
 pub fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
+
+/// First of the 10 loopback ports the Redis Cluster and Sentinel tests use
+/// (`tests/redis_cluster.rs`): `$SANDQ_REDIS_CLUSTER_PORT` (`.ci/run` exports base + 10), else
+/// 17110 for a developer's `cargo test`.
+pub fn redis_cluster_port() -> u16 {
+    std::env::var("SANDQ_REDIS_CLUSTER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(17110)
+}
+
+/// First of the 6 ports of the cluster's bus (node-to-node; `cluster-port`):
+/// `$SANDQ_REDIS_CLUSTER_BUS_PORT` (`.ci/run` exports base + 30), else
+/// [`redis_cluster_port`] + 20.
+pub fn redis_cluster_bus_port() -> u16 {
+    std::env::var("SANDQ_REDIS_CLUSTER_BUS_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(redis_cluster_port() + 20)
+}
+
+/// `redis-cli -p <port> <args>`: its stdout, empty when it could not run or connect.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Polls `check` every 100 ms until it is true or `limit` passed; true when it became true.
+pub fn poll_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check()
+}
+
+/// Redis servers (and sentinels) a test starts on loopback, with their data in a temp dir;
+/// all killed and the dir removed on drop.
+pub struct RedisFleet {
+    dir: PathBuf,
+    /// Client port -> the server's process.
+    pub servers: std::collections::BTreeMap<u16, Child>,
+}
+
+impl RedisFleet {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("sandq-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("fleet dir");
+        RedisFleet { dir, servers: std::collections::BTreeMap::new() }
+    }
+
+    /// Starts `redis-server` (in sentinel mode when `sentinel`) on `port` with `extra`
+    /// config lines, in a dir of its own, and waits (up to 20 s) for it to answer PING.
+    fn spawn(&mut self, port: u16, sentinel: bool, extra: &str) {
+        let dir = self.dir.join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("node dir");
+        let conf = dir.join("redis.conf");
+        std::fs::write(
+            &conf,
+            format!("port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\nsave \"\"\nlogfile {}\n{extra}\n", dir.display(), dir.join("log").display()),
+        )
+        .expect("conf");
+        let mut command = Command::new("redis-server");
+        command.arg(&conf).stdout(Stdio::null()).stderr(Stdio::null());
+        if sentinel {
+            command.arg("--sentinel");
+        }
+        let child = command.spawn().expect("start redis-server");
+        self.servers.insert(port, child);
+        assert!(poll_until(Duration::from_secs(20), || redis_cli(port, &["ping"]).starts_with("PONG")), "redis on {port} did not start");
+    }
+
+    /// SIGKILLs the server on `port` (a crash).
+    pub fn kill(&mut self, port: u16) {
+        let mut child = self.servers.remove(&port).expect("no server on that port");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// A server's log (for failure messages).
+    pub fn log(&self, port: u16) -> String {
+        std::fs::read_to_string(self.dir.join(port.to_string()).join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for RedisFleet {
+    fn drop(&mut self) {
+        for child in self.servers.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of 3 primaries with a replica each on loopback ports `port`..`port + 5`
+/// (bus `bus`..`bus + 5`), `cluster-node-timeout` 1 s so that a replica is promoted within a
+/// few seconds of its primary's death. Append-only file fsynced on every write.
+pub struct RedisCluster {
+    /// The servers.
+    pub fleet: RedisFleet,
+    /// Their client ports.
+    pub ports: Vec<u16>,
+}
+
+impl RedisCluster {
+    /// Starts the 6 servers and creates the cluster (`redis-cli --cluster create
+    /// --cluster-replicas 1`); returns once every slot is served and every replica in sync.
+    pub fn start(port: u16, bus: u16) -> Self {
+        let mut fleet = RedisFleet::new("redis-cluster");
+        let ports: Vec<u16> = (port..port + 6).collect();
+        for (i, p) in ports.iter().enumerate() {
+            fleet.spawn(
+                *p,
+                false,
+                &format!(
+                    "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 1000\ncluster-port {}\nappendonly yes\nappendfsync always\n",
+                    bus + i as u16
+                ),
+            );
+        }
+        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli --cluster create");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { fleet, ports };
+        assert!(
+            poll_until(Duration::from_secs(60), || cluster.healthy()),
+            "the cluster did not become ready: {}",
+            redis_cli(port, &["cluster", "nodes"])
+        );
+        cluster
+    }
+
+    /// True when every live node says `cluster_state:ok` and every replica's link to its
+    /// primary is up.
+    pub fn healthy(&self) -> bool {
+        self.fleet.servers.keys().all(|p| {
+            let info = redis_cli(*p, &["cluster", "info"]);
+            let replication = redis_cli(*p, &["info", "replication"]);
+            info.contains("cluster_state:ok") && (!replication.contains("role:slave") || replication.contains("master_link_status:up"))
+        })
+    }
+
+    /// The config of a client or worker of this cluster.
+    pub fn redis_config(&self) -> sandq_submitter::config::RedisConfig {
+        sandq_submitter::config::RedisConfig {
+            mode: sandq_submitter::config::RedisMode::Cluster,
+            nodes: self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// The port of the live primary serving `key`'s slot, and of its replica (`CLUSTER NODES`).
+    pub fn primary_and_replica_of(&self, key: &str) -> (u16, u16) {
+        let any = *self.fleet.servers.keys().next().expect("a live node");
+        let slot: u16 = redis_cli(any, &["cluster", "keyslot", key]).trim().parse().expect("keyslot");
+        let nodes = redis_cli(any, &["cluster", "nodes"]);
+        // `<id> <ip:port@bus> <flags> <primary id|-> <ping> <pong> <epoch> <link> <slot ranges>...`
+        let rows: Vec<Vec<&str>> = nodes.lines().map(|l| l.split_whitespace().collect()).collect();
+        let port_of = |row: &Vec<&str>| -> u16 { row[1].split(['@', ':']).nth(1).and_then(|p| p.parse().ok()).expect("port") };
+        let primary = rows
+            .iter()
+            .find(|row| {
+                row[2].contains("master")
+                    && !row[2].contains("fail")
+                    && row[8..].iter().any(|range| {
+                        let (a, b) = range.split_once('-').unwrap_or((range, range));
+                        matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+                    })
+            })
+            .unwrap_or_else(|| panic!("no primary for slot {slot}: {nodes}"));
+        let replica = rows.iter().find(|row| row[3] == primary[0]).unwrap_or_else(|| panic!("no replica of {}: {nodes}", primary[1]));
+        (port_of(primary), port_of(replica))
+    }
+}
+
+/// The value after the line `name` in redis-cli's output of a flat reply (`SENTINEL MASTER`
+/// answers `name`, value, `name`, value, ... one a line); empty when absent.
+fn reply_field(reply: &str, name: &str) -> String {
+    let mut lines = reply.lines();
+    while let Some(line) = lines.next() {
+        if line == name {
+            return lines.next().unwrap_or_default().to_owned();
+        }
+    }
+    String::new()
+}
+
+/// A primary, its replica and 3 sentinels watching them as `mymaster` (quorum 2,
+/// `down-after-milliseconds` 1000, `failover-timeout` 5000) on ports `port`..`port + 4`:
+/// primary, replica, then the sentinels.
+pub struct RedisSentinels {
+    /// The servers and sentinels.
+    pub fleet: RedisFleet,
+    /// Port of the first primary.
+    pub primary: u16,
+    /// Port of its replica.
+    pub replica: u16,
+    /// Ports of the sentinels.
+    pub sentinels: Vec<u16>,
+}
+
+impl RedisSentinels {
+    /// Starts them and returns once the sentinels know the replica and each other.
+    pub fn start(port: u16) -> Self {
+        let mut fleet = RedisFleet::new("redis-sentinel");
+        let (primary, replica) = (port, port + 1);
+        let sentinels: Vec<u16> = (port + 2..port + 5).collect();
+        fleet.spawn(primary, false, "appendonly yes\nappendfsync always\n");
+        fleet.spawn(replica, false, &format!("appendonly yes\nappendfsync always\nreplicaof 127.0.0.1 {primary}\n"));
+        assert!(poll_until(Duration::from_secs(30), || redis_cli(replica, &["info", "replication"]).contains("master_link_status:up")), "replica not in sync");
+        for s in &sentinels {
+            fleet.spawn(
+                *s,
+                true,
+                &format!(
+                    "sentinel monitor mymaster 127.0.0.1 {primary} 2\nsentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n"
+                ),
+            );
+        }
+        let ready = poll_until(Duration::from_secs(60), || {
+            sentinels.iter().all(|s| {
+                let master = redis_cli(*s, &["sentinel", "master", "mymaster"]);
+                let field = |name: &str| reply_field(&master, name);
+                field("num-slaves") == "1" && field("num-other-sentinels") == "2"
+            })
+        });
+        assert!(ready, "sentinels did not discover each other: {}", redis_cli(sentinels[0], &["sentinel", "master", "mymaster"]));
+        RedisSentinels { fleet, primary, replica, sentinels }
+    }
+
+    /// The config of a client or worker using these sentinels.
+    pub fn redis_config(&self) -> sandq_submitter::config::RedisConfig {
+        sandq_submitter::config::RedisConfig {
+            mode: sandq_submitter::config::RedisMode::Sentinel,
+            nodes: self.sentinels.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect(),
+            service: "mymaster".into(),
+            ..Default::default()
+        }
+    }
+
+    /// The port the sentinels give as the primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`).
+    pub fn current_primary(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| redis_cli(*s, &["sentinel", "get-master-addr-by-name", "mymaster"]).lines().nth(1)?.trim().parse().ok())
+    }
+}

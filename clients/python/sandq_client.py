@@ -89,7 +89,7 @@ def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namesp
     queued = {"schema_version": SCHEMA_VERSION, "job_id": job_id, "status": "queued", "sku": sku,
               "queued_at_ms": now_ms, "attempt": 0}
     r = redis.Redis.from_url(redis_url)
-    key = f"{namespace}:job:{job_id}"
+    key = f"{namespace}:job:{{{job_id}}}"  # hash-tagged: key layout 2 (docs/protocol.md)
     r.eval(CAS_SCRIPT, 2, key, key + ":done", "queued", msgpack.packb(queued, use_bin_type=True), 86400)
     return job_id
 
@@ -97,7 +97,7 @@ def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namesp
 def wait(job_id, *, namespace="sandq", redis_url="redis://127.0.0.1:6379/0", timeout_s=120.0, block_s=1.0):
     """Reads the result; blocks on the job's done list (BLPOP) between reads."""
     r = redis.Redis.from_url(redis_url)
-    key = f"{namespace}:job:{job_id}"
+    key = f"{namespace}:job:{{{job_id}}}"  # hash-tagged: key layout 2 (docs/protocol.md)
     deadline = time.monotonic() + timeout_s
     while True:
         raw = r.hget(key, "result")

@@ -5,6 +5,11 @@
 
 use crate::Sku;
 
+/// Version of the Redis key layout this code reads and writes: 2 since keys carry a Redis
+/// Cluster hash tag (`sandq:job:{<id>}`); 1 was `sandq:job:<id>`. Not negotiated on the wire:
+/// a deployment cuts over from 1 to 2 as docs/protocol.md "Redis key layout" says.
+pub const REDIS_KEY_LAYOUT: u32 = 2;
+
 /// Namespace of a default deployment.
 pub const DEFAULT_NAMESPACE: &str = "sandq";
 
@@ -56,37 +61,43 @@ impl Names {
         format!("{}.dead", self.namespace)
     }
 
-    /// Redis hash of a job: `<ns>:job:<job_id>`, fields `status` (the [`crate::JobStatus`] wire
+    /// Redis hash of a job: `<ns>:job:{<job_id>}`, fields `status` (the [`crate::JobStatus`] wire
     /// name) and `result` (a MessagePack [`crate::JobResult`]). Expires `result_ttl` after the
     /// last write.
+    ///
+    /// The braces are a Redis Cluster hash tag: only `<job_id>` is hashed, so every key of one
+    /// job (this one, [`Self::done_key`], [`Self::cancel_key`], [`Self::job_source_key`]) is in
+    /// one hash slot and the compare-and-set script, which names two of them, runs on a cluster
+    /// (key layout [`REDIS_KEY_LAYOUT`] 2; docs/protocol.md "Redis key layout"). The namespace
+    /// has no braces (`[A-Za-z0-9_-]`), so the first `{` is ours; a job id is never empty.
     pub fn job_key(&self, job_id: &str) -> String {
-        format!("{}:job:{}", self.namespace, job_id)
+        format!("{}:job:{{{}}}", self.namespace, job_id)
     }
 
-    /// Redis list `<ns>:job:<job_id>:done`: the worker pushes the terminal status onto it (same
+    /// Redis list `<ns>:job:{<job_id>}:done`: the worker pushes the terminal status onto it (same
     /// TTL as the job key), so a client can wait with `BLPOP` instead of polling.
     pub fn done_key(&self, job_id: &str) -> String {
-        format!("{}:job:{}:done", self.namespace, job_id)
+        format!("{}:done", self.job_key(job_id))
     }
 
-    /// Redis string `<ns>:job:<job_id>:cancel`: set by a client to cancel the job.
+    /// Redis string `<ns>:job:{<job_id>}:cancel`: set by a client to cancel the job.
     pub fn cancel_key(&self, job_id: &str) -> String {
-        format!("{}:job:{}:cancel", self.namespace, job_id)
+        format!("{}:cancel", self.job_key(job_id))
     }
 
-    /// Redis string `<ns>:job:<job_id>:source`: the submitted code and runtime as JSON
+    /// Redis string `<ns>:job:{<job_id>}:source`: the submitted code and runtime as JSON
     /// (`{"runtime": "python", "code": "..."}`), written by the Rust client after the broker
     /// confirmed a job with `code`, with the job's `result_ttl`; read by `sandq export`. The
     /// result does not carry the code, and other clients need not write it.
     pub fn job_source_key(&self, job_id: &str) -> String {
-        format!("{}:job:{}:source", self.namespace, job_id)
+        format!("{}:source", self.job_key(job_id))
     }
 
-    /// Redis list `<ns>:session:<name>:jobs`: ids of the session's jobs in the order the Rust
+    /// Redis list `<ns>:session:{<name>}:jobs`: ids of the session's jobs in the order the Rust
     /// client submitted them (expires with the last one's `result_ttl`); read by `sandq export
     /// --session`. The session manifest keeps only the last job's id.
     pub fn session_jobs_key(&self, session: &str) -> String {
-        format!("{}:session:{}:jobs", self.namespace, session)
+        format!("{}:jobs", self.session_key_prefix(session))
     }
 
     /// Redis sorted set `<ns>:sessions`: session name -> expiry (Unix epoch ms) as the score.
@@ -95,16 +106,22 @@ impl Names {
         format!("{}:sessions", self.namespace)
     }
 
-    /// Redis string `<ns>:session:<name>:lock`: the attempt id of the job using the session
+    /// Redis string `<ns>:session:{<name>}:lock`: the attempt id of the job using the session
     /// (`SET NX PX`, a 30 s lease renewed every 10 s); one job of a session runs at a time.
     pub fn session_lock_key(&self, session: &str) -> String {
-        format!("{}:session:{}:lock", self.namespace, session)
+        format!("{}:lock", self.session_key_prefix(session))
     }
 
-    /// Redis string `<ns>:session:<name>:expired`: set (for 7 days) when an expired session
+    /// Redis string `<ns>:session:{<name>}:expired`: set (for 7 days) when an expired session
     /// is deleted, so that the next job naming it is told the session expired.
     pub fn session_tombstone_key(&self, session: &str) -> String {
-        format!("{}:session:{}:expired", self.namespace, session)
+        format!("{}:expired", self.session_key_prefix(session))
+    }
+
+    /// `<ns>:session:{<name>}`: the start of every Redis key of a session, hash-tagged like
+    /// [`Self::job_key`] so that a session's keys share a Redis Cluster slot.
+    fn session_key_prefix(&self, session: &str) -> String {
+        format!("{}:session:{{{}}}", self.namespace, session)
     }
 
     /// S3 prefix of a session's objects: `sessions/<ns>/<name>/`.
@@ -151,4 +168,38 @@ pub fn output_key(job_id: &str, attempt_id: &str, file: &str) -> String {
 /// S3 key of a job's captured stream: `jobs/<job_id>/<attempt_id>/stdout` or `.../stderr`.
 pub fn log_key(job_id: &str, attempt_id: &str, stream: &str) -> String {
     format!("{}{stream}", attempt_prefix(job_id, attempt_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Names;
+
+    /// The hash tag Redis Cluster hashes (its spec, "Hash tags"): the text between the first
+    /// `{` and the first `}` after it, when not empty; else the whole key.
+    fn hash_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn keys_of_a_job_or_a_session_share_a_hash_tag() {
+        let names = Names::new("ns-1");
+        for id in ["j1", "a}b", "x{y", "01J0000000000000000000000000"] {
+            let keys = [names.job_key(id), names.done_key(id), names.cancel_key(id), names.job_source_key(id)];
+            let tags: Vec<&str> = keys.iter().map(|k| hash_tag(k)).collect();
+            assert!(tags.iter().all(|t| *t == tags[0]), "{keys:?} -> {tags:?}");
+            assert_ne!(tags[0], keys[0], "{id}: no hash tag in {}", keys[0]);
+        }
+        assert_eq!(names.job_key("j1"), "ns-1:job:{j1}");
+        assert_eq!(names.done_key("j1"), "ns-1:job:{j1}:done");
+        let session = [names.session_jobs_key("s"), names.session_lock_key("s"), names.session_tombstone_key("s")];
+        assert_eq!(session, ["ns-1:session:{s}:jobs", "ns-1:session:{s}:lock", "ns-1:session:{s}:expired"]);
+        assert!(session.iter().all(|k| hash_tag(k) == "s"));
+    }
 }

@@ -8,11 +8,11 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use redis::aio::ConnectionManager;
 use sandq_schemas::names::{input_key, Names};
 use sandq_schemas::{Artifact, InputFile, JobResult, JobSpec, JobStatus, CONTENT_TYPE, SCHEMA_VERSION};
 
 use crate::config::ServiceConfig;
+use crate::redis_conn::{RedisConn, RedisTarget};
 use crate::{results, storage, topology};
 
 /// Failure of a client operation.
@@ -67,10 +67,12 @@ pub struct Client {
     names: Names,
     _connection: Connection,
     channel: Channel,
-    redis: ConnectionManager,
+    redis: RedisConn,
+    /// Where Redis is, to open the blocking connection.
+    redis_target: RedisTarget,
     /// A connection of its own for `BLPOP` (a blocking command would stall other commands on
     /// a shared multiplexed connection); made on first wait.
-    blocking: Option<redis::aio::MultiplexedConnection>,
+    blocking: Option<RedisConn>,
     s3: aws_sdk_s3::Client,
 }
 
@@ -90,9 +92,10 @@ impl Client {
         topology::declare(&connection, &names, &config).await?;
         let channel = connection.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
-        let redis = results::connect(&config.redis.url).await?;
+        let redis_target = RedisTarget::from_config(&config.redis).map_err(results::ResultError::from)?;
+        let redis = redis_target.connect().await.map_err(results::ResultError::from)?;
         let s3 = storage::client(&config.s3);
-        Ok(Client { config, names, _connection: connection, channel, redis, blocking: None, s3 })
+        Ok(Client { config, names, _connection: connection, channel, redis, redis_target, blocking: None, s3 })
     }
 
     /// The names of this deployment.
@@ -182,18 +185,22 @@ impl Client {
         if spec.code.is_none() && spec.session.is_none() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
+        // Two writes, not one pipeline: the job's key and the session's are in different Redis
+        // Cluster slots (a cluster refuses a pipeline across slots), and the pipeline was never
+        // atomic anyway.
         if let Some(code) = &spec.code {
             let source = crate::notebook::JobSource { runtime: spec.runtime, code: code.clone() };
             let json = serde_json::to_string(&source).unwrap_or_default();
-            pipe.cmd("SET").arg(self.names.job_source_key(&spec.job_id)).arg(json).arg("EX").arg(ttl_s).ignore();
+            let () = redis::cmd("SET").arg(self.names.job_source_key(&spec.job_id)).arg(json).arg("EX").arg(ttl_s).query_async(&mut self.redis).await?;
         }
         if let Some(session) = &spec.session {
             let key = self.names.session_jobs_key(session);
+            let mut pipe = redis::pipe();
             pipe.cmd("RPUSH").arg(&key).arg(&spec.job_id).ignore();
             pipe.cmd("EXPIRE").arg(&key).arg(ttl_s).ignore();
+            pipe.query_async::<()>(&mut self.redis).await?;
         }
-        pipe.query_async::<()>(&mut self.redis).await
+        Ok(())
     }
 
     /// The code and runtime a job was submitted with, as the Rust client recorded them
@@ -331,9 +338,7 @@ impl Client {
 
     async fn block_on_done(&mut self, job_id: &str, block: Duration) -> Result<(), ClientError> {
         if self.blocking.is_none() {
-            let client = redis::Client::open(self.config.redis.url.as_str()).map_err(results::ResultError::from)?;
-            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-            match client.get_multiplexed_async_connection_with_config(&config).await {
+            match self.redis_target.connect_blocking().await {
                 Ok(connection) => self.blocking = Some(connection),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot connect to redis for BLPOP; retrying");

@@ -86,22 +86,101 @@ impl Default for AmqpConfig {
     }
 }
 
-/// Redis connection.
+/// Redis connection: a single server (the default), a Redis Cluster or a Sentinel-managed
+/// primary (docs/protocol.md "Redis deployments"; `crate::redis_conn`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// Redis URL; default `redis://127.0.0.1:6379/`.
+    /// `single`, `cluster` or `sentinel`; default `single`.
+    #[serde(default)]
+    pub mode: RedisMode,
+    /// Redis URL of the single server; default `redis://127.0.0.1:6379/`. Unused by the other
+    /// modes.
     #[serde(default = "default_redis_url")]
     pub url: String,
+    /// `cluster`: URLs of some of the cluster's nodes (`redis://127.0.0.1:7000/`), from which
+    /// the rest is learnt; `sentinel`: URLs of the sentinels. A TOML array, or one string of
+    /// comma-separated URLs (`SANDQ__REDIS__NODES=redis://a:7000/,redis://b:7000/`).
+    #[serde(default, deserialize_with = "string_or_list")]
+    pub nodes: Vec<String>,
+    /// `sentinel`: the primary's name in the sentinels' configuration; default `mymaster`.
+    #[serde(default = "default_sentinel_service")]
+    pub service: String,
+    /// Replicas that must have a job's terminal result before the worker acknowledges the job's
+    /// delivery (`WAIT`); default 0: not waited for. With 1 on a cluster or Sentinel setup, a
+    /// primary's death cannot lose a result whose job was acknowledged: a write too few
+    /// replicas took in time leaves the delivery to be redelivered (docs/protocol.md "Redis
+    /// deployments").
+    #[serde(default)]
+    pub wait_replicas: u32,
+    /// Longest `WAIT` for them (humantime); default `1s`.
+    #[serde(default = "default_wait_timeout", with = "humantime_serde")]
+    pub wait_timeout: std::time::Duration,
+}
+
+fn default_wait_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(1)
+}
+
+/// How Redis is deployed ([`RedisConfig::mode`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server at [`RedisConfig::url`].
+    #[default]
+    Single,
+    /// A Redis Cluster reached through [`RedisConfig::nodes`].
+    Cluster,
+    /// The primary the sentinels at [`RedisConfig::nodes`] name [`RedisConfig::service`].
+    Sentinel,
 }
 
 fn default_redis_url() -> String {
     "redis://127.0.0.1:6379/".to_owned()
 }
 
+fn default_sentinel_service() -> String {
+    "mymaster".to_owned()
+}
+
+/// A list of strings from a sequence, or from one string split at commas (how an environment
+/// variable gives a list), blanks dropped.
+fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        One(String),
+        Many(Vec<String>),
+    }
+    let items = match Either::deserialize(d)? {
+        Either::One(s) => s.split(',').map(str::to_owned).collect(),
+        Either::Many(v) => v,
+    };
+    Ok(items.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+}
+
+impl RedisConfig {
+    /// Where Redis is, for messages: `redis://127.0.0.1:6379/`, `cluster [redis://a:7000/, ...]`
+    /// or `sentinel service mymaster via [redis://a:26379/, ...]`.
+    pub fn describe(&self) -> String {
+        match self.mode {
+            RedisMode::Single => self.url.clone(),
+            RedisMode::Cluster => format!("cluster {:?}", self.nodes),
+            RedisMode::Sentinel => format!("sentinel service {} via {:?}", self.service, self.nodes),
+        }
+    }
+}
+
 impl Default for RedisConfig {
     fn default() -> Self {
-        RedisConfig { url: default_redis_url() }
+        RedisConfig {
+            mode: RedisMode::Single,
+            url: default_redis_url(),
+            nodes: Vec::new(),
+            service: default_sentinel_service(),
+            wait_replicas: 0,
+            wait_timeout: default_wait_timeout(),
+        }
     }
 }
 
@@ -193,4 +272,36 @@ pub fn load<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigErro
         .map_err(err)?
         .try_deserialize()
         .map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redis_section(toml: &str) -> RedisConfig {
+        #[derive(Deserialize)]
+        struct File {
+            redis: RedisConfig,
+        }
+        let file: File = config::Config::builder()
+            .add_source(config::File::from_str(toml, config::FileFormat::Toml))
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .expect("parse");
+        file.redis
+    }
+
+    #[test]
+    fn redis_modes_and_nodes_as_a_list_or_a_string() {
+        let single = redis_section("[redis]\nurl = \"redis://10.0.0.1:6379/\"\n");
+        assert_eq!((single.mode, single.nodes.len(), single.wait_replicas), (RedisMode::Single, 0, 0));
+        let cluster = redis_section("[redis]\nmode = \"cluster\"\nnodes = [\"redis://a:1/\", \"redis://b:2/\"]\n");
+        assert_eq!((cluster.mode, cluster.nodes), (RedisMode::Cluster, vec!["redis://a:1/".to_owned(), "redis://b:2/".to_owned()]));
+        let sentinel = redis_section(
+            "[redis]\nmode = \"sentinel\"\nnodes = \" redis://a:26379/, ,redis://b:26379/\"\nservice = \"p1\"\nwait_replicas = 1\nwait_timeout = \"250ms\"\n",
+        );
+        assert_eq!(sentinel.nodes, vec!["redis://a:26379/".to_owned(), "redis://b:26379/".to_owned()]);
+        assert_eq!((sentinel.service.as_str(), sentinel.wait_replicas), ("p1", 1));
+        assert_eq!(sentinel.wait_timeout, std::time::Duration::from_millis(250));
+    }
 }

@@ -7,6 +7,7 @@
 pub mod client;
 pub mod config;
 pub mod notebook;
+pub mod redis_conn;
 pub mod results;
 pub mod sessions;
 pub mod storage;

@@ -1,4 +1,4 @@
-//! Job results in Redis: one hash per job (`<ns>:job:<id>`, fields `status` and `result`),
+//! Job results in Redis: one hash per job (`<ns>:job:{<id>}`, fields `status` and `result`),
 //! written with a compare-and-set so that a status only moves forward:
 //! `queued` < `running` < any terminal status, and a terminal status is never replaced.
 //! This is what keeps a late `queued` write (the submitter's, racing a fast worker) or a
@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::redis_conn::RedisConn;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobResult, JobStatus};
 
@@ -52,24 +52,36 @@ pub enum ResultError {
     /// The result could not be encoded.
     #[error("cannot encode result: {0}")]
     Encode(#[from] sandq_schemas::EncodeError),
+    /// A terminal result was written, but fewer replicas than `[redis] wait_replicas` took it
+    /// in time: it may not survive the primary's death.
+    #[error("result of {job_id} written but not replicated: {source}")]
+    NotReplicated {
+        /// The job.
+        job_id: String,
+        /// What `WAIT` found.
+        source: crate::redis_conn::NotReplicated,
+    },
 }
 
-/// Connects to Redis with a connection manager (reconnects by itself).
+/// Connects to the Redis `config` describes: a single server (a connection manager, which
+/// reconnects by itself), a Redis Cluster or a Sentinel-managed primary
+/// ([`crate::redis_conn`]).
 ///
 /// # Errors
-/// [`ResultError::Redis`] when the URL is invalid or the server cannot be reached.
-pub async fn connect(url: &str) -> Result<ConnectionManager, ResultError> {
-    let client = redis::Client::open(url)?;
-    Ok(ConnectionManager::new(client).await?)
+/// [`ResultError::Redis`] when the configuration is invalid or Redis cannot be reached.
+pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, ResultError> {
+    Ok(crate::redis_conn::connect(config).await?)
 }
 
 /// Writes `result` unless the stored status ranks higher (see the module doc). Returns true
-/// when written. `ttl` is rounded up to whole seconds.
+/// when written. `ttl` is rounded up to whole seconds. A terminal result written is then waited
+/// for on `[redis] wait_replicas` replicas, when set ([`RedisConn::wait_replicated`]).
 ///
 /// # Errors
-/// [`ResultError::Redis`] or [`ResultError::Encode`].
+/// [`ResultError::Redis`], [`ResultError::Encode`], or [`ResultError::NotReplicated`] (the
+/// result is stored on the primary).
 pub async fn write(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     result: &JobResult,
     ttl: Duration,
@@ -84,6 +96,15 @@ pub async fn write(
         .arg(ttl_s)
         .invoke_async(redis)
         .await?;
+    if written == 1 && result.status.is_terminal() {
+        match redis.wait_replicated(&names.job_key(&result.job_id)).await {
+            Ok(()) => {}
+            Err(crate::redis_conn::WaitError::Redis(e)) => return Err(e.into()),
+            Err(crate::redis_conn::WaitError::NotReplicated(source)) => {
+                return Err(ResultError::NotReplicated { job_id: result.job_id.clone(), source })
+            }
+        }
+    }
     Ok(written == 1)
 }
 
@@ -93,7 +114,7 @@ pub async fn write(
 /// # Errors
 /// [`ResultError::Redis`] or [`ResultError::Decode`].
 pub async fn read(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     job_id: &str,
 ) -> Result<Option<JobResult>, ResultError> {
@@ -108,21 +129,21 @@ pub async fn read(
 /// # Errors
 /// [`ResultError::Redis`].
 pub async fn status(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     job_id: &str,
 ) -> Result<Option<JobStatus>, ResultError> {
     Ok(read(redis, names, job_id).await?.map(|r| r.status))
 }
 
-/// Asks for a job to be cancelled: sets its cancel key (`<ns>:job:<id>:cancel`) for `ttl`. A
+/// Asks for a job to be cancelled: sets its cancel key (`<ns>:job:{<id>}:cancel`) for `ttl`. A
 /// worker skips a queued job whose key is set (status `cancelled`), and kills a running one
 /// within a second. Returns false when the job is unknown or already finished (nothing set).
 ///
 /// # Errors
 /// [`ResultError::Redis`].
 pub async fn request_cancel(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     job_id: &str,
     ttl: Duration,
@@ -146,7 +167,7 @@ pub async fn request_cancel(
 ///
 /// # Errors
 /// [`ResultError::Redis`].
-pub async fn cancel_requested(redis: &mut ConnectionManager, names: &Names, job_id: &str) -> Result<bool, ResultError> {
+pub async fn cancel_requested(redis: &mut RedisConn, names: &Names, job_id: &str) -> Result<bool, ResultError> {
     let exists: bool = redis::cmd("EXISTS").arg(names.cancel_key(job_id)).query_async(redis).await?;
     Ok(exists)
 }

@@ -4,7 +4,7 @@
 //! S3     sessions/<ns>/<name>/manifest.json       Manifest (JSON): path -> sha256, size; expiry
 //!        sessions/<ns>/<name>/blobs/<sha256>      file contents, content-addressed
 //! Redis  <ns>:sessions                            sorted set: name -> expires_at_ms
-//!        <ns>:session:<name>:lock                 id of the job using the session (SET NX PX)
+//!        <ns>:session:{<name>}:lock               id of the job using the session (SET NX PX)
 //! ```
 //!
 //! One job of a session runs at a time: a worker takes the lock before it restores the files
@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::redis_conn::RedisConn;
 use sandq_schemas::names::Names;
 use serde::{Deserialize, Serialize};
 
@@ -114,7 +114,7 @@ pub async fn load(s3: &aws_sdk_s3::Client, bucket: &str, names: &Names, name: &s
 pub async fn store(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     name: &str,
     manifest: &Manifest,
@@ -132,7 +132,7 @@ pub async fn store(
 pub async fn delete(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     name: &str,
 ) -> Result<usize, SessionError> {
@@ -151,7 +151,7 @@ pub const TOMBSTONE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 ///
 /// # Errors
 /// [`SessionError::Redis`].
-pub async fn mark_expired(redis: &mut ConnectionManager, names: &Names, name: &str) -> Result<(), SessionError> {
+pub async fn mark_expired(redis: &mut RedisConn, names: &Names, name: &str) -> Result<(), SessionError> {
     let _: () = redis::cmd("SET").arg(names.session_tombstone_key(name)).arg(1).arg("EX").arg(TOMBSTONE_TTL.as_secs()).query_async(redis).await?;
     Ok(())
 }
@@ -161,7 +161,7 @@ pub async fn mark_expired(redis: &mut ConnectionManager, names: &Names, name: &s
 ///
 /// # Errors
 /// [`SessionError::Redis`].
-pub async fn take_expired_mark(redis: &mut ConnectionManager, names: &Names, name: &str) -> Result<bool, SessionError> {
+pub async fn take_expired_mark(redis: &mut RedisConn, names: &Names, name: &str) -> Result<bool, SessionError> {
     let removed: i64 = redis::cmd("DEL").arg(names.session_tombstone_key(name)).query_async(redis).await?;
     Ok(removed > 0)
 }
@@ -180,7 +180,7 @@ return 0
 /// # Errors
 /// [`SessionError::Busy`] after `wait`; [`SessionError::Redis`].
 pub async fn lock(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     name: &str,
     holder: &str,
@@ -213,7 +213,7 @@ pub async fn lock(
 ///
 /// # Errors
 /// [`SessionError::Redis`].
-pub async fn renew(redis: &mut ConnectionManager, names: &Names, name: &str, holder: &str, lease: Duration) -> Result<bool, SessionError> {
+pub async fn renew(redis: &mut RedisConn, names: &Names, name: &str, holder: &str, lease: Duration) -> Result<bool, SessionError> {
     const RENEW_SCRIPT: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -233,7 +233,7 @@ return 0
 ///
 /// # Errors
 /// [`SessionError::Redis`].
-pub async fn unlock(redis: &mut ConnectionManager, names: &Names, name: &str, holder: &str) -> Result<(), SessionError> {
+pub async fn unlock(redis: &mut RedisConn, names: &Names, name: &str, holder: &str) -> Result<(), SessionError> {
     let _: i64 = redis::Script::new(RELEASE_SCRIPT).key(names.session_lock_key(name)).arg(holder).invoke_async(redis).await?;
     Ok(())
 }
@@ -260,7 +260,7 @@ pub struct Listed {
 pub async fn list(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     max: usize,
 ) -> Result<Vec<Listed>, SessionError> {
@@ -304,7 +304,7 @@ pub async fn list(
 pub async fn reap(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     now_ms: u64,
     reaper_id: &str,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::message::Delivery;
-use redis::aio::ConnectionManager;
+use sandq_submitter::redis_conn::RedisConn;
 use sandq_schemas::{JobResult, JobStatus, ValidJob};
 use sandq_submitter::client::now_ms;
 use sandq_submitter::results;
@@ -28,7 +28,7 @@ pub struct Context {
     /// S3 client.
     pub s3: aws_sdk_s3::Client,
     /// Redis (reconnects by itself).
-    pub redis: ConnectionManager,
+    pub redis: RedisConn,
     /// Becomes true when shutdown's grace period is over: running jobs are killed and requeued.
     pub abort: tokio::sync::watch::Receiver<bool>,
     /// Cores and memory left for running jobs.

@@ -79,9 +79,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eof: bool) -> anyhow::Result<()> {
-    let redis = sandq_submitter::results::connect(&settings.services.redis.url)
+    let redis = sandq_submitter::results::connect(&settings.services.redis)
         .await
-        .with_context(|| format!("cannot reach redis at {}", settings.services.redis.url))?;
+        .with_context(|| format!("cannot reach redis at {}", settings.services.redis.describe()))?;
     let s3 = sandq_submitter::storage::client(&settings.services.s3);
     s3.head_bucket()
         .bucket(&settings.services.s3.bucket)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use sandq_submitter::redis_conn::RedisConn;
 use sandq_schemas::names::Names;
 use sandq_schemas::{CapturedOutput, JobResult, JobStatus, ResourceUsage, ValidJob};
 use sandq_submitter::results::{self, ResultError};
@@ -155,7 +155,7 @@ pub async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &s
 /// # Errors
 /// [`ResultError`] (Redis trouble: retried).
 pub async fn publish(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConn,
     names: &Names,
     result: &JobResult,
     ttl: Duration,

@@ -2,7 +2,7 @@
 import { readFile } from "node:fs/promises";
 import { basename } from "node:path";
 import * as amqp from "amqplib";
-import { createClient, RESP_TYPES } from "redis";
+import { createClient, createCluster, createSentinel, RESP_TYPES } from "redis";
 import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import { decode, encode } from "@msgpack/msgpack";
 import { errorFor, JobNotFound, RAISED_BY_WAIT, SandqError, SubmitError, WaitTimeout } from "./errors.js";
@@ -28,6 +28,26 @@ export interface ClientOptions {
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Redis = any;
+
+/** A node-redis client of the Redis `config` names (`redisMode`): one server, a Redis Cluster
+ * (`createCluster`: routes each command by its key's slot, follows MOVED/ASK, rediscovers the
+ * topology after a failover) or the primary the sentinels name (`createSentinel`). Not connected.
+ * docs/protocol.md "Redis deployments". */
+export function redisClient(config: Config): Redis {
+  if (config.redisMode === "cluster") {
+    const first = new URL(config.redisNodes[0] ?? "redis://127.0.0.1:6379/");
+    const auth = first.password ? { username: decodeURIComponent(first.username) || undefined, password: decodeURIComponent(first.password) } : {};
+    return createCluster({ rootNodes: config.redisNodes.map((url) => ({ url })), defaults: auth });
+  }
+  if (config.redisMode === "sentinel") {
+    const sentinelRootNodes = config.redisNodes.map((u) => {
+      const url = new URL(u);
+      return { host: url.hostname, port: Number(url.port || 26379) };
+    });
+    return createSentinel({ name: config.redisService, sentinelRootNodes });
+  }
+  return createClient({ url: config.redisUrl });
+}
 
 /** A sandq client. `await Client.connect()`; `close()` when done. */
 export class Client {
@@ -57,7 +77,7 @@ export class Client {
     let config = options.config ?? loadConfig();
     if (options.namespace) config = { ...config, namespace: options.namespace };
     // Results are MessagePack: bulk strings come back as Buffers.
-    const base = createClient({ url: config.redisUrl });
+    const base = redisClient(config);
     base.on("error", () => {});
     // BLPOP blocks its connection: a connection of its own.
     const blocking = base.duplicate();

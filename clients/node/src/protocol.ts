@@ -38,6 +38,12 @@ return 1
 export interface Config {
   amqpUrl: string;
   redisUrl: string;
+  /** `[redis] mode`: `single` (`redisUrl`), `cluster` (`redisNodes`: some of the cluster's nodes)
+   * or `sentinel` (`redisNodes`: the sentinels; `redisService`: the primary's name); docs/protocol.md
+   * "Redis deployments". */
+  redisMode: "single" | "cluster" | "sentinel";
+  redisNodes: string[];
+  redisService: string;
   s3Endpoint: string;
   s3Region: string;
   s3Bucket: string;
@@ -47,6 +53,18 @@ export interface Config {
   deliveryLimit: number;
   /** `[queues] unserved_ttl`: a job no worker takes within it expires (the queues' x-message-ttl). */
   unservedTtl: string;
+}
+
+/** `[redis] mode`, checked. */
+function redisMode(mode: string): Config["redisMode"] {
+  if (mode === "single" || mode === "cluster" || mode === "sentinel") return mode;
+  throw new Error(`redis mode ${JSON.stringify(mode)} is not single, cluster or sentinel`);
+}
+
+/** `[redis] nodes`: a TOML array, or one string of comma-separated URLs (an environment variable). */
+export function urlList(value: unknown): string[] {
+  const items = typeof value === "string" ? value.split(",") : Array.isArray(value) ? value.map(String) : [];
+  return items.map((u) => u.trim()).filter((u) => u !== "");
 }
 
 /** `path`, else `$SANDQ_CONFIG`, else /etc/sandq/sandq.toml. */
@@ -67,6 +85,9 @@ export function loadConfig(path?: string): Config {
   return {
     amqpUrl: String(get("amqp", "url", "amqp://guest:guest@127.0.0.1:5672/%2f")),
     redisUrl: String(get("redis", "url", "redis://127.0.0.1:6379/")),
+    redisMode: redisMode(String(get("redis", "mode", "single"))),
+    redisNodes: urlList(get<unknown>("redis", "nodes", [])),
+    redisService: String(get("redis", "service", "mymaster")),
     s3Endpoint: String(get("s3", "endpoint", "http://127.0.0.1:3900")),
     s3Region: String(get("s3", "region", "garage")),
     s3Bucket: String(get("s3", "bucket", "sandq")),
@@ -93,9 +114,11 @@ export class Names {
   }
 
   queue(sku: string): string { return `${this.ns}.jobs.${sku}`; }
-  job(id: string): string { return `${this.ns}:job:${id}`; }
-  done(id: string): string { return `${this.ns}:job:${id}:done`; }
-  cancel(id: string): string { return `${this.ns}:job:${id}:cancel`; }
+  // Redis key layout 2 (docs/protocol.md "Redis key layout"): `{<id>}` is a Redis Cluster hash
+  // tag, so a job's keys share a slot and the CAS script (two keys) runs on a cluster.
+  job(id: string): string { return `${this.ns}:job:{${id}}`; }
+  done(id: string): string { return `${this.job(id)}:done`; }
+  cancel(id: string): string { return `${this.job(id)}:cancel`; }
 }
 
 export function sha256Hex(data: Uint8Array): string {

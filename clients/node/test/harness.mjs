@@ -26,35 +26,39 @@ function workerBinary() {
 }
 
 async function purgeQueues(cfg) {
+  const ns = cfg.namespace;
   const connection = await amqp.connect(cfg.amqpUrl);
   try {
     const channel = await connection.createChannel();
-    for (const sku of ["S", "M", "L", "XL"]) await channel.purgeQueue(`${NAMESPACE}.jobs.${sku}`);
-    await channel.purgeQueue(`${NAMESPACE}.dead`);
+    for (const sku of ["S", "M", "L", "XL"]) await channel.purgeQueue(`${ns}.jobs.${sku}`);
+    await channel.purgeQueue(`${ns}.dead`);
   } finally {
     await connection.close();
   }
 }
 
-/** Declares the topology, purges the queues, starts the worker and waits until it consumes. */
-export async function startWorker() {
-  const cfg = config();
+/** Declares the topology, purges the queues, starts the worker and waits until it consumes.
+ * `options`: `config` (another namespace or Redis), `workerId`, extra `env`. */
+export async function startWorker(options = {}) {
+  const cfg = options.config ?? config();
+  const workerId = options.workerId ?? WORKER_ID;
   const client = await Client.connect({ config: cfg });
   await client.declareTopology();
   await client.close();
   await purgeQueues(cfg);
   const binary = workerBinary();
   if (!existsSync(binary)) throw new Error(`${binary} missing: build the workspace first (cargo build --workspace)`);
-  const logPath = join(tmpdir(), `sandq-${WORKER_ID}-worker.log`);
+  const logPath = join(tmpdir(), `sandq-${workerId}-worker.log`);
   const log = openSync(logPath, "w");
   const child = spawn(binary, ["--exit-on-stdin-eof"], {
     stdio: ["pipe", "ignore", log],
     env: {
       ...process.env,
-      SANDQ__NAMESPACE: NAMESPACE,
-      SANDQ__WORKER__ID: WORKER_ID,
+      SANDQ__NAMESPACE: cfg.namespace,
+      SANDQ__WORKER__ID: workerId,
       SANDQ__WORKER__CAPACITY_CPUS: "16",
       SANDQ__WORKER__CAPACITY_MEMORY_BYTES: String(64 * 2 ** 30),
+      ...(options.env ?? {}),
     },
   });
   closeSync(log);

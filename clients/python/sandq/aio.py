@@ -13,6 +13,8 @@ import aio_pika.exceptions
 import aiormq.exceptions
 import botocore.exceptions
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
 
 from . import protocol
 from .client import Source, check_download, fetch_url, read_source, s3_client
@@ -31,10 +33,10 @@ class AsyncClient:
             config = config.with_namespace(namespace)
         self.config = config
         self.names = Names(config.namespace)
-        self.redis = redis.asyncio.Redis.from_url(config.redis_url)
+        self.redis = connect_redis(config)
         # BLPOP blocks its connection for up to BLOCK_S: a client of its own whose socket
         # timeout outlasts it (redis-py's default would cut the wait short).
-        self._blocking = redis.asyncio.Redis.from_url(config.redis_url, socket_timeout=BLOCK_S + 10)
+        self._blocking = connect_redis(config, socket_timeout=BLOCK_S + 10)
         self.s3 = s3_client(config)
         self._amqp: Optional[aio_pika.abc.AbstractConnection] = None
         self._channel: Optional[aio_pika.abc.AbstractChannel] = None
@@ -185,3 +187,21 @@ class AsyncSession:
 
     async def run(self, code: Optional[str] = None, **kwargs: Any) -> JobResult:
         return await self.client.run(code, session=self.name, **kwargs)
+
+
+def connect_redis(config: Config, **kwargs: Any) -> Any:
+    """A redis.asyncio client of the Redis `config` names (`redis_mode`): one server, a Redis Cluster
+    (`RedisCluster`: routes each command by its key's slot, follows MOVED/ASK and retries through a
+    failover) or the primary the sentinels name (`Sentinel.master_for`: asks them again after a
+    failover). `kwargs` go to the connections (a socket timeout). docs/protocol.md "Redis
+    deployments"."""
+    if config.redis_mode == "cluster":
+        nodes = [redis.asyncio.cluster.ClusterNode(**protocol.redis_kwargs(u)) for u in config.redis_nodes]
+        auth = {k: v for k, v in protocol.redis_kwargs(config.redis_nodes[0]).items() if k in ("username", "password")}
+        return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **auth, **kwargs)
+    if config.redis_mode == "sentinel":
+        sentinels = [(k["host"], k["port"]) for k in map(protocol.redis_kwargs, config.redis_nodes)]
+        return redis.asyncio.sentinel.Sentinel(sentinels, **kwargs).master_for(config.redis_service, **kwargs)
+    if config.redis_mode != "single":
+        raise ValueError(f"redis mode {config.redis_mode!r} is not single, cluster or sentinel")
+    return redis.asyncio.Redis.from_url(config.redis_url, **kwargs)

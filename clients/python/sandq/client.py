@@ -14,6 +14,8 @@ import botocore.exceptions
 import pika
 import pika.exceptions
 import redis
+import redis.cluster
+import redis.sentinel
 
 from . import protocol
 from .errors import RAISED_BY_WAIT, JobNotFound, SandqError, SubmitError, WaitTimeout, error_for
@@ -59,10 +61,10 @@ class Client:
             config = config.with_namespace(namespace)
         self.config = config
         self.names = Names(config.namespace)
-        self.redis = redis.Redis.from_url(config.redis_url)
+        self.redis = connect_redis(config)
         # BLPOP blocks its connection for up to BLOCK_S: a client of its own whose socket
         # timeout outlasts it (redis-py's default would cut the wait short).
-        self._blocking = redis.Redis.from_url(config.redis_url, socket_timeout=BLOCK_S + 10)
+        self._blocking = connect_redis(config, socket_timeout=BLOCK_S + 10)
         self.s3 = s3_client(config)
         self._amqp: Optional[pika.BlockingConnection] = None
         self._channel: Any = None
@@ -256,3 +258,21 @@ class Session:
 
     def run(self, code: Optional[str] = None, **kwargs: Any) -> JobResult:
         return self.client.run(code, session=self.name, **kwargs)
+
+
+def connect_redis(config: Config, **kwargs: Any) -> Any:
+    """A redis client of the Redis `config` names (`redis_mode`): one server, a Redis Cluster
+    (`RedisCluster`: routes each command by its key's slot, follows MOVED/ASK and retries through a
+    failover) or the primary the sentinels name (`Sentinel.master_for`: asks them again after a
+    failover). `kwargs` go to the connections (a socket timeout). docs/protocol.md "Redis
+    deployments"."""
+    if config.redis_mode == "cluster":
+        nodes = [redis.cluster.ClusterNode(**protocol.redis_kwargs(u)) for u in config.redis_nodes]
+        auth = {k: v for k, v in protocol.redis_kwargs(config.redis_nodes[0]).items() if k in ("username", "password")}
+        return redis.cluster.RedisCluster(startup_nodes=nodes, **auth, **kwargs)
+    if config.redis_mode == "sentinel":
+        sentinels = [(k["host"], k["port"]) for k in map(protocol.redis_kwargs, config.redis_nodes)]
+        return redis.sentinel.Sentinel(sentinels, **kwargs).master_for(config.redis_service, **kwargs)
+    if config.redis_mode != "single":
+        raise ValueError(f"redis mode {config.redis_mode!r} is not single, cluster or sentinel")
+    return redis.Redis.from_url(config.redis_url, **kwargs)

@@ -7,6 +7,7 @@ import math
 import re
 from fractions import Fraction
 import os
+import urllib.parse
 import time
 import tomllib
 import uuid
@@ -55,6 +56,12 @@ class Config:
     sandq config file (the same file the worker and the `sandq` CLI read)."""
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/%2f"
     redis_url: str = "redis://127.0.0.1:6379/"
+    # `[redis] mode`: "single" (redis_url), "cluster" (redis_nodes: some of the cluster's nodes) or
+    # "sentinel" (redis_nodes: the sentinels; redis_service: the primary's name); docs/protocol.md
+    # "Redis deployments".
+    redis_mode: str = "single"
+    redis_nodes: tuple[str, ...] = ()
+    redis_service: str = "mymaster"
     s3_endpoint: str = "http://127.0.0.1:3900"
     s3_region: str = "garage"
     s3_bucket: str = "sandq"
@@ -74,6 +81,23 @@ def config_path(path: Union[str, os.PathLike, None] = None) -> Path:
     return Path(path or os.environ.get("SANDQ_CONFIG") or DEFAULT_CONFIG_PATH)
 
 
+def url_list(value: Any) -> tuple[str, ...]:
+    """`[redis] nodes`: a TOML list, or one string of comma-separated URLs (an environment variable)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(str(i).strip() for i in items if str(i).strip())
+
+
+def redis_kwargs(url: str) -> dict[str, Any]:
+    """Host, port and credentials of a `redis://[user:password@]host:port/` URL."""
+    parsed = urllib.parse.urlsplit(url)
+    out: dict[str, Any] = {"host": parsed.hostname or "127.0.0.1", "port": parsed.port or 6379}
+    if parsed.username:
+        out["username"] = urllib.parse.unquote(parsed.username)
+    if parsed.password:
+        out["password"] = urllib.parse.unquote(parsed.password)
+    return out
+
+
 def load_config(path: Union[str, os.PathLike, None] = None) -> Config:
     """Reads the sandq config (see `config_path`); a missing file is an error. `SANDQ__SECTION__KEY`
     environment variables override the file's keys, as for the worker."""
@@ -90,6 +114,8 @@ def load_config(path: Union[str, os.PathLike, None] = None) -> Config:
     d = Config()
     return Config(
         amqp_url=get("amqp", "url", d.amqp_url), redis_url=get("redis", "url", d.redis_url),
+        redis_mode=str(get("redis", "mode", d.redis_mode)), redis_nodes=url_list(get("redis", "nodes", [])),
+        redis_service=str(get("redis", "service", d.redis_service)),
         s3_endpoint=get("s3", "endpoint", d.s3_endpoint), s3_region=get("s3", "region", d.s3_region),
         s3_bucket=get("s3", "bucket", d.s3_bucket), s3_access_key_id=get("s3", "access_key_id", None),
         s3_secret_access_key=get("s3", "secret_access_key", None), namespace=get(None, "namespace", d.namespace),
@@ -111,14 +137,16 @@ class Names:
     def queue(self, sku: str) -> str:
         return f"{self.ns}.jobs.{sku}"
 
+    # Redis key layout 2 (docs/protocol.md "Redis key layout"): `{<job_id>}` is a Redis Cluster
+    # hash tag, so a job's keys share a slot and the CAS script (two keys) runs on a cluster.
     def job(self, job_id: str) -> str:
-        return f"{self.ns}:job:{job_id}"
+        return f"{self.ns}:job:{{{job_id}}}"
 
     def done(self, job_id: str) -> str:
-        return f"{self.ns}:job:{job_id}:done"
+        return f"{self.job(job_id)}:done"
 
     def cancel(self, job_id: str) -> str:
-        return f"{self.ns}:job:{job_id}:cancel"
+        return f"{self.job(job_id)}:cancel"
 
 
 def queue_arguments(names: Names, delivery_limit: int, unserved_ttl: str = "1h") -> dict:

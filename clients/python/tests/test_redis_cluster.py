@@ -1,0 +1,112 @@
+"""The SDK on a Redis Cluster (`[redis] mode = "cluster"`): the blocking and asyncio clients
+submit jobs, wait on their done lists (BLPOP routed by key) and cancel one, against a worker
+configured to the same cluster. Three primaries without replicas, started here on loopback with
+their data in a temp dir and killed at the end: failover is tests/redis_cluster.rs's subject.
+Ports: `$SANDQ_REDIS_CLUSTER_PORT` .. +2 and the bus `$SANDQ_REDIS_CLUSTER_BUS_PORT` .. +2
+(`.ci/run` exports them; else 17110 and 17130); RabbitMQ and S3 are the config's."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+import sandq
+from conftest import worker_binary
+
+NAMESPACE = "sandq-test-sdk-python-cluster"
+WORKER_ID = "test-sdk-python-cluster"
+WAIT = 180.0
+
+
+def cli(port: int, *args: str) -> str:
+    done = subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True)
+    return done.stdout
+
+
+def wait_for(check, limit: float, what: str) -> None:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < limit, what
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    port = int(os.environ.get("SANDQ_REDIS_CLUSTER_PORT", "17110"))
+    bus = int(os.environ.get("SANDQ_REDIS_CLUSTER_BUS_PORT", str(port + 20)))
+    ports = [port, port + 1, port + 2]
+    root = Path(tempfile.mkdtemp(prefix="sandq-sdk-cluster-"))
+    processes = []
+    try:
+        for i, p in enumerate(ports):
+            (root / str(p)).mkdir()
+            processes.append(subprocess.Popen(
+                ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-port", str(bus + i), "--cluster-node-timeout", "1000", "--save", "",
+                 "--dir", str(root / str(p))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for p in ports:
+            wait_for(lambda: cli(p, "ping").startswith("PONG"), 20, f"redis on {p} did not start")
+        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
+                       check=True, capture_output=True)
+        wait_for(lambda: all("cluster_state:ok" in cli(p, "cluster", "info") for p in ports), 60, "cluster not ready")
+        yield [f"redis://127.0.0.1:{p}/" for p in ports]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster_config(cluster) -> sandq.Config:
+    from dataclasses import replace
+    return replace(sandq.load_config().with_namespace(NAMESPACE), redis_mode="cluster", redis_nodes=tuple(cluster))
+
+
+@pytest.fixture(scope="module")
+def cluster_worker(cluster_config: sandq.Config):
+    with sandq.Client(cluster_config) as client:
+        client.declare_topology()
+    log_path = Path(tempfile.gettempdir()) / f"sandq-{WORKER_ID}-worker.log"
+    env = dict(os.environ, SANDQ__NAMESPACE=NAMESPACE, SANDQ__WORKER__ID=WORKER_ID,
+               SANDQ__WORKER__CAPACITY_CPUS="16", SANDQ__WORKER__CAPACITY_MEMORY_BYTES=str(64 << 30),
+               SANDQ__REDIS__MODE="cluster", SANDQ__REDIS__NODES=",".join(cluster_config.redis_nodes))
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([str(worker_binary()), "--exit-on-stdin-eof"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=log, env=env)
+    wait_for(lambda: b"consuming" in log_path.read_bytes(), 60, f"worker did not start: {log_path.read_text(errors='replace')}")
+    yield process
+    assert process.stdin is not None
+    process.stdin.close()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def test_jobs_and_a_cancel_through_a_redis_cluster(cluster_config: sandq.Config, cluster_worker) -> None:
+    with sandq.Client(cluster_config) as client:
+        assert isinstance(client.redis, redis.cluster.RedisCluster)
+        ids = [client.submit(f"print({i} * {i})", sku="S") for i in range(6)]
+        results = [client.wait(job_id, WAIT) for job_id in ids]
+        assert [(r.status, r.stdout.text) for r in results] == [("succeeded", f"{i * i}\n") for i in range(6)]
+        # The jobs' hashes are spread over the three primaries (the point of a cluster).
+        owners = {client.redis.get_node_from_key(client.names.job(job_id)).port for job_id in ids}
+        assert len(owners) > 1, owners
+        job_id = client.submit("import time\nprint('up', flush=True)\ntime.sleep(120)", sku="S", timeout="5m")
+        wait_for(lambda: (s := client.status(job_id)) is not None and s.status == "running", 120, "never ran")
+        assert client.cancel(job_id)
+        assert client.wait(job_id, WAIT).status == "cancelled"
+
+
+async def test_async_client_through_a_redis_cluster(cluster_config: sandq.Config, cluster_worker) -> None:
+    async with sandq.AsyncClient(cluster_config) as client:
+        result = await client.run("print(6 * 7)", sku="S", wait_timeout=WAIT)
+        assert (result.status, result.stdout.text) == ("succeeded", "42\n")
