@@ -215,7 +215,7 @@ async fn a_huge_client_written_record_costs_the_worker_little_memory() {
     let spec = python_job("print('ok')", Sku::S);
     let mut record = sandq_schemas::JobResult::new(spec.job_id.clone(), JobStatus::Queued);
     record.reason = Some("x".repeat(100 << 20));
-    let mut redis = redis::aio::ConnectionManager::new(redis::Client::open(world.config.redis.url.as_str()).expect("redis")).await.expect("redis");
+    let mut redis = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
     let names = sandq_schemas::names::Names::new(world.namespace.clone());
     let written = sandq_submitter::results::write(&mut redis, &names, &record, Duration::from_secs(600)).await.expect("write");
     assert!(written, "the client's queued record");

@@ -41,6 +41,16 @@ pub enum ResultError {
     /// Redis refused or could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The stored record is larger than the reader takes.
+    #[error("stored record of {job_id} is {bytes} bytes: larger than read")]
+    TooLarge {
+        /// The job.
+        job_id: String,
+        /// The record's length.
+        bytes: u64,
+        /// Its `status` field, when readable.
+        status: Option<JobStatus>,
+    },
     /// The stored result could not be decoded.
     #[error("stored result of {job_id} is malformed: {source}")]
     Decode {
@@ -124,7 +134,33 @@ pub async fn read(
         .transpose()
 }
 
-/// Reads only a job's status; `None` when unknown.
+/// Reads a job's record only if it is at most `max_bytes` long (the size is checked in Redis
+/// before the bytes are sent: a client writes its own `queued` record, of any size Redis
+/// takes, and the worker reads it: eighth security review R1); `None` when unknown.
+///
+/// # Errors
+/// [`ResultError::TooLarge`] (with the record's `status` field, when it has a readable one),
+/// [`ResultError::Redis`] or [`ResultError::Decode`].
+pub async fn read_bounded(
+    redis: &mut RedisConn,
+    names: &Names,
+    job_id: &str,
+    max_bytes: u64,
+) -> Result<Option<JobResult>, ResultError> {
+    let (status, bytes, record): (Option<String>, u64, Option<Vec<u8>>) =
+        redis::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(max_bytes).invoke_async(redis).await?;
+    if bytes > max_bytes {
+        let status = status.as_deref().and_then(parse_status);
+        return Err(ResultError::TooLarge { job_id: job_id.to_owned(), bytes, status });
+    }
+    record
+        .map(|b| sandq_schemas::decode(&b).map_err(|source| ResultError::Decode { job_id: job_id.to_owned(), source }))
+        .transpose()
+}
+
+/// Reads only a job's status, from its record's `status` field (at most 32 bytes read; the
+/// record itself is neither sent nor decoded, whatever its size); `None` when the job is
+/// unknown or the field is missing or not a status.
 ///
 /// # Errors
 /// [`ResultError::Redis`].
@@ -133,8 +169,32 @@ pub async fn status(
     names: &Names,
     job_id: &str,
 ) -> Result<Option<JobStatus>, ResultError> {
-    Ok(read(redis, names, job_id).await?.map(|r| r.status))
+    let (status, _, _): (Option<String>, u64, Option<Vec<u8>>) =
+        redis::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(0).invoke_async(redis).await?;
+    Ok(status.as_deref().and_then(parse_status))
 }
+
+/// The status a wire name names.
+fn parse_status(name: &str) -> Option<JobStatus> {
+    use JobStatus::*;
+    [Queued, Running, Succeeded, Failed, TimedOut, OomKilled, Rejected, Cancelled, Expired, InternalError].into_iter().find(|s| s.as_str() == name)
+}
+
+/// KEYS[1] = job key, ARGV[1] = the most record bytes to send. Returns {status field (false
+/// when missing or over 32 bytes), the record's length, the record (false when missing or over
+/// ARGV[1])}. HSTRLEN is O(1): nothing large is copied.
+const BOUNDED_READ_SCRIPT: &str = r"
+local status = false
+if redis.call('HSTRLEN', KEYS[1], 'status') <= 32 then
+  status = redis.call('HGET', KEYS[1], 'status')
+end
+local n = redis.call('HSTRLEN', KEYS[1], 'result')
+local record = false
+if n <= tonumber(ARGV[1]) then
+  record = redis.call('HGET', KEYS[1], 'result')
+end
+return {status, n, record}
+";
 
 /// Asks for a job to be cancelled: sets its cancel key (`<ns>:job:{<id>}:cancel`) for `ttl`. A
 /// worker skips a queued job whose key is set (status `cancelled`), and kills a running one

@@ -195,10 +195,11 @@ pub async fn lock(
         if taken.is_some() {
             return Ok(());
         }
-        let current: Option<String> = redis::cmd("GET").arg(&key).query_async(redis).await?;
-        if current.as_deref() == Some(holder) {
-            // A redelivery of the same job after its worker died: the lease is ours.
-            let _: () = redis::cmd("PEXPIRE").arg(&key).arg(lease.as_millis() as u64).query_async(redis).await?;
+        // Already this holder's (its own earlier call): the lease is renewed. Compared in Redis,
+        // so that a lock value of any size a client wrote is never sent here (eighth security
+        // review R1).
+        let ours: i64 = redis::Script::new(RENEW_IF_HELD_SCRIPT).key(&key).arg(holder).arg(lease.as_millis() as u64).invoke_async(redis).await?;
+        if ours == 1 {
             return Ok(());
         }
         if tokio::time::Instant::now() >= until {
@@ -309,15 +310,7 @@ pub async fn reap(
     now_ms: u64,
     reaper_id: &str,
 ) -> Result<Vec<String>, SessionError> {
-    let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-        .arg(names.sessions_index())
-        .arg("-inf")
-        .arg(now_ms)
-        .arg("LIMIT")
-        .arg(0)
-        .arg(100)
-        .query_async(redis)
-        .await?;
+    let due: Vec<String> = redis::Script::new(DUE_SESSIONS_SCRIPT).key(names.sessions_index()).arg(now_ms).invoke_async(redis).await?;
     let mut reaped = Vec::new();
     for name in due {
         if lock(redis, names, &name, reaper_id, Duration::from_secs(300), Duration::ZERO).await.is_err() {
@@ -354,3 +347,29 @@ pub async fn reap(
     }
     Ok(reaped)
 }
+
+/// KEYS[1] = a session's lock, ARGV = holder, lease in ms: renews the lease and returns 1 when
+/// the lock holds `holder`, else 0. The value is compared in Redis, never sent.
+const RENEW_IF_HELD_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+  return 1
+end
+return 0
+";
+
+/// KEYS[1] = the sessions index, ARGV[1] = now (ms): the names of at most 100 sessions due,
+/// in Redis; a member longer than any valid session name (256 bytes) is removed from the
+/// index instead of returned (a client can write the index: eighth security review R1).
+const DUE_SESSIONS_SCRIPT: &str = r"
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
+local out = {}
+for _, name in ipairs(due) do
+  if #name <= 256 then
+    out[#out + 1] = name
+  else
+    redis.call('ZREM', KEYS[1], name)
+  end
+end
+return out
+";

@@ -39,6 +39,13 @@ use tracing::{info, warn};
 
 use crate::job::Context;
 
+
+/// The largest job record a dead letter's handling decodes, bytes. The records it needs are
+/// `queued` (a client's, small unless forged) or `running` (a worker's: a few hundred bytes);
+/// a terminal record of any size is recognised by its `status` field alone (eighth security
+/// review R1: a record is read only after its size is checked in Redis).
+const MAX_RECORD_BYTES: u64 = 1 << 20;
+
 /// Dead-lettered messages handled at once by one worker.
 const PREFETCH: u16 = 8;
 
@@ -228,8 +235,13 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     };
     let mut redis = ctx.redis.clone();
     let names = &settings.names;
-    let current = match results::read(&mut redis, names, &job_id).await {
+    let current = match results::read_bounded(&mut redis, names, &job_id, MAX_RECORD_BYTES).await {
         Ok(current) => current,
+        Err(results::ResultError::TooLarge { status: Some(status), .. }) if status.is_terminal() => {
+            crate::metrics::dead_letter(death.reason.as_str(), "already_final");
+            info!(%job_id, %status, "dead-lettered job needs no result");
+            return true;
+        }
         Err(results::ResultError::Redis(e)) if transient(&e) => {
             warn!(%job_id, error = %e, "dead letter: cannot read the job's result; retrying");
             return false;
@@ -365,7 +377,7 @@ async fn recheck_lost(ctx: Context, key: (String, u32), until: u64) {
     let (job_id, attempt) = key;
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
-    let Ok(Some(current)) = results::read(&mut redis, names, &job_id).await else { return };
+    let Ok(Some(current)) = results::read_bounded(&mut redis, names, &job_id, MAX_RECORD_BYTES).await else { return };
     if current.status != JobStatus::Running || current.attempt != attempt {
         return;
     }

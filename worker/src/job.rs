@@ -143,9 +143,9 @@ async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) ->
     // A message that names a job already running elsewhere (forged, or a broken duplicate)
     // must not end that job (security re-review N6): drop it.
     let mut redis = ctx.redis.clone();
-    if let Ok(Some(current)) = results::read(&mut redis, &ctx.settings.names, &job_id).await {
-        if current.status == JobStatus::Running || current.status.is_terminal() {
-            warn!(%job_id, reason, status = %current.status, "rejected a message naming a job that is running or finished; dropping it");
+    if let Ok(Some(current)) = results::status(&mut redis, &ctx.settings.names, &job_id).await {
+        if current == JobStatus::Running || current.is_terminal() {
+            warn!(%job_id, reason, status = %current, "rejected a message naming a job that is running or finished; dropping it");
             return Outcome::Stored;
         }
     }
@@ -194,9 +194,11 @@ enum Failure {
 async fn still_wanted(ctx: &Context, job: &ValidJob) -> Result<Wanted, Failure> {
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
-    let started = match results::read(&mut redis, names, &job.spec.job_id).await {
-        Ok(Some(existing)) if existing.status.is_terminal() => return Ok(Wanted::Finished),
-        Ok(existing) => existing.is_some_and(|r| r.status == JobStatus::Running),
+    // The status field only: the record is the client's to write while `queued`, of any size
+    // (eighth review R1).
+    let started = match results::status(&mut redis, names, &job.spec.job_id).await {
+        Ok(Some(status)) if status.is_terminal() => return Ok(Wanted::Finished),
+        Ok(status) => status == Some(JobStatus::Running),
         Err(e) => return Err(Failure::Infrastructure(format!("cannot read result: {e}"))),
     };
     match results::cancel_requested(&mut redis, names, &job.spec.job_id).await {
@@ -220,7 +222,7 @@ fn late_ms(job: &ValidJob, started: bool, now_ms: u64) -> Option<u64> {
 /// counts as running: the delivery is handed back rather than the job rejected.
 async fn running_elsewhere(ctx: &Context, job: &ValidJob) -> bool {
     let mut redis = ctx.redis.clone();
-    results::read(&mut redis, &ctx.settings.names, &job.spec.job_id).await.map_or(true, |r| r.is_some_and(|r| r.status == JobStatus::Running))
+    results::status(&mut redis, &ctx.settings.names, &job.spec.job_id).await.map_or(true, |s| s == Some(JobStatus::Running))
 }
 
 /// Whether a taken job should still run.
