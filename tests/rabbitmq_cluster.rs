@@ -1,0 +1,172 @@
+//! sandq on a RabbitMQ cluster (issue 12, section 2): a 3-node cluster started by the test
+//! ([`sandq_tests::cluster::RabbitCluster`]: nodes `sqc<i>-<random>@localhost`, data and logs in
+//! a temp dir, one cookie of its own), the SKU and dead-letter quorum queues replicated on the 3
+//! nodes, one worker and one client configured with the 3 addresses (`amqp.urls`). Mid-run,
+//! first the node the worker is connected to, then the node leading the SKU queue, is stopped
+//! (`rabbitmqctl stop`), jobs are submitted while it is down, and it is started again.
+//!
+//! Asserted: every job ends `succeeded` with the output computed here; each job's `:done` list
+//! holds exactly one entry (the compare-and-set pushes it only with the one terminal write); the
+//! worker is the same process throughout and reconnected by itself (its log says `consuming`
+//! again); one client object made every submission and never failed.
+//!
+//! Ports: `SANDQ_RABBITMQ_CLUSTER_PORT`, the first of 10 consecutive free ports (node i's AMQP
+//! port is base + i, its distribution port base + 3 + i); `.ci/run` exports it. Unset: 5700
+//! ([`sandq_tests::cluster::DEFAULT_BASE_PORT`]). Redis and S3 are those of `SANDQ_CONFIG`.
+//! Wall time on the 2-core test machine: about 1.5 minutes (three node boots in parallel, two
+//! joins, two node restarts, 18 two-second jobs).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandq_schemas::names::Names;
+use sandq_schemas::{JobSpec, JobStatus, Sku};
+use sandq_submitter::Client;
+use sandq_tests::cluster::RabbitCluster;
+use sandq_tests::{exits_within, isolated_worker_log, python_job, Isolated};
+
+/// Job `i`: sleeps 2 s (so that some are running when a node stops), then prints `i * i + 7`.
+fn job(i: u64) -> JobSpec {
+    python_job(&format!("import time\ntime.sleep(2)\nprint({i} * {i} + 7)\n"), Sku::S)
+}
+
+/// What job `i` prints, computed here.
+fn expected_stdout(i: u64) -> String {
+    format!("{}\n", i * i + 7)
+}
+
+async fn submit_range(client: &mut Client, range: std::ops::Range<u64>, jobs: &mut Vec<(u64, String)>) {
+    for i in range {
+        let spec = job(i);
+        client.submit(&spec).await.unwrap_or_else(|e| panic!("submit job {i}: {e}"));
+        jobs.push((i, spec.job_id));
+    }
+}
+
+/// Waits (up to 2 minutes) until one of `jobs` is `running`.
+async fn wait_any_running(client: &mut Client, jobs: &[(u64, String)], log: impl Fn() -> String) {
+    let started = Instant::now();
+    loop {
+        for (_, id) in jobs {
+            if client.status(id).await.expect("status").is_some_and(|r| r.status == JobStatus::Running) {
+                return;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "no job started\nworker log:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (up to 2 minutes) until the worker's log says `consuming` more than `before` times.
+async fn wait_reconnected(worker_id: &str, before: usize) {
+    let started = Instant::now();
+    while isolated_worker_log(worker_id).matches("consuming").count() <= before {
+        assert!(started.elapsed() < Duration::from_secs(120), "the worker did not reconnect\n{}", isolated_worker_log(worker_id));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_survive_a_node_stop_and_the_queue_leaders_stop() {
+    let cluster = Arc::new(blocking(|| RabbitCluster::start(3)).await);
+    let urls = cluster.urls();
+    let world = Isolated::with_config(|c| {
+        c.amqp.urls = urls.clone();
+        c.amqp.confirm_timeout = Duration::from_secs(10);
+    })
+    .await;
+    let names = Names::new(world.namespace.clone());
+    let queue = names.jobs_queue(Sku::S);
+    for q in [queue.clone(), names.dead_letter_queue()] {
+        assert_eq!(cluster.queue_members(0, &q), vec![0, 1, 2], "{q} is not replicated on the 3 nodes");
+    }
+    let worker_id = format!("{}-w", world.namespace);
+    let mut worker = world.start_worker_ready(
+        &worker_id,
+        &[
+            ("SANDQ__WARM__PER_SKU", "0"),
+            ("SANDQ__SKUS__S__SLOTS", "2"),
+            ("SANDQ__SKUS__S__CPUS", "1"),
+            ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"),
+        ],
+    );
+    let log = {
+        let id = worker_id.clone();
+        move || isolated_worker_log(&id)
+    };
+    let mut client = world.client().await;
+    let mut jobs = Vec::new();
+
+    // 1. The node the worker is connected to stops mid-run.
+    submit_range(&mut client, 0..4, &mut jobs).await;
+    wait_any_running(&mut client, &jobs, &log).await;
+    let on = cluster.connection_nodes(0, &format!("sandq-worker {worker_id}"));
+    assert_eq!(on.len(), 1, "the worker has one connection: {on:?}");
+    let victim = on[0];
+    // Both connected to the first address: the client loses its connection too, and fails
+    // over on its next submission.
+    assert_eq!(cluster.connection_nodes(0, "sandq-client"), vec![victim], "the client is not on the worker's node");
+    eprintln!("stopping node {} (the worker's and the client's)", cluster.nodes[victim].name);
+    let consuming = log().matches("consuming").count();
+    let c = cluster.clone();
+    blocking(move || c.stop_node(victim)).await;
+    submit_range(&mut client, 4..8, &mut jobs).await;
+    let client_on = cluster.connection_nodes((victim + 1) % 3, "sandq-client");
+    assert!(client_on.len() == 1 && client_on[0] != victim, "the client is on {client_on:?}, not on a live node");
+    wait_reconnected(&worker_id, consuming).await;
+    let c = cluster.clone();
+    blocking(move || c.start_node(victim)).await;
+    submit_range(&mut client, 8..10, &mut jobs).await;
+
+    // 2. The node leading the SKU queue stops mid-run.
+    submit_range(&mut client, 10..14, &mut jobs).await;
+    wait_any_running(&mut client, &jobs[10..], &log).await;
+    let ask = (victim + 1) % 3;
+    let leader = cluster.queue_leader(ask, &queue).unwrap_or_else(|| panic!("no leader for {queue}"));
+    let worker_on = cluster.connection_nodes(ask, &format!("sandq-worker {worker_id}"));
+    eprintln!(
+        "stopping node {} (the leader of {queue}; the worker is on {:?})",
+        cluster.nodes[leader].name,
+        worker_on.iter().map(|i| &cluster.nodes[*i].name).collect::<Vec<_>>()
+    );
+    let consuming = log().matches("consuming").count();
+    let c = cluster.clone();
+    blocking(move || c.stop_node(leader)).await;
+    submit_range(&mut client, 14..18, &mut jobs).await;
+    if worker_on.contains(&leader) {
+        wait_reconnected(&worker_id, consuming).await;
+    }
+    let c = cluster.clone();
+    blocking(move || c.start_node(leader)).await;
+
+    // Every job: one terminal result, the right one.
+    let mut redis = redis::Client::open(world.config.redis.url.as_str()).expect("redis url").get_multiplexed_async_connection().await.expect("redis");
+    let started = Instant::now();
+    for (i, id) in &jobs {
+        let result = loop {
+            let current = client.status(id).await.expect("status");
+            if let Some(result) = current.filter(|r| r.status.is_terminal()) {
+                break result;
+            }
+            assert!(started.elapsed() < Duration::from_secs(300), "job {i} ({id}) did not finish\nworker log:\n{}", log());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(result.status, JobStatus::Succeeded, "job {i}: {result:?}\nworker log:\n{}", log());
+        assert_eq!(result.stdout.text, expected_stdout(*i), "job {i}");
+        let done: usize = redis::cmd("LLEN").arg(names.done_key(id)).query_async(&mut redis).await.expect("LLEN");
+        assert_eq!(done, 1, "job {i} ({id}) has {done} terminal writes");
+    }
+    assert!(matches!(worker.try_wait(), Ok(None)), "the worker exited\n{}", log());
+    assert!(log().contains("broker connection lost"), "the worker never lost its connection?\n{}", log());
+    assert_eq!(jobs.len(), 18);
+
+    let new_leader = cluster.queue_leader(leader, &queue);
+    eprintln!("after the restarts: leader of {queue} on {:?}", new_leader.map(|i| &cluster.nodes[i].name));
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(60)), "the worker did not stop\n{}", log());
+    world.delete_queues().await;
+}
