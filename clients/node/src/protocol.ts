@@ -37,6 +37,12 @@ return 1
 /** Where the services are: the sandq config file's `[amqp]`, `[redis]`, `[s3]` and `namespace`. */
 export interface Config {
   amqpUrl: string;
+  /** `[amqp] urls`: the nodes of a RabbitMQ cluster, tried in order and round-robin after a
+   * failure; replaces `amqpUrl` when not empty (docs/protocol.md, "Several broker addresses"). */
+  amqpUrls?: string[];
+  /** `[amqp] confirm_timeout` (humantime, default "30s"): no publisher confirm within it, the
+   * job is published again on the next address. */
+  confirmTimeout?: string;
   redisUrl: string;
   s3Endpoint: string;
   s3Region: string;
@@ -47,6 +53,18 @@ export interface Config {
   deliveryLimit: number;
   /** `[queues] unserved_ttl`: a job no worker takes within it expires (the queues' x-message-ttl). */
   unservedTtl: string;
+}
+
+/** The broker addresses to try, in order: `amqpUrls` when not empty, else `amqpUrl`. */
+export function amqpAddresses(config: Config): string[] {
+  return config.amqpUrls && config.amqpUrls.length > 0 ? [...config.amqpUrls] : [config.amqpUrl];
+}
+
+/** `[amqp] urls` as a TOML list or one comma-separated string (as `SANDQ__AMQP__URLS` gives
+ * it); blank items dropped. */
+export function parseUrls(value: unknown): string[] {
+  const items = typeof value === "string" ? value.split(",") : Array.isArray(value) ? value.map(String) : [];
+  return items.map((i) => i.trim()).filter((i) => i !== "");
 }
 
 /** `path`, else `$SANDQ_CONFIG`, else /etc/sandq/sandq.toml. */
@@ -66,6 +84,8 @@ export function loadConfig(path?: string): Config {
   };
   return {
     amqpUrl: String(get("amqp", "url", "amqp://guest:guest@127.0.0.1:5672/%2f")),
+    amqpUrls: parseUrls(get<unknown>("amqp", "urls", [])),
+    confirmTimeout: String(get("amqp", "confirm_timeout", "30s")),
     redisUrl: String(get("redis", "url", "redis://127.0.0.1:6379/")),
     s3Endpoint: String(get("s3", "endpoint", "http://127.0.0.1:3900")),
     s3Region: String(get("s3", "region", "garage")),

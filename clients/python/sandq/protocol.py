@@ -54,6 +54,11 @@ class Config:
     """Where the services are: the `[amqp]`, `[redis]` and `[s3]` sections and `namespace` of the
     sandq config file (the same file the worker and the `sandq` CLI read)."""
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    # `[amqp] urls`: the nodes of a RabbitMQ cluster, tried in order and round-robin after a
+    # failure; replaces `amqp_url` when not empty (docs/protocol.md, "Several broker addresses").
+    amqp_urls: tuple[str, ...] = ()
+    # `[amqp] confirm_timeout`: no publisher confirm within it, publish again on the next address.
+    confirm_timeout: str = "30s"
     redis_url: str = "redis://127.0.0.1:6379/"
     s3_endpoint: str = "http://127.0.0.1:3900"
     s3_region: str = "garage"
@@ -67,6 +72,17 @@ class Config:
 
     def with_namespace(self, namespace: str) -> "Config":
         return replace(self, namespace=namespace)
+
+    def amqp_addresses(self) -> list[str]:
+        """The broker addresses to try, in order: `amqp_urls` when not empty, else `amqp_url`."""
+        return list(self.amqp_urls) or [self.amqp_url]
+
+
+def parse_urls(value: Any) -> tuple[str, ...]:
+    """`[amqp] urls` as a TOML list or one comma-separated string (as `SANDQ__AMQP__URLS` gives
+    it); blank items dropped."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    return tuple(i.strip() for i in items if str(i).strip())
 
 
 def config_path(path: Union[str, os.PathLike, None] = None) -> Path:
@@ -89,7 +105,8 @@ def load_config(path: Union[str, os.PathLike, None] = None) -> Config:
 
     d = Config()
     return Config(
-        amqp_url=get("amqp", "url", d.amqp_url), redis_url=get("redis", "url", d.redis_url),
+        amqp_url=get("amqp", "url", d.amqp_url), amqp_urls=parse_urls(get("amqp", "urls", ())),
+        confirm_timeout=str(get("amqp", "confirm_timeout", d.confirm_timeout)), redis_url=get("redis", "url", d.redis_url),
         s3_endpoint=get("s3", "endpoint", d.s3_endpoint), s3_region=get("s3", "region", d.s3_region),
         s3_bucket=get("s3", "bucket", d.s3_bucket), s3_access_key_id=get("s3", "access_key_id", None),
         s3_secret_access_key=get("s3", "secret_access_key", None), namespace=get(None, "namespace", d.namespace),
