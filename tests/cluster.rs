@@ -236,6 +236,29 @@ impl RabbitCluster {
         (0..self.nodes.len()).filter(|i| members.contains(&self.nodes[*i].name)).collect()
     }
 
+    /// Moves the leadership of quorum queue `queue` off node `from` (asked of node `ask`, not
+    /// `from`): removes `from`'s replica, which makes the leader there step down and the others
+    /// elect one of them, then adds the replica back (it catches up from the new leader). Returns
+    /// the new leader's index. Panics when RabbitMQ refuses or no other leader appears within 60 s.
+    pub fn move_leader_off(&self, ask: usize, queue: &str, from: usize) -> usize {
+        let node = self.nodes[from].name.clone();
+        let out = self.queues_cli(ask, &["delete_member", queue, &node]);
+        assert!(out.status.success(), "delete_member {queue} {node}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let started = Instant::now();
+        let leader = loop {
+            match self.queue_leader(ask, queue) {
+                Some(leader) if leader != from => break leader,
+                _ => {
+                    assert!(started.elapsed() < Duration::from_secs(60), "no new leader for {queue}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        };
+        let out = self.queues_cli(ask, &["add_member", queue, &node]);
+        assert!(out.status.success(), "add_member {queue} {node}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        leader
+    }
+
     /// The indexes of the nodes that hold a client connection named `connection_name`
     /// (lapin's `connection_name` client property), asked of node `ask`: the connections'
     /// server ports are the nodes' AMQP ports.
