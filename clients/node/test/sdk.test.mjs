@@ -5,7 +5,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomUUID } from "node:crypto";
 import { createServer } from "node:net";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
@@ -169,7 +169,8 @@ test("stdin, a notebook value, an unknown job and an unroutable submit", async (
 });
 
 test("amqp urls as a list or a comma-separated string", () => {
-  const path = join(mkdtempSync(join(tmpdir(), "sandq-node-config-")), "sandq.toml");
+  const dir = mkdtempSync(join(tmpdir(), "sandq-node-config-"));
+  const path = join(dir, "sandq.toml");
   writeFileSync(path, '[amqp]\nurl = "amqp://x:9/%2f"\nurls = ["amqp://a:1/%2f", "amqp://b:2/%2f"]\nconfirm_timeout = "5s"\n');
   const saved = process.env.SANDQ__AMQP__URLS;
   try {
@@ -184,6 +185,7 @@ test("amqp urls as a list or a comma-separated string", () => {
   } finally {
     if (saved === undefined) delete process.env.SANDQ__AMQP__URLS;
     else process.env.SANDQ__AMQP__URLS = saved;
+    rmSync(dir, { recursive: true, force: true });
   }
 });
 
