@@ -188,3 +188,39 @@ async fn jobs_survive_a_node_stop_and_the_queue_leaders_stop() {
     assert!(exits_within(&mut worker, Duration::from_secs(60)), "the worker did not stop\n{}", log());
     world.delete_queues().await;
 }
+
+/// Broker addresses that refuse (a node that is down) or accept TCP but never answer (a node
+/// that hangs), listed before the live one: the client skips both (the second after
+/// `broker::CONNECT_TIMEOUT`, 10 s) and its job runs. Only loopback: a port nothing listens on and a
+/// listener of this test that never accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_that_refuse_or_hang_are_skipped() {
+    let world = Isolated::new().await;
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &[("SANDQ__WARM__PER_SKU", "0")]);
+    let refusing = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    // Bound and listening: the kernel completes TCP handshakes into the backlog, nobody reads.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_port = silent.local_addr().expect("addr").port();
+    let mut config = world.config.clone();
+    config.amqp.urls = vec![
+        format!("amqp://guest:guest@127.0.0.1:{refusing}/%2f"),
+        format!("amqp://guest:guest@127.0.0.1:{silent_port}/%2f"),
+        world.config.amqp.url.clone(),
+    ];
+    let mut client = Client::connect(config).await.expect("connect past the dead addresses");
+    // The silent address was tried: its connection waits in the backlog.
+    silent.set_nonblocking(true).expect("nonblocking");
+    assert!(silent.accept().is_ok(), "the client never tried the silent address");
+    let spec = job(5);
+    client.submit(&spec).await.expect("submit");
+    let result = sandq_tests::wait(&mut client, &spec.job_id).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    assert_eq!(result.stdout.text, expected_stdout(5));
+    drop(silent);
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(60)));
+    world.delete_queues().await;
+}
