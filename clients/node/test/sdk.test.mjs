@@ -198,15 +198,24 @@ async function closedPort() {
   return port;
 }
 
-test("a submit goes past a broker address that refuses (a node that is down)", async () => {
+test("a submit goes past broker addresses that refuse or hang (nodes down or stuck)", async () => {
+  // Only loopback: a port nothing listens on, and a listener that accepts and never answers
+  // (skipped after 10 s).
+  const silent = createServer(() => {});
+  await new Promise((done) => silent.listen(0, "127.0.0.1", done));
   const cfg = config();
-  const twice = { ...cfg, amqpUrls: [`amqp://guest:guest@127.0.0.1:${await closedPort()}/%2f`, cfg.amqpUrl] };
-  const failover = await Client.connect({ config: twice });
+  const urls = [
+    `amqp://guest:guest@127.0.0.1:${await closedPort()}/%2f`,
+    `amqp://guest:guest@127.0.0.1:${silent.address().port}/%2f`,
+    cfg.amqpUrl,
+  ];
+  const failover = await Client.connect({ config: { ...cfg, amqpUrls: urls } });
   try {
     const result = await failover.run({ code: "print(6 * 7)", sku: "S" }, WAIT);
     assert.equal(result.status, "succeeded");
     assert.equal(result.stdout.text, "42\n");
   } finally {
     await failover.close();
+    silent.close();
   }
 });

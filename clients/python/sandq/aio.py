@@ -16,7 +16,7 @@ import botocore.exceptions
 import redis.asyncio
 
 from . import protocol
-from .client import Source, check_download, fetch_url, read_source, s3_client
+from .client import CONNECT_TIMEOUT_S, Source, check_download, fetch_url, read_source, s3_client
 from .errors import RAISED_BY_WAIT, JobNotFound, SubmitError, WaitTimeout, error_for
 from .protocol import BLOCK_S, Config, Names
 from .types import TERMINAL, Artifact, InputFile, JobResult, Stream
@@ -93,7 +93,8 @@ class AsyncClient:
         for offset in range(len(addresses)):
             index = (start + offset) % len(addresses)
             try:
-                connection = await aio_pika.connect(addresses[index], client_properties={"connection_name": "sandq-python"})
+                connection = await aio_pika.connect(addresses[index], timeout=CONNECT_TIMEOUT_S,
+                                                    client_properties={"connection_name": "sandq-python"})
                 return connection, index
             except (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError) as e:
                 last = e

@@ -13,6 +13,7 @@ import botocore.config
 import botocore.exceptions
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 import redis
 
 from . import protocol
@@ -48,6 +49,11 @@ def check_download(artifact: Artifact, data: bytes) -> bytes:
     return data
 
 
+# Longest wait for one broker address to complete the AMQP handshake before the next is tried
+# (the Rust client's `broker::CONNECT_TIMEOUT`).
+CONNECT_TIMEOUT_S = 10.0
+
+
 def connect_any(config: Config, start: int) -> tuple[pika.BlockingConnection, int]:
     """A connection to the first broker address that answers, trying `config.amqp_addresses()`
     from index `start` (modulo their count) round the list, each once; with the index used.
@@ -58,9 +64,12 @@ def connect_any(config: Config, start: int) -> tuple[pika.BlockingConnection, in
         index = (start + offset) % len(addresses)
         parameters = pika.URLParameters(addresses[index])
         parameters.client_properties = {"connection_name": "sandq-python"}
+        # A node that accepts TCP but never answers: give up on it after 10 s, as the Rust
+        # client does (pika's default is 15 s).
+        parameters.stack_timeout = CONNECT_TIMEOUT_S
         try:
             return pika.BlockingConnection(parameters), index
-        except pika.exceptions.AMQPError as e:
+        except (pika.exceptions.AMQPError, AMQPConnectorException, OSError) as e:
             last = e
     assert last is not None
     raise last

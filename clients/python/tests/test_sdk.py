@@ -244,15 +244,21 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_submit_goes_past_a_broker_address_that_refuses(config: sandq.Config, worker) -> None:
-    """`amqp.urls` with a first address nothing answers on (a node that is down): both clients
-    connect to the next one and the job runs."""
+async def test_submit_goes_past_broker_addresses_that_refuse_or_hang(config: sandq.Config, worker) -> None:
+    """`amqp.urls` whose first address refuses (a node that is down) and second accepts TCP but
+    never answers (a node that hangs; skipped after 10 s): both clients connect to the third and
+    the job runs. Only loopback: a port nothing listens on, a listener that never reads."""
+    import socket
     from dataclasses import replace
-    dead = f"amqp://guest:guest@127.0.0.1:{_closed_port()}/%2f"
-    twice = replace(config, amqp_urls=(dead, config.amqp_url))
-    with sandq.Client(twice) as client:
-        result = client.run("print(6 * 7)", sku="S", wait_timeout=WAIT)
-        assert result.status == "succeeded" and result.stdout.text == "42\n"
-    async with AsyncClient(twice) as aclient:
-        result = await aclient.run("print(6 * 9)", sku="S", wait_timeout=WAIT)
-        assert result.status == "succeeded" and result.stdout.text == "54\n"
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        urls = (f"amqp://guest:guest@127.0.0.1:{_closed_port()}/%2f",
+                f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}/%2f", config.amqp_url)
+        skipping = replace(config, amqp_urls=urls)
+        with sandq.Client(skipping) as client:
+            result = client.run("print(6 * 7)", sku="S", wait_timeout=WAIT)
+            assert result.status == "succeeded" and result.stdout.text == "42\n"
+        async with AsyncClient(skipping) as aclient:
+            result = await aclient.run("print(6 * 9)", sku="S", wait_timeout=WAIT)
+            assert result.status == "succeeded" and result.stdout.text == "54\n"
