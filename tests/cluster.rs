@@ -216,6 +216,29 @@ impl RabbitCluster {
         }
     }
 
+    /// The OS process id of node `i`'s Erlang VM (its pid file), checked to be that node's: the
+    /// VM's environment names it (`RABBITMQ_NODENAME`; its command line does not).
+    fn vm_pid(&self, i: usize) -> Option<String> {
+        let pid = std::fs::read_to_string(self.nodes[i].dir.join("rabbitmq.pid")).ok()?.trim().to_owned();
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let expected = format!("RABBITMQ_NODENAME={}", self.nodes[i].name);
+        environ.split(|b| *b == 0).any(|var| var == expected.as_bytes()).then_some(pid)
+    }
+
+    /// Freezes node `i` (SIGSTOP to its Erlang VM): its TCP connections stay open but it
+    /// answers nothing, as a hung node; [`RabbitCluster::thaw_node`] resumes it.
+    pub fn freeze_node(&self, i: usize) {
+        let pid = self.vm_pid(i).unwrap_or_else(|| panic!("no VM for node {}", self.nodes[i].name));
+        assert!(Command::new("kill").args(["-STOP", &pid]).status().expect("kill").success());
+    }
+
+    /// Resumes a node [`RabbitCluster::freeze_node`] froze (SIGCONT).
+    pub fn thaw_node(&self, i: usize) {
+        if let Some(pid) = self.vm_pid(i) {
+            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+        }
+    }
+
     /// The index of the node a quorum queue's leader is on, asked of node `ask` (a running
     /// one); `None` when the queue or its leader is unknown.
     pub fn queue_leader(&self, ask: usize, queue: &str) -> Option<usize> {
@@ -307,6 +330,10 @@ fn clear_rabbitmq_env(command: &mut Command) {
 
 impl Drop for RabbitCluster {
     fn drop(&mut self) {
+        // A node a failed test left frozen could not shut down.
+        for i in 0..self.nodes.len() {
+            self.thaw_node(i);
+        }
         std::thread::scope(|scope| {
             for i in 0..self.nodes.len() {
                 let cluster = &*self;
@@ -316,13 +343,9 @@ impl Drop for RabbitCluster {
             }
         });
         // A node that did not stop: by the pid it wrote (its Erlang VM).
-        for node in &self.nodes {
-            if let Ok(pid) = std::fs::read_to_string(node.dir.join("rabbitmq.pid")) {
-                let pid = pid.trim();
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                if String::from_utf8_lossy(&cmdline).contains(&node.name) {
-                    let _ = Command::new("kill").args(["-KILL", pid]).status();
-                }
+        for i in 0..self.nodes.len() {
+            if let Some(pid) = self.vm_pid(i) {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
             }
         }
         if !self.epmd_was_running && epmd_running() {

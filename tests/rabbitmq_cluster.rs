@@ -5,12 +5,15 @@
 //! first the node the worker and the client are connected to, then the node leading the SKU
 //! queue while the worker is connected to another (the leadership is moved off the worker's node
 //! first), is stopped (`rabbitmqctl stop`), jobs are submitted while it is down,
-//! and it is started again.
+//! and it is started again. Then a node a second client is connected to is frozen (SIGSTOP:
+//! a hung node) while that client submits: its publish gets no confirm and goes to the next
+//! node after `amqp.confirm_timeout`.
 //!
 //! Asserted: every job ends `succeeded` with the output computed here; each job's `:done` list
 //! holds exactly one entry (the compare-and-set pushes it only with the one terminal write); the
 //! worker is the same process throughout and reconnected by itself (its log says `consuming`
-//! again); one client object made every submission and never failed.
+//! again); one client object made the first 18 submissions and never failed, and the second
+//! client's submissions returned while its node was frozen (so another node confirmed them).
 //!
 //! Ports: `SANDQ_RABBITMQ_CLUSTER_PORT`, the first of 10 consecutive free ports (node i's AMQP
 //! port is base + i, its distribution port base + 3 + i); `.ci/run` exports it. Unset: 5700
@@ -161,6 +164,28 @@ async fn jobs_survive_a_node_stop_and_the_queue_leaders_stop() {
     let reconnections = log().matches("consuming").count() - consuming;
     eprintln!("the worker reconnected {reconnections} times while the leader was down (its node stayed up)");
 
+    // 3. A node that hangs (frozen: its connections stay open, it answers nothing) under a
+    // client connected to it, neither the worker's node nor the queue's leader if there is
+    // such a node: the client's publish gets no confirm within `amqp.confirm_timeout` and is
+    // published again on the next node. A submit that returns while the node is frozen was
+    // confirmed by another node. When the node resumes, it may still route the first publish:
+    // a duplicate delivery, which must not make a second terminal result.
+    let worker_node = cluster.connection_nodes(ask, &format!("sandq-worker {worker_id}"))[0];
+    let leader_now = cluster.queue_leader(worker_node, &queue).unwrap_or(worker_node);
+    let frozen = (0..3).find(|i| *i != worker_node && *i != leader_now).unwrap_or((worker_node + 1) % 3);
+    let mut rotated = world.config.clone();
+    rotated.amqp.urls = (0..3).map(|k| urls[(frozen + k) % 3].clone()).collect();
+    rotated.amqp.confirm_timeout = Duration::from_secs(5);
+    let mut hung_client = Client::connect(rotated).await.expect("client on the node to freeze");
+    eprintln!("freezing node {} (a client's; the worker is on {}, the leader on {})", cluster.nodes[frozen].name, cluster.nodes[worker_node].name, cluster.nodes[leader_now].name);
+    // (Should a submit panic, the cluster's drop resumes the node before stopping it.)
+    cluster.freeze_node(frozen);
+    let frozen_at = Instant::now();
+    submit_range(&mut hung_client, 18..20, &mut jobs).await;
+    let submitted_in = frozen_at.elapsed();
+    cluster.thaw_node(frozen);
+    eprintln!("the 2 submissions to the frozen node's client returned after {submitted_in:?}; node resumed at {} ms since the epoch", sandq_submitter::client::now_ms());
+
     // Every job: one terminal result, the right one.
     let mut redis = redis::Client::open(world.config.redis.url.as_str()).expect("redis url").get_multiplexed_async_connection().await.expect("redis");
     let started = Instant::now();
@@ -180,7 +205,7 @@ async fn jobs_survive_a_node_stop_and_the_queue_leaders_stop() {
     }
     assert!(matches!(worker.try_wait(), Ok(None)), "the worker exited\n{}", log());
     assert!(log().contains("broker connection lost"), "the worker never lost its connection?\n{}", log());
-    assert_eq!(jobs.len(), 18);
+    assert_eq!(jobs.len(), 20);
 
     let new_leader = cluster.queue_leader(leader, &queue);
     eprintln!("after the restarts: leader of {queue} on {:?}", new_leader.map(|i| &cluster.nodes[i].name));

@@ -91,12 +91,14 @@ pub fn now_ms() -> u64 {
 }
 
 /// Connects to the first broker address that answers from index `start` on
-/// ([`crate::broker::connect`]), declares the topology, and opens a channel with publisher
-/// confirms; returns the connection, the channel and the address's index.
-async fn open_broker(config: &ServiceConfig, names: &Names, start: usize) -> Result<(Connection, Channel, usize), lapin::Error> {
+/// ([`crate::broker::connect`]), declares the topology when `declare`, and opens a channel with
+/// publisher confirms; returns the connection, the channel and the address's index.
+async fn open_broker(config: &ServiceConfig, names: &Names, start: usize, declare: bool) -> Result<(Connection, Channel, usize), lapin::Error> {
     let properties = ConnectionProperties::default().with_connection_name("sandq-client".into());
     let (connection, index) = crate::broker::connect(&config.amqp.addresses(), start, &properties).await?;
-    topology::declare(&connection, names, config).await?;
+    if declare {
+        topology::declare(&connection, names, config).await?;
+    }
     let channel = connection.create_channel().await?;
     channel.confirm_select(ConfirmSelectOptions::default()).await?;
     Ok((connection, channel, index))
@@ -111,7 +113,7 @@ impl Client {
     /// service cannot be reached.
     pub async fn connect(config: ServiceConfig) -> Result<Self, ClientError> {
         let names = Names::new(config.namespace.clone());
-        let (connection, channel, broker_index) = open_broker(&config, &names, 0).await?;
+        let (connection, channel, broker_index) = open_broker(&config, &names, 0, true).await?;
         let redis = results::connect(&config.redis.url).await?;
         let s3 = storage::client(&config.s3);
         Ok(Client { config, names, _connection: connection, channel, broker_index, redis, blocking: None, s3 })
@@ -306,9 +308,13 @@ impl Client {
     }
 
     /// Replaces the broker connection with one to the next address that answers, starting
-    /// after the current one.
+    /// after the current one. The topology is not declared again: it is durable and was
+    /// declared by [`Client::connect`], and a declaration is a cluster-wide metadata
+    /// transaction, which a hung node (alive to TCP, answering nothing) stalls until the others
+    /// count it down (`net_ticktime`, 60 s by default; measured by `tests/rabbitmq_cluster.rs`),
+    /// while a publish to an existing queue needs only the queue's leader and a majority.
     async fn reconnect(&mut self) -> Result<(), ClientError> {
-        let (connection, channel, index) = open_broker(&self.config, &self.names, self.broker_index + 1).await?;
+        let (connection, channel, index) = open_broker(&self.config, &self.names, self.broker_index + 1, false).await?;
         self._connection = connection;
         self.channel = channel;
         self.broker_index = index;
