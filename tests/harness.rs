@@ -94,6 +94,17 @@ pub fn service_port(url: &str) -> u16 {
     host_port.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).unwrap_or_else(|| panic!("no port in {url}"))
 }
 
+pub mod cluster;
+
+/// Connects to the broker of `config`: the first of `amqp.urls` that answers, else `amqp.url`
+/// ([`sandq_submitter::broker::connect`]).
+///
+/// # Errors
+/// The last address's error.
+pub async fn amqp_connect(config: &ServiceConfig) -> Result<Connection, lapin::Error> {
+    Ok(sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &ConnectionProperties::default()).await?.0)
+}
+
 static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
 
 /// Starts the shared worker once per test binary (purging the test queues first). SKU S is
@@ -189,7 +200,7 @@ pub fn worker_log_path() -> PathBuf {
 async fn purge_queues() {
     let config = service_config();
     let names = sandq_schemas::names::Names::new(namespace());
-    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    let connection = amqp_connect(&config).await.expect("amqp");
     sandq_submitter::topology::declare(&connection, &names, &config).await.expect("topology");
     let channel = connection.create_channel().await.expect("channel");
     for sku in Sku::ALL {
@@ -248,7 +259,7 @@ pub struct RawPublisher {
 impl RawPublisher {
     /// Connects in the namespace of `config`.
     pub async fn new(config: &ServiceConfig) -> Self {
-        let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+        let connection = amqp_connect(config).await.expect("amqp");
         let channel = connection.create_channel().await.expect("channel");
         channel.confirm_select(Default::default()).await.expect("confirms");
         RawPublisher { _connection: connection, channel, names: sandq_schemas::names::Names::new(config.namespace.clone()) }
@@ -298,7 +309,7 @@ impl Isolated {
         let mut config = service_config();
         config.namespace = namespace.clone();
         edit(&mut config);
-        let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+        let connection = amqp_connect(&config).await.expect("amqp");
         let names = sandq_schemas::names::Names::new(namespace.clone());
         sandq_submitter::topology::declare(&connection, &names, &config).await.expect("topology");
         Isolated { namespace, config }
@@ -319,6 +330,10 @@ impl Isolated {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log);
+        if !self.config.amqp.urls.is_empty() {
+            // The namespace's broker is a cluster of its own (tests/rabbitmq_cluster.rs).
+            command.env("SANDQ__AMQP__URLS", self.config.amqp.urls.join(","));
+        }
         for (k, v) in env {
             command.env(k, v);
         }
@@ -352,7 +367,7 @@ impl Isolated {
                 }
             }
         }
-        let Ok(connection) = Connection::connect(&self.config.amqp.url, ConnectionProperties::default()).await else { return };
+        let Ok(connection) = amqp_connect(&self.config).await else { return };
         let Ok(channel) = connection.create_channel().await else { return };
         let names = sandq_schemas::names::Names::new(self.namespace.clone());
         let _ = sandq_submitter::topology::delete_queues(&channel, &names).await;
@@ -393,7 +408,7 @@ pub fn exits_within(child: &mut Child, limit: Duration) -> bool {
 /// Waits (up to `limit`) until the dead-letter queue of `config`'s namespace holds `expected`
 /// messages, and returns how many it holds then.
 pub async fn dead_letter_count(config: &ServiceConfig, expected: usize, limit: Duration) -> usize {
-    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    let connection = amqp_connect(config).await.expect("amqp");
     let channel = connection.create_channel().await.expect("channel");
     let names = sandq_schemas::names::Names::new(config.namespace.clone());
     let started = std::time::Instant::now();
@@ -454,7 +469,7 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 /// Messages ready (not delivered) in the queue of `sku` in `config`'s namespace.
 pub async fn ready_messages(config: &ServiceConfig, sku: Sku) -> u32 {
-    let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await.expect("amqp");
+    let connection = amqp_connect(config).await.expect("amqp");
     let channel = connection.create_channel().await.expect("channel");
     let names = sandq_schemas::names::Names::new(config.namespace.clone());
     let queue = channel

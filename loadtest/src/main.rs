@@ -190,13 +190,13 @@ fn job(n: usize, namespace: &str) -> JobSpec {
 }
 
 async fn dead_letter_count(config: &ServiceConfig) -> anyhow::Result<usize> {
-    let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await?;
+    let connection = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
     let channel = connection.create_channel().await?;
     Ok(sandq_submitter::topology::dead_letter_count(&channel, &Names::new(config.namespace.clone())).await? as usize)
 }
 
 async fn delete_queues(config: &ServiceConfig) {
-    let Ok(connection) = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await else { return };
+    let Ok((connection, _)) = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await else { return };
     let Ok(channel) = connection.create_channel().await else { return };
     let _ = sandq_submitter::topology::delete_queues(&channel, &Names::new(config.namespace.clone())).await;
 }

@@ -225,7 +225,7 @@ fn spec(args: &ThroughputArgs, namespace: &str, n: usize) -> JobSpec {
 
 /// Samples the queue depth every `every` until `stop`; (ms since `t0`, ready messages).
 async fn sample_depth(config: ServiceConfig, sku: Sku, every: Duration, t0_ms: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<(u64, u32)>> {
-    let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await?;
+    let connection = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
     let channel = connection.create_channel().await?;
     let queue = Names::new(config.namespace.clone()).jobs_queue(sku);
     let mut samples = Vec::new();
@@ -388,7 +388,7 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     }
     remove_worker_dirs(&config.namespace, args.workers);
     if own_namespace {
-        if let Ok(connection) = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await {
+        if let Ok((connection, _)) = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await {
             if let Ok(channel) = connection.create_channel().await {
                 let _ = sandq_submitter::topology::delete_queues(&channel, &Names::new(config.namespace.clone())).await;
             }

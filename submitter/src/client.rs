@@ -30,6 +30,15 @@ pub enum ClientError {
         /// `nack` or `returned: <reply text>`.
         reason: String,
     },
+    /// The broker took no decision on the job within `amqp.confirm_timeout` on any address
+    /// tried: it may or may not be queued.
+    #[error("no publisher confirm for job {job_id} within {} on any broker address", humantime::format_duration(*waited))]
+    ConfirmTimeout {
+        /// The job.
+        job_id: String,
+        /// The confirm timeout of each attempt.
+        waited: Duration,
+    },
     /// Redis failed.
     #[error(transparent)]
     Result(#[from] results::ResultError),
@@ -67,6 +76,8 @@ pub struct Client {
     names: Names,
     _connection: Connection,
     channel: Channel,
+    /// Index in `config.amqp.addresses()` of the node `channel` is on.
+    broker_index: usize,
     redis: RedisConn,
     /// Where Redis is, to open the blocking connection.
     redis_target: RedisTarget,
@@ -81,21 +92,34 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// Connects to the first broker address that answers from index `start` on
+/// ([`crate::broker::connect`]), declares the topology when `declare`, and opens a channel with
+/// publisher confirms; returns the connection, the channel and the address's index.
+async fn open_broker(config: &ServiceConfig, names: &Names, start: usize, declare: bool) -> Result<(Connection, Channel, usize), lapin::Error> {
+    let properties = ConnectionProperties::default().with_connection_name("sandq-client".into());
+    let (connection, index) = crate::broker::connect(&config.amqp.addresses(), start, &properties).await?;
+    if declare {
+        topology::declare(&connection, names, config).await?;
+    }
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    Ok((connection, channel, index))
+}
+
 impl Client {
-    /// Connects to RabbitMQ (publisher confirms on), Redis and S3, and declares the topology.
+    /// Connects to RabbitMQ (the first of `amqp.urls` that answers, else `amqp.url`; publisher
+    /// confirms on), Redis and S3, and declares the topology.
     ///
     /// # Errors
-    /// [`ClientError::Broker`] or [`ClientError::Result`] when a service cannot be reached.
+    /// [`ClientError::Broker`] (the last address's error) or [`ClientError::Result`] when a
+    /// service cannot be reached.
     pub async fn connect(config: ServiceConfig) -> Result<Self, ClientError> {
         let names = Names::new(config.namespace.clone());
-        let connection = Connection::connect(&config.amqp.url, ConnectionProperties::default()).await?;
-        topology::declare(&connection, &names, &config).await?;
-        let channel = connection.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        let (connection, channel, broker_index) = open_broker(&config, &names, 0, true).await?;
         let redis_target = RedisTarget::from_config(&config.redis).map_err(results::ResultError::from)?;
         let redis = redis_target.connect().await.map_err(results::ResultError::from)?;
         let s3 = storage::client(&config.s3);
-        Ok(Client { config, names, _connection: connection, channel, redis, redis_target, blocking: None, s3 })
+        Ok(Client { config, names, _connection: connection, channel, broker_index, redis, redis_target, blocking: None, s3 })
     }
 
     /// The names of this deployment.
@@ -132,23 +156,41 @@ impl Client {
 
     /// Publishes `spec` (persistent, `mandatory`) and waits for the broker's confirm; then
     /// records the job as `queued` in Redis. The job is submitted only if this returns `Ok`.
+    /// A publish that fails (connection lost, no confirm within `amqp.confirm_timeout`, a nack)
+    /// is repeated on the next broker address, at most once per address plus once (so twice
+    /// with one address); the job may then be queued twice, which its id makes harmless.
     ///
     /// # Errors
     /// [`ClientError::Invalid`] before publishing; [`ClientError::NotAccepted`] when the broker
-    /// nacks or returns the message; [`ClientError::Broker`] or [`ClientError::Result`].
+    /// returns the message, or nacks it on the last attempt; [`ClientError::ConfirmTimeout`]
+    /// when the last attempt got no confirm; [`ClientError::Broker`] (no address answers) or
+    /// [`ClientError::Result`].
     pub async fn submit(&mut self, spec: &JobSpec) -> Result<(), ClientError> {
         let valid = spec.clone().validate(&sandq_schemas::Limits::default())?;
         let body = sandq_schemas::encode(spec)?;
-        // One reconnect, for a broker that restarted since we connected. Should the first
-        // publish have reached the broker with only its confirm lost, the job is queued twice:
-        // at-least-once execution and the result's compare-and-set absorb that.
-        let confirm = match self.publish(spec, &body).await {
-            Err(ClientError::Broker(e)) => {
-                tracing::warn!(error = %e, "publish failed; reconnecting to the broker once");
-                self.reconnect().await?;
-                self.publish(spec, &body).await?
-            }
-            other => other?,
+        // A publish whose connection fails, or whose confirm does not come within
+        // `amqp.confirm_timeout`, or which the broker nacks, is published again on the next
+        // address (round-robin; with one address, once more on the same node after a
+        // reconnect). Should an earlier publish have reached the queue with only its confirm
+        // lost, the job is queued twice: at-least-once execution and the result's
+        // compare-and-set absorb that, and the `queued` write below is a no-op the second time
+        // (docs/protocol.md, "Several broker addresses").
+        let attempts = self.config.amqp.addresses().len() + 1;
+        let mut attempt = 0;
+        let confirm = loop {
+            attempt += 1;
+            let failure = match tokio::time::timeout(self.config.amqp.confirm_timeout, self.publish(spec, &body)).await {
+                Ok(Ok(Confirmation::Nack(_))) if attempt < attempts => "the broker nacked it".to_owned(),
+                Ok(Ok(confirm)) => break confirm,
+                Ok(Err(ClientError::Broker(e))) if attempt < attempts => e.to_string(),
+                Ok(Err(e)) => return Err(e),
+                Err(_) if attempt < attempts => format!("no confirm within {:?}", self.config.amqp.confirm_timeout),
+                Err(_) => {
+                    return Err(ClientError::ConfirmTimeout { job_id: spec.job_id.clone(), waited: self.config.amqp.confirm_timeout })
+                }
+            };
+            tracing::warn!(job_id = %spec.job_id, attempt, error = %failure, "publish failed; publishing again on the next broker address");
+            self.reconnect().await?;
         };
         match confirm {
             Confirmation::Ack(None) => {}
@@ -272,13 +314,17 @@ impl Client {
             .await?)
     }
 
+    /// Replaces the broker connection with one to the next address that answers, starting
+    /// after the current one. The topology is not declared again: it is durable and was
+    /// declared by [`Client::connect`], and a declaration is a cluster-wide metadata
+    /// transaction, which a hung node (alive to TCP, answering nothing) stalls until the others
+    /// count it down (`net_ticktime`, 60 s by default; measured by `tests/rabbitmq_cluster.rs`),
+    /// while a publish to an existing queue needs only the queue's leader and a majority.
     async fn reconnect(&mut self) -> Result<(), ClientError> {
-        let connection = Connection::connect(&self.config.amqp.url, ConnectionProperties::default()).await?;
-        topology::declare(&connection, &self.names, &self.config).await?;
-        let channel = connection.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        let (connection, channel, index) = open_broker(&self.config, &self.names, self.broker_index + 1, false).await?;
         self._connection = connection;
         self.channel = channel;
+        self.broker_index = index;
         Ok(())
     }
 

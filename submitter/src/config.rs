@@ -58,13 +58,25 @@ fn default_namespace() -> String {
     sandq_schemas::names::DEFAULT_NAMESPACE.to_owned()
 }
 
-/// RabbitMQ connection.
+/// RabbitMQ connection: one node (`url`) or several nodes of a cluster (`urls`), which the
+/// worker and the clients fail over between (docs/protocol.md, "Several broker addresses").
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpConfig {
-    /// AMQP URI; default `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    /// AMQP URI of a single node; default `amqp://guest:guest@127.0.0.1:5672/%2f`. Ignored when
+    /// `urls` names any address.
     #[serde(default = "default_amqp_url")]
     pub url: String,
+    /// AMQP URIs of the nodes of a cluster, tried in order and round-robin after a failure: a
+    /// TOML list, or one string of comma-separated URIs (as `SANDQ__AMQP__URLS` gives it).
+    /// Default empty: `url` alone.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub urls: Vec<String>,
+    /// How long a client waits for the broker's publisher confirm of a job before it publishes
+    /// the job again on the next address (humantime); default `30s`. The job id makes the
+    /// possible duplicate harmless (docs/protocol.md).
+    #[serde(default = "default_confirm_timeout", with = "humantime_serde")]
+    pub confirm_timeout: std::time::Duration,
     /// Most times a job is delivered before it is dead-lettered (the quorum queues'
     /// `x-delivery-limit`); default 5. Changing it needs new queues (RabbitMQ refuses to
     /// redeclare a queue with other arguments).
@@ -72,8 +84,40 @@ pub struct AmqpConfig {
     pub delivery_limit: u32,
 }
 
+impl AmqpConfig {
+    /// The addresses to connect to, in order: `urls` when it names any, else `url` alone.
+    /// Never empty.
+    pub fn addresses(&self) -> Vec<String> {
+        if self.urls.is_empty() {
+            vec![self.url.clone()]
+        } else {
+            self.urls.clone()
+        }
+    }
+}
+
+/// `urls` as a TOML list of strings or one string of comma-separated addresses (blank items
+/// dropped).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        Many(Vec<String>),
+        One(String),
+    }
+    let items = match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::Many(list) => list,
+        OneOrMany::One(text) => text.split(',').map(str::to_owned).collect(),
+    };
+    Ok(items.into_iter().map(|i| i.trim().to_owned()).filter(|i| !i.is_empty()).collect())
+}
+
 fn default_amqp_url() -> String {
     "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned()
+}
+
+fn default_confirm_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(30)
 }
 
 fn default_delivery_limit() -> u32 {
@@ -82,7 +126,12 @@ fn default_delivery_limit() -> u32 {
 
 impl Default for AmqpConfig {
     fn default() -> Self {
-        AmqpConfig { url: default_amqp_url(), delivery_limit: default_delivery_limit() }
+        AmqpConfig {
+            url: default_amqp_url(),
+            urls: Vec::new(),
+            confirm_timeout: default_confirm_timeout(),
+            delivery_limit: default_delivery_limit(),
+        }
     }
 }
 
@@ -303,5 +352,41 @@ mod tests {
         assert_eq!(sentinel.nodes, vec!["redis://a:26379/".to_owned(), "redis://b:26379/".to_owned()]);
         assert_eq!((sentinel.service.as_str(), sentinel.wait_replicas), ("p1", 1));
         assert_eq!(sentinel.wait_timeout, std::time::Duration::from_millis(250));
+    }
+
+    /// Loads a config file holding `toml` (written to a fresh temp file).
+    fn load_text(toml: &str) -> ServiceConfig {
+        let path = std::env::temp_dir().join(format!("sandq-config-test-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&path, toml).expect("write config");
+        let loaded = load(&path);
+        let _ = std::fs::remove_file(&path);
+        loaded.expect("config loads")
+    }
+
+    #[test]
+    fn one_url_is_the_only_address() {
+        let config = load_text("[amqp]\nurl = \"amqp://a:1/%2f\"\n");
+        assert_eq!(config.amqp.addresses(), vec!["amqp://a:1/%2f".to_owned()]);
+        assert_eq!(config.amqp.confirm_timeout, std::time::Duration::from_secs(30));
+    }
+
+    #[test]
+    fn urls_as_a_list_replace_url() {
+        let config = load_text("[amqp]\nurl = \"amqp://x:9/%2f\"\nurls = [\"amqp://a:1/%2f\", \"amqp://b:2/%2f\"]\nconfirm_timeout = \"5s\"\n");
+        assert_eq!(config.amqp.addresses(), vec!["amqp://a:1/%2f".to_owned(), "amqp://b:2/%2f".to_owned()]);
+        assert_eq!(config.amqp.confirm_timeout, std::time::Duration::from_secs(5));
+    }
+
+    /// The form `SANDQ__AMQP__URLS` gives: one string, comma-separated, blanks dropped.
+    #[test]
+    fn urls_as_one_comma_separated_string() {
+        let config = load_text("[amqp]\nurls = \" amqp://a:1/%2f, amqp://b:2/%2f,,amqp://c:3/%2f \"\n");
+        assert_eq!(config.amqp.addresses(), ["amqp://a:1/%2f", "amqp://b:2/%2f", "amqp://c:3/%2f"].map(str::to_owned).to_vec());
+    }
+
+    #[test]
+    fn empty_urls_fall_back_to_url() {
+        let config = load_text("[amqp]\nurl = \"amqp://x:9/%2f\"\nurls = \"\"\n");
+        assert_eq!(config.amqp.addresses(), vec!["amqp://x:9/%2f".to_owned()]);
     }
 }

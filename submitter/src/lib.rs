@@ -4,6 +4,7 @@
 //!
 //! The `sandq` CLI (`src/main.rs`) is a thin layer over [`client::Client`].
 
+pub mod broker;
 pub mod client;
 pub mod config;
 pub mod notebook;

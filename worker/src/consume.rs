@@ -2,6 +2,12 @@
 //! (so the worker's prefetch equals its slots, and a broker `consumer_timeout` closing one
 //! channel cannot requeue another slot's job). The connection is re-made with backoff when the
 //! broker goes away; deliveries in flight then come back as redeliveries (at-least-once).
+//!
+//! With several broker addresses (`amqp.urls`, the nodes of a cluster), a lost connection is
+//! re-made to the next address first, then round-robin through the others
+//! ([`sandq_submitter::broker::connect`]); the backoff applies between rounds. Every channel
+//! and consumer is opened anew on the new connection: nothing of the old one (no delivery tag)
+//! is used again.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
@@ -22,12 +28,14 @@ use crate::metrics;
 /// job finish, and returns.
 pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(200);
+    // Index (in `amqp.addresses()`) of the address to try first.
+    let mut next = 0;
     loop {
         if *shutdown.borrow() {
             return;
         }
         let connected_at = std::time::Instant::now();
-        let served = serve(&ctx, shutdown.clone()).await;
+        let served = serve(&ctx, shutdown.clone(), &mut next).await;
         crate::health::set_broker(None);
         match served {
             Ok(()) => return,
@@ -47,9 +55,16 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lapin::Error> {
+/// Connects (from address `next` on), declares the topology and runs every task until
+/// shutdown or a broker failure; on return `next` is the address after the one used, so that a
+/// reconnection tries another node first.
+async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>, next: &mut usize) -> Result<(), lapin::Error> {
     let settings = &ctx.settings;
-    let connection = Connection::connect(&settings.services.amqp.url, ConnectionProperties::default()).await?;
+    let addresses = settings.services.amqp.addresses();
+    let properties = ConnectionProperties::default().with_connection_name(format!("sandq-worker {}", settings.worker_id).into());
+    let (connection, index) = sandq_submitter::broker::connect(&addresses, *next, &properties).await?;
+    *next = index + 1;
+    let address = sandq_submitter::broker::redact(&addresses[index]);
     let declared = sandq_submitter::topology::declare(&connection, &settings.names, &settings.services).await?;
     for queue in &declared.with_other_arguments {
         warn!(
@@ -74,7 +89,7 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>) -> Result<(), lap
     let job_slots = slots.len();
     slots.spawn(open_slot(ctx, &connection, Task::DeadLetters, shutdown.clone()).await?);
     crate::health::set_broker(Some(connection.status().clone()));
-    info!(worker_id = %settings.worker_id, slots = job_slots, "consuming");
+    info!(worker_id = %settings.worker_id, slots = job_slots, broker = %address, "consuming");
     // A task that ends with an error while the connection stands lost only its channel (the
     // broker closed it: a consumer_timeout, say): that one is reopened, the other slots' jobs
     // go on (seventh review T2). When the connection is gone, everything is dropped and the

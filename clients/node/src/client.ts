@@ -7,7 +7,7 @@ import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from 
 import { decode, encode } from "@msgpack/msgpack";
 import { errorFor, JobNotFound, RAISED_BY_WAIT, SandqError, SubmitError, WaitTimeout } from "./errors.js";
 import {
-  APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, humantimeSeconds, inputKey, loadConfig, Names, newSessionName, queueArguments,
+  amqpAddresses, APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, humantimeSeconds, inputKey, loadConfig, Names, newSessionName, queueArguments,
   SCHEMA_VERSION, sha256Hex, SKUS,
 } from "./protocol.js";
 import { type Artifact, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL } from "./types.js";
@@ -49,6 +49,24 @@ export function redisClient(config: Config): Redis {
   return createClient({ url: config.redisUrl });
 }
 
+/** A connection to the first broker address that answers, trying `amqpAddresses(config)` from
+ * index `start` (modulo their count) round the list, each once and each within 10 s; with the
+ * index used. Rejects with the last address's error when none answers. */
+export async function connectAny(config: Config, start: number): Promise<[amqp.ChannelModel, number]> {
+  const addresses = amqpAddresses(config);
+  let last: unknown = new Error("no AMQP address configured");
+  for (let offset = 0; offset < addresses.length; offset++) {
+    const index = (start + offset) % addresses.length;
+    try {
+      const connection = await amqp.connect(addresses[index], { timeout: 10_000, clientProperties: { connection_name: "sandq-node" } });
+      return [connection, index];
+    } catch (e) {
+      last = e;
+    }
+  }
+  throw last;
+}
+
 /** A sandq client. `await Client.connect()`; `close()` when done. */
 export class Client {
   readonly config: Config;
@@ -56,6 +74,8 @@ export class Client {
   readonly s3: S3Client;
   private amqp: amqp.ChannelModel | null = null;
   private channel: amqp.ConfirmChannel | null = null;
+  /** Index in `amqpAddresses(config)` of the node `amqp` is (or was last) on. */
+  private amqpIndex = -1;
   private returned = new Set<string>();
   private publishing: Promise<unknown> = Promise.resolve();
 
@@ -142,7 +162,8 @@ export class Client {
 
   private async openChannel(): Promise<amqp.ConfirmChannel> {
     if (this.channel) return this.channel;
-    const connection = await amqp.connect(this.config.amqpUrl);
+    const [connection, index] = await connectAny(this.config, this.amqpIndex + 1);
+    this.amqpIndex = index;
     connection.on("error", () => {});
     connection.on("close", () => { if (this.amqp === connection) { this.amqp = null; this.channel = null; } });
     const channel = await connection.createConfirmChannel();
@@ -161,7 +182,11 @@ export class Client {
     const channel = await this.openChannel();
     const id = String(job.job_id);
     const body = Buffer.from(encode(job));
+    const confirmMs = humantimeSeconds(this.config.confirmTimeout ?? "30s") * 1000;
     await new Promise<void>((resolve, reject) => {
+      // No confirm in time: give up on this node (the caller publishes again on the next).
+      const timer = setTimeout(() => reject(new Error(`no publisher confirm within ${confirmMs} ms`)), confirmMs);
+      const settle = (err: unknown) => { clearTimeout(timer); if (err) reject(err); else resolve(); };
       channel.publish(this.names.exchange, String(job.sku), body, {
         mandatory: true,
         deliveryMode: 2,
@@ -171,21 +196,25 @@ export class Client {
         type: "sandq.job",
         appId: APP_ID,
         headers: { schema_version: SCHEMA_VERSION },
-      }, (err: unknown) => (err ? reject(err) : resolve()));
+      }, settle);
     });
     if (this.returned.delete(id)) throw new SubmitError(`job ${id} not accepted by the broker: returned (no queue for sku ${String(job.sku)})`);
   }
 
   private async publish(job: Record<string, unknown>): Promise<void> {
     const id = String(job.job_id);
+    // A nack, a closed channel (e.g. no such exchange), a lost connection or a confirm that
+    // does not come: publish again, same body and job id, on the next broker address; at most
+    // once per address plus once. A duplicate is harmless (docs/protocol.md, "Several broker
+    // addresses").
+    const attempts = amqpAddresses(this.config).length + 1;
     for (let attempt = 1; ; attempt++) {
       try {
         return await this.publishOnce(job);
       } catch (e) {
         if (e instanceof SubmitError) throw e;
         await this.closeAmqp();
-        // A nack, a closed channel (e.g. no such exchange) or a lost connection: reconnect once.
-        if (attempt === 2) throw new SubmitError(`job ${id} not submitted: ${e instanceof Error ? e.message : String(e)}`);
+        if (attempt >= attempts) throw new SubmitError(`job ${id} not submitted: ${e instanceof Error ? e.message : String(e)}`);
       }
     }
   }
@@ -213,7 +242,7 @@ export class Client {
   /** Declares the namespace's exchanges and queues with exactly the workers' arguments (workers
    * declare them too; a client may rely on them existing). */
   async declareTopology(): Promise<void> {
-    const connection = await amqp.connect(this.config.amqpUrl);
+    const [connection] = await connectAny(this.config, 0);
     try {
       let ch = await connection.createChannel();
       // A refused declaration closes the channel with an error event, answered below.

@@ -37,6 +37,12 @@ return 1
 /** Where the services are: the sandq config file's `[amqp]`, `[redis]`, `[s3]` and `namespace`. */
 export interface Config {
   amqpUrl: string;
+  /** `[amqp] urls`: the nodes of a RabbitMQ cluster, tried in order and round-robin after a
+   * failure; replaces `amqpUrl` when not empty (docs/protocol.md, "Several broker addresses"). */
+  amqpUrls?: string[];
+  /** `[amqp] confirm_timeout` (humantime, default "30s"): no publisher confirm within it, the
+   * job is published again on the next address. */
+  confirmTimeout?: string;
   redisUrl: string;
   /** `[redis] mode`: `single` (`redisUrl`), `cluster` (`redisNodes`: some of the cluster's nodes)
    * or `sentinel` (`redisNodes`: the sentinels; `redisService`: the primary's name); docs/protocol.md
@@ -67,6 +73,18 @@ export function urlList(value: unknown): string[] {
   return items.map((u) => u.trim()).filter((u) => u !== "");
 }
 
+/** The broker addresses to try, in order: `amqpUrls` when not empty, else `amqpUrl`. */
+export function amqpAddresses(config: Config): string[] {
+  return config.amqpUrls && config.amqpUrls.length > 0 ? [...config.amqpUrls] : [config.amqpUrl];
+}
+
+/** `[amqp] urls` as a TOML list or one comma-separated string (as `SANDQ__AMQP__URLS` gives
+ * it); blank items dropped. */
+export function parseUrls(value: unknown): string[] {
+  const items = typeof value === "string" ? value.split(",") : Array.isArray(value) ? value.map(String) : [];
+  return items.map((i) => i.trim()).filter((i) => i !== "");
+}
+
 /** `path`, else `$SANDQ_CONFIG`, else /etc/sandq/sandq.toml. */
 export function configPath(path?: string): string {
   return path || process.env.SANDQ_CONFIG || DEFAULT_CONFIG_PATH;
@@ -84,6 +102,8 @@ export function loadConfig(path?: string): Config {
   };
   return {
     amqpUrl: String(get("amqp", "url", "amqp://guest:guest@127.0.0.1:5672/%2f")),
+    amqpUrls: parseUrls(get<unknown>("amqp", "urls", [])),
+    confirmTimeout: String(get("amqp", "confirm_timeout", "30s")),
     redisUrl: String(get("redis", "url", "redis://127.0.0.1:6379/")),
     redisMode: redisMode(String(get("redis", "mode", "single"))),
     redisNodes: urlList(get<unknown>("redis", "nodes", [])),

@@ -58,6 +58,8 @@ export async function startWorker(options = {}) {
       SANDQ__WORKER__ID: workerId,
       SANDQ__WORKER__CAPACITY_CPUS: "16",
       SANDQ__WORKER__CAPACITY_MEMORY_BYTES: String(64 * 2 ** 30),
+      // Workers of other tests and instances run beside it (docs/STYLE.md): any free port.
+      SANDQ__WORKER__METRICS_ADDR: "127.0.0.1:0",
       ...(options.env ?? {}),
     },
   });

@@ -4,8 +4,12 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomUUID } from "node:crypto";
+import { createServer } from "node:net";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import {
-  artifactAt, Client, images, JobCancelled, JobNotFound, JobRejected, JobTimedOut, outputText, raiseForStatus, SubmitError,
+  amqpAddresses, artifactAt, Client, loadConfig, images, JobCancelled, JobNotFound, JobRejected, JobTimedOut, outputText, raiseForStatus, SubmitError,
 } from "../dist/index.js";
 import { config, startWorker } from "./harness.mjs";
 
@@ -161,5 +165,57 @@ test("stdin, a notebook value, an unknown job and an unroutable submit", async (
     await assert.rejects(nowhere.submit({ code: "print(1)" }), SubmitError);
   } finally {
     await nowhere.close();
+  }
+});
+
+test("amqp urls as a list or a comma-separated string", () => {
+  const dir = mkdtempSync(join(tmpdir(), "sandq-node-config-"));
+  const path = join(dir, "sandq.toml");
+  writeFileSync(path, '[amqp]\nurl = "amqp://x:9/%2f"\nurls = ["amqp://a:1/%2f", "amqp://b:2/%2f"]\nconfirm_timeout = "5s"\n');
+  const saved = process.env.SANDQ__AMQP__URLS;
+  try {
+    delete process.env.SANDQ__AMQP__URLS;
+    const listed = loadConfig(path);
+    assert.deepEqual(amqpAddresses(listed), ["amqp://a:1/%2f", "amqp://b:2/%2f"]);
+    assert.equal(listed.confirmTimeout, "5s");
+    process.env.SANDQ__AMQP__URLS = " amqp://c:3/%2f,, amqp://d:4/%2f ";
+    assert.deepEqual(amqpAddresses(loadConfig(path)), ["amqp://c:3/%2f", "amqp://d:4/%2f"]);
+    process.env.SANDQ__AMQP__URLS = "";
+    assert.deepEqual(amqpAddresses(loadConfig(path)), ["amqp://x:9/%2f"]);
+  } finally {
+    if (saved === undefined) delete process.env.SANDQ__AMQP__URLS;
+    else process.env.SANDQ__AMQP__URLS = saved;
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+/** A loopback port nothing listens on (bound, then released). */
+async function closedPort() {
+  const server = createServer();
+  await new Promise((done) => server.listen(0, "127.0.0.1", done));
+  const { port } = server.address();
+  await new Promise((done) => server.close(done));
+  return port;
+}
+
+test("a submit goes past broker addresses that refuse or hang (nodes down or stuck)", async () => {
+  // Only loopback: a port nothing listens on, and a listener that accepts and never answers
+  // (skipped after 10 s).
+  const silent = createServer(() => {});
+  await new Promise((done) => silent.listen(0, "127.0.0.1", done));
+  const cfg = config();
+  const urls = [
+    `amqp://guest:guest@127.0.0.1:${await closedPort()}/%2f`,
+    `amqp://guest:guest@127.0.0.1:${silent.address().port}/%2f`,
+    cfg.amqpUrl,
+  ];
+  const failover = await Client.connect({ config: { ...cfg, amqpUrls: urls } });
+  try {
+    const result = await failover.run({ code: "print(6 * 7)", sku: "S" }, WAIT);
+    assert.equal(result.status, "succeeded");
+    assert.equal(result.stdout.text, "42\n");
+  } finally {
+    await failover.close();
+    silent.close();
   }
 });

@@ -10,6 +10,7 @@ from typing import Any, Optional, Union, cast
 
 import aio_pika
 import aio_pika.exceptions
+import aiormq
 import aiormq.exceptions
 import botocore.exceptions
 import redis.asyncio
@@ -17,7 +18,7 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 
 from . import protocol
-from .client import Source, check_download, fetch_url, read_source, s3_client
+from .client import CONNECT_TIMEOUT_S, Source, check_download, fetch_url, read_source, s3_client
 from .errors import RAISED_BY_WAIT, JobNotFound, SubmitError, WaitTimeout, error_for
 from .protocol import BLOCK_S, Config, Names
 from .types import TERMINAL, Artifact, InputFile, JobResult, Stream
@@ -39,6 +40,8 @@ class AsyncClient:
         self._blocking = connect_redis(config, socket_timeout=BLOCK_S + 10)
         self.s3 = s3_client(config)
         self._amqp: Optional[aio_pika.abc.AbstractConnection] = None
+        # Index in `config.amqp_addresses()` of the node `_amqp` is (or was last) on.
+        self._amqp_index = -1
         self._channel: Optional[aio_pika.abc.AbstractChannel] = None
         self._lock = asyncio.Lock()
 
@@ -85,23 +88,47 @@ class AsyncClient:
         return await asyncio.to_thread(lambda: self.s3.get_object(Bucket=self.config.s3_bucket, Key=key)["Body"].read())
 
     # --- submitting ------------------------------------------------------------------------
+    async def _connect_any(self, start: int) -> tuple[aio_pika.abc.AbstractConnection, int]:
+        """`sandq.client.connect_any`, asyncio."""
+        addresses = self.config.amqp_addresses()
+        last: Optional[BaseException] = None
+        for offset in range(len(addresses)):
+            index = (start + offset) % len(addresses)
+            try:
+                connection = await aio_pika.connect(addresses[index], timeout=CONNECT_TIMEOUT_S,
+                                                    client_properties={"connection_name": "sandq-python"})
+                return connection, index
+            except (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+                last = e
+        assert last is not None
+        raise last
+
     async def _publish(self, job: dict) -> None:
+        # A publish that fails (lost connection, nack, no confirm within `confirm_timeout`) is
+        # made again, with the same body and job id, on the next broker address: at most once
+        # per address plus once. A duplicate is harmless (docs/protocol.md, "Several broker
+        # addresses").
         message = aio_pika.Message(protocol.encode(job), **protocol.amqp_properties(job))
+        attempts = len(self.config.amqp_addresses()) + 1
+        confirm_s = protocol.humantime_seconds(self.config.confirm_timeout)
         async with self._lock:
-            for attempt in (1, 2):  # reconnect once on a lost connection
+            for attempt in range(1, attempts + 1):
                 try:
                     if self._amqp is None or self._amqp.is_closed:
-                        self._amqp = await aio_pika.connect(self.config.amqp_url)
+                        self._amqp, self._amqp_index = await self._connect_any(self._amqp_index + 1)
                         self._channel = await self._amqp.channel(publisher_confirms=True, on_return_raises=True)
                     assert self._channel is not None
                     exchange = await self._channel.get_exchange(self.names.exchange, ensure=False)
-                    await exchange.publish(message, routing_key=job["sku"], mandatory=True)
+                    await exchange.publish(message, routing_key=job["sku"], mandatory=True, timeout=confirm_s)
                     return
                 except aio_pika.exceptions.DeliveryError as e:
-                    raise SubmitError(f"job {job['job_id']} not accepted by the broker: {e}") from e
-                except (aiormq.exceptions.AMQPError, ConnectionError, OSError) as e:
+                    # A return (unroutable) is final; a nack is retried elsewhere.
+                    if not isinstance(e.frame, aiormq.spec.Basic.Nack) or attempt == attempts:
+                        raise SubmitError(f"job {job['job_id']} not accepted by the broker: {e}") from e
                     await self._close_amqp()
-                    if attempt == 2:
+                except (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+                    await self._close_amqp()
+                    if attempt == attempts:
                         raise SubmitError(f"job {job['job_id']} not submitted: {e!r}") from e
 
     async def submit(self, code: Optional[str] = None, **spec: Any) -> str:

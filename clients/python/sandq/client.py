@@ -13,6 +13,7 @@ import botocore.config
 import botocore.exceptions
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 import redis
 import redis.cluster
 import redis.sentinel
@@ -50,6 +51,32 @@ def check_download(artifact: Artifact, data: bytes) -> bytes:
     return data
 
 
+# Longest wait for one broker address to complete the AMQP handshake before the next is tried
+# (the Rust client's `broker::CONNECT_TIMEOUT`).
+CONNECT_TIMEOUT_S = 10.0
+
+
+def connect_any(config: Config, start: int) -> tuple[pika.BlockingConnection, int]:
+    """A connection to the first broker address that answers, trying `config.amqp_addresses()`
+    from index `start` (modulo their count) round the list, each once; with the index used.
+    Raises the last address's error when none answers."""
+    addresses = config.amqp_addresses()
+    last: Optional[Exception] = None
+    for offset in range(len(addresses)):
+        index = (start + offset) % len(addresses)
+        parameters = pika.URLParameters(addresses[index])
+        parameters.client_properties = {"connection_name": "sandq-python"}
+        # A node that accepts TCP but never answers: give up on it after 10 s, as the Rust
+        # client does (pika's default is 15 s).
+        parameters.stack_timeout = CONNECT_TIMEOUT_S
+        try:
+            return pika.BlockingConnection(parameters), index
+        except (pika.exceptions.AMQPError, AMQPConnectorException, OSError) as e:
+            last = e
+    assert last is not None
+    raise last
+
+
 class Client:
     """A sandq client. `Client()` reads the service config (`$SANDQ_CONFIG`, else
     /etc/sandq/sandq.toml); pass a `Config` or `namespace=` to choose others. Thread-safe for
@@ -67,6 +94,8 @@ class Client:
         self._blocking = connect_redis(config, socket_timeout=BLOCK_S + 10)
         self.s3 = s3_client(config)
         self._amqp: Optional[pika.BlockingConnection] = None
+        # Index in `config.amqp_addresses()` of the node `_amqp` is (or was last) on.
+        self._amqp_index = -1
         self._channel: Any = None
         self._lock = threading.Lock()
 
@@ -116,22 +145,31 @@ class Client:
 
     # --- submitting ------------------------------------------------------------------------
     def _publish(self, job: dict) -> None:
+        # A publish that fails (lost connection, nack) is made again, with the same body and
+        # job id, on the next broker address: at most once per address plus once. A duplicate
+        # is harmless (docs/protocol.md, "Several broker addresses"). pika's blocking channel
+        # waits for the confirm without a timeout: `confirm_timeout` is the asyncio client's.
         properties = pika.BasicProperties(**protocol.amqp_properties(job))
         body = protocol.encode(job)
+        attempts = len(self.config.amqp_addresses()) + 1
         with self._lock:
-            for attempt in (1, 2):  # reconnect once on a lost connection
+            for attempt in range(1, attempts + 1):
                 try:
                     if self._amqp is None or self._amqp.is_closed:
-                        self._amqp = pika.BlockingConnection(pika.URLParameters(self.config.amqp_url))
+                        self._amqp, self._amqp_index = connect_any(self.config, self._amqp_index + 1)
                         self._channel = self._amqp.channel()
                         self._channel.confirm_delivery()
                     self._channel.basic_publish(self.names.exchange, job["sku"], body, properties, mandatory=True)
                     return
-                except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as e:
+                except pika.exceptions.UnroutableError as e:
                     raise SubmitError(f"job {job['job_id']} not accepted by the broker: {e}") from e
+                except pika.exceptions.NackError as e:
+                    self._close_amqp()
+                    if attempt == attempts:
+                        raise SubmitError(f"job {job['job_id']} not accepted by the broker: {e}") from e
                 except pika.exceptions.AMQPError as e:
                     self._close_amqp()
-                    if attempt == 2:
+                    if attempt == attempts:
                         raise SubmitError(f"job {job['job_id']} not submitted: {e!r}") from e
 
     def submit(self, code: Optional[str] = None, **spec: Any) -> str:
@@ -149,7 +187,7 @@ class Client:
     def declare_topology(self) -> None:
         """Declares the namespace's exchanges and queues, with exactly the workers' arguments
         (workers declare them too; a client may rely on them existing)."""
-        connection = pika.BlockingConnection(pika.URLParameters(self.config.amqp_url))
+        connection, _ = connect_any(self.config, 0)
         try:
             ch = connection.channel()
             n = self.names

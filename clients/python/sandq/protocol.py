@@ -55,6 +55,11 @@ class Config:
     """Where the services are: the `[amqp]`, `[redis]` and `[s3]` sections and `namespace` of the
     sandq config file (the same file the worker and the `sandq` CLI read)."""
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    # `[amqp] urls`: the nodes of a RabbitMQ cluster, tried in order and round-robin after a
+    # failure; replaces `amqp_url` when not empty (docs/protocol.md, "Several broker addresses").
+    amqp_urls: tuple[str, ...] = ()
+    # `[amqp] confirm_timeout`: no publisher confirm within it, publish again on the next address.
+    confirm_timeout: str = "30s"
     redis_url: str = "redis://127.0.0.1:6379/"
     # `[redis] mode`: "single" (redis_url), "cluster" (redis_nodes: some of the cluster's nodes) or
     # "sentinel" (redis_nodes: the sentinels; redis_service: the primary's name); docs/protocol.md
@@ -74,6 +79,17 @@ class Config:
 
     def with_namespace(self, namespace: str) -> "Config":
         return replace(self, namespace=namespace)
+
+    def amqp_addresses(self) -> list[str]:
+        """The broker addresses to try, in order: `amqp_urls` when not empty, else `amqp_url`."""
+        return list(self.amqp_urls) or [self.amqp_url]
+
+
+def parse_urls(value: Any) -> tuple[str, ...]:
+    """`[amqp] urls` as a TOML list or one comma-separated string (as `SANDQ__AMQP__URLS` gives
+    it); blank items dropped."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    return tuple(i.strip() for i in items if str(i).strip())
 
 
 def config_path(path: Union[str, os.PathLike, None] = None) -> Path:
@@ -113,7 +129,8 @@ def load_config(path: Union[str, os.PathLike, None] = None) -> Config:
 
     d = Config()
     return Config(
-        amqp_url=get("amqp", "url", d.amqp_url), redis_url=get("redis", "url", d.redis_url),
+        amqp_url=get("amqp", "url", d.amqp_url), amqp_urls=parse_urls(get("amqp", "urls", ())),
+        confirm_timeout=str(get("amqp", "confirm_timeout", d.confirm_timeout)), redis_url=get("redis", "url", d.redis_url),
         redis_mode=str(get("redis", "mode", d.redis_mode)), redis_nodes=url_list(get("redis", "nodes", [])),
         redis_service=str(get("redis", "service", d.redis_service)),
         s3_endpoint=get("s3", "endpoint", d.s3_endpoint), s3_region=get("s3", "region", d.s3_region),

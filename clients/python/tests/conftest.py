@@ -54,7 +54,9 @@ def worker(config: sandq.Config):
     assert binary.exists(), f"{binary} missing: build the workspace first (cargo build --workspace)"
     log_path = Path(tempfile.gettempdir()) / f"sandq-{WORKER_ID}-worker.log"
     env = dict(os.environ, SANDQ__NAMESPACE=NAMESPACE, SANDQ__WORKER__ID=WORKER_ID,
-               SANDQ__WORKER__CAPACITY_CPUS="16", SANDQ__WORKER__CAPACITY_MEMORY_BYTES=str(64 << 30))
+               SANDQ__WORKER__CAPACITY_CPUS="16", SANDQ__WORKER__CAPACITY_MEMORY_BYTES=str(64 << 30),
+               # Workers of other tests and instances run beside it (docs/STYLE.md): any free port.
+               SANDQ__WORKER__METRICS_ADDR="127.0.0.1:0")
     with open(log_path, "wb") as log:
         process = subprocess.Popen([str(binary), "--exit-on-stdin-eof"], stdin=subprocess.PIPE,
                                    stdout=subprocess.DEVNULL, stderr=log, env=env)

@@ -219,3 +219,46 @@ def test_declares_over_queues_of_an_earlier_version(config: sandq.Config) -> Non
         channel.queue_delete(names.dead_queue)
     finally:
         connection.close()
+
+
+def test_amqp_urls_as_a_list_or_a_comma_separated_string(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "sandq.toml"
+    path.write_text('[amqp]\nurl = "amqp://x:9/%2f"\nurls = ["amqp://a:1/%2f", "amqp://b:2/%2f"]\nconfirm_timeout = "5s"\n')
+    monkeypatch.delenv("SANDQ__AMQP__URLS", raising=False)
+    monkeypatch.delenv("SANDQ__AMQP__URL", raising=False)
+    monkeypatch.delenv("SANDQ__AMQP__CONFIRM_TIMEOUT", raising=False)
+    loaded = sandq.load_config(path)
+    assert loaded.amqp_addresses() == ["amqp://a:1/%2f", "amqp://b:2/%2f"]
+    assert loaded.confirm_timeout == "5s"
+    monkeypatch.setenv("SANDQ__AMQP__URLS", " amqp://c:3/%2f,, amqp://d:4/%2f ")
+    assert sandq.load_config(path).amqp_addresses() == ["amqp://c:3/%2f", "amqp://d:4/%2f"]
+    monkeypatch.setenv("SANDQ__AMQP__URLS", "")
+    assert sandq.load_config(path).amqp_addresses() == ["amqp://x:9/%2f"]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_submit_goes_past_broker_addresses_that_refuse_or_hang(config: sandq.Config, worker) -> None:
+    """`amqp.urls` whose first address refuses (a node that is down) and second accepts TCP but
+    never answers (a node that hangs; skipped after 10 s): both clients connect to the third and
+    the job runs. Only loopback: a port nothing listens on, a listener that never reads."""
+    import socket
+    from dataclasses import replace
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        urls = (f"amqp://guest:guest@127.0.0.1:{_closed_port()}/%2f",
+                f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}/%2f", config.amqp_url)
+        skipping = replace(config, amqp_urls=urls)
+        with sandq.Client(skipping) as client:
+            result = client.run("print(6 * 7)", sku="S", wait_timeout=WAIT)
+            assert result.status == "succeeded" and result.stdout.text == "42\n"
+        async with AsyncClient(skipping) as aclient:
+            result = await aclient.run("print(6 * 9)", sku="S", wait_timeout=WAIT)
+            assert result.status == "succeeded" and result.stdout.text == "54\n"
