@@ -215,9 +215,25 @@ async fn a_huge_client_written_record_costs_the_worker_little_memory() {
     let spec = python_job("print('ok')", Sku::S);
     let mut record = sandq_schemas::JobResult::new(spec.job_id.clone(), JobStatus::Queued);
     record.reason = Some("x".repeat(100 << 20));
-    let mut redis = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
+    // Written as a client writes its `queued` record (the compare-and-set script), on a plain
+    // connection with no response timeout (100 MiB take a while).
     let names = sandq_schemas::names::Names::new(world.namespace.clone());
-    let written = sandq_submitter::results::write(&mut redis, &names, &record, Duration::from_secs(600)).await.expect("write");
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut redis = redis::Client::open(world.config.redis.url.as_str())
+        .expect("redis")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("redis");
+    let written: i64 = redis::Script::new(sandq_submitter::results::CAS_SCRIPT)
+        .key(names.job_key(&spec.job_id))
+        .key(names.done_key(&spec.job_id))
+        .arg("queued")
+        .arg(sandq_schemas::encode(&record).expect("encode"))
+        .arg(600)
+        .invoke_async(&mut redis)
+        .await
+        .expect("write");
+    let written = written == 1;
     assert!(written, "the client's queued record");
     client.submit(&spec).await.expect("submit");
     let result = wait(&mut client, &spec.job_id).await;
