@@ -197,6 +197,11 @@ fn walk(work: &Path, baseline: &BTreeSet<String>, links_ok: bool, max_new: usize
             walked.skipped.skip(&format!("{}...", truncate(rel, 64)), "bad_name");
             continue;
         }
+        if rel.is_empty() && name_str == crate::packages::PACKAGES_DIR {
+            // Installed packages (crate::packages): never artifacts, nor session files (a
+            // session keeps them as one archive); not walked, not counted as skipped.
+            continue;
+        }
         let child_rel = if rel.is_empty() { name_str.to_owned() } else { format!("{rel}/{name_str}") };
         let dir_fd = entries.as_raw_fd();
         let Ok(stat) = fstatat(Some(dir_fd), name, AtFlags::AT_SYMLINK_NOFOLLOW) else {

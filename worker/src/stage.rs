@@ -201,6 +201,7 @@ pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Clien
         container_id: place.container_id,
         sandbox_uid: place.sandbox_uid,
         disk_bytes: place.disk_bytes,
+        python_site: place.python_site,
         out_bytes: place.outputs_bytes + place.state_bytes,
         src_bytes: place.src_bytes + if node_script { NODE_STDIO_JS.len() } else { 0 },
         runner: notebook.then_some(job.spec.runtime),
@@ -237,6 +238,9 @@ pub struct Shape<'a> {
     pub sandbox_uid: u32,
     /// `/work` quota, bytes; 0: none.
     pub disk_bytes: u64,
+    /// The Python user site below `/work/.packages/python` (`lib/python3.X/site-packages`),
+    /// made empty for the sandbox user.
+    pub python_site: &'a str,
     /// Size of the outputs tmpfs, bytes (outputs, and a session's state twice).
     pub out_bytes: u64,
     /// Bytes the job's own files need in `src/` beyond the runner's (code, `resolv.conf`, the
@@ -295,6 +299,15 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
         let _ = std::fs::remove_dir(dir.work.join("lost+found"));
     }
     std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare_error(&dir.work))?;
+    // The Python user site, before the interpreter starts: Python puts it on sys.path only if
+    // it exists then, and a package the job installs must import in the same job
+    // (crate::packages). /work is new and empty: nothing the sandbox made is in the way.
+    let mut packages = dir.work.clone();
+    for part in [crate::packages::PACKAGES_DIR, "python"].into_iter().chain(shape.python_site.split('/')) {
+        packages.push(part);
+        mkdir(&packages, 0o755)?;
+        std::os::unix::fs::chown(&packages, Some(uid), Some(uid)).map_err(prepare_error(&packages))?;
+    }
     mkdir(&dir.out, 0o700)?;
     mkdir(&dir.src.join("out"), 0o755)?;
     for (name, text) in runner {
@@ -327,6 +340,10 @@ pub const WARM_HANDOVER: &str = "handover.json";
 /// Name of an outbound job's `resolv.conf` in its `src/` (bind-mounted at `/etc/resolv.conf`).
 pub const RESOLV_CONF: &str = ".resolv.conf";
 
+/// Name of an outbound job's CA bundle in its `src/` (bind-mounted over the image's,
+/// [`crate::packages::SANDBOX_CA_BUNDLE`]), when the worker has `extra_ca_certs`.
+pub const CA_BUNDLE: &str = ".ca-certificates.crt";
+
 /// Where and how a job is staged.
 #[derive(Debug, Clone, Copy)]
 pub struct Placement<'a> {
@@ -345,6 +362,13 @@ pub struct Placement<'a> {
     pub restore: &'a [Restore],
     /// For an outbound job: the worker's `resolv.conf`, copied to `src/.resolv.conf`.
     pub resolv_conf: Option<&'a Path>,
+    /// For an outbound job: the worker's CA bundle, written to `src/.ca-certificates.crt`.
+    pub ca_bundle: Option<&'a [u8]>,
+    /// [`Shape::python_site`].
+    pub python_site: &'a str,
+    /// A session's packages archive ([`crate::packages::unpack`]), extracted into
+    /// `/work/.packages` as the sandbox user.
+    pub packages: Option<&'a Restore>,
     /// A session's notebook state to restore, downloaded (size and SHA-256 checked) to
     /// `out/state.in` ([`STATE_IN`]); its `path` is not used.
     pub state: Option<&'a Restore>,
@@ -414,6 +438,9 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
         let bytes = std::fs::read(path).map_err(prepare_error(path))?;
         write_new(&dir.src.join(RESOLV_CONF), &bytes, 0o644)?;
     }
+    if let Some(bytes) = place.ca_bundle {
+        write_new(&dir.src.join(CA_BUNDLE), bytes, 0o644)?;
+    }
     if let Some(code) = &job.spec.code {
         let path = dir.src.join(job.spec.runtime.main_file());
         write_new(&path, code.as_bytes(), 0o644)?;
@@ -454,6 +481,20 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
         // Paths were validated: relative, no '.', '..' or empty components.
         let stamp = place_file(dir, uid, &input.path, &input.key, input.size, &input.sha256, s3, bucket).await?;
         staged.insert(input.path.clone(), stamp);
+    }
+    if let Some(archive) = place.packages {
+        // Downloaded next to the job dirs (the worker's, never the sandbox's), handed to tar
+        // as its stdin, then removed.
+        let path = dir.root.join("packages.tar");
+        let mut file = tokio::fs::File::from_std(open_new(&path, 0o600)?);
+        let got = storage::get_to_file(s3, bucket, &archive.key, &mut file, "packages", Some(archive.size), Some(&archive.sha256)).await;
+        drop(file);
+        let unpacked = match got {
+            Ok(_) => crate::packages::unpack(&path, &dir.work, uid).await.map_err(|e| StageError::Filesystem(e.to_string())),
+            Err(source) => Err(StageError::Download { path: "packages".to_owned(), source }),
+        };
+        let _ = std::fs::remove_file(&path);
+        unpacked?;
     }
     settle(&staged).await;
     Ok(staged)
