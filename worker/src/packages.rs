@@ -459,4 +459,35 @@ mod tests {
         assert!(count_pem_certificates("-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----").is_err());
         assert!(count_pem_certificates("-----BEGIN CERTIFICATE-----\nMIIB").is_err());
     }
+
+    #[tokio::test]
+    async fn packages_round_trip_through_an_archive_and_links_are_kept_as_links() {
+        let uid = nix::unistd::geteuid().as_raw();
+        let root = tempfile::tempdir().expect("tempdir");
+        let (work, again) = (root.path().join("work"), root.path().join("again"));
+        let site = work.join(".packages/python/lib/python3.13/site-packages");
+        std::fs::create_dir_all(&site).expect("site");
+        std::fs::create_dir_all(&again).expect("again");
+        assert!(!holds_files(&work.join(PACKAGES_DIR)), "empty directories hold no files");
+        assert!(!holds_files(&root.path().join("missing")));
+        std::fs::create_dir(site.join("probe")).expect("probe");
+        std::fs::write(site.join("probe/__init__.py"), "VALUE = 42\n").expect("module");
+        std::os::unix::fs::symlink("/etc/hostname", site.join("link")).expect("symlink");
+        std::fs::write(work.join("mine.txt"), "not a package").expect("own file");
+        assert!(holds_files(&work.join(PACKAGES_DIR)));
+        let archive = root.path().join("packages.tar");
+        assert!(pack(&work, &archive, uid, 1 << 20).await.expect("pack"));
+        // The same tree archives to the same bytes.
+        let second = root.path().join("second.tar");
+        assert!(pack(&work, &second, uid, 1 << 20).await.expect("pack again"));
+        assert_eq!(std::fs::read(&archive).expect("archive"), std::fs::read(&second).expect("second"));
+        unpack(&archive, &again, uid).await.expect("unpack");
+        let restored = again.join(".packages/python/lib/python3.13/site-packages");
+        assert_eq!(std::fs::read_to_string(restored.join("probe/__init__.py")).expect("module"), "VALUE = 42\n");
+        assert_eq!(std::fs::read_link(restored.join("link")).expect("link"), Path::new("/etc/hostname"));
+        assert!(!again.join("mine.txt").exists(), "only .packages is archived");
+        // Past the cap: an error, not a truncated archive.
+        let small = root.path().join("small.tar");
+        assert!(matches!(pack(&work, &small, uid, 100).await, Err(PackArchiveError::TooLarge { max: 100 })));
+    }
 }

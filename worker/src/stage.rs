@@ -7,8 +7,14 @@
 //!     main.py                    the source code (or main.js), the notebook runner's files
 //!                                (sandq_runner.py and sandq_mpl.py, or sandq_runner.js),
 //!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
+//!     .ca-certificates.crt       for an outbound job with `worker.extra_ca_certs`,
+//!                                bind-mounted over /etc/ssl/certs/ca-certificates.crt
 //!     out/                       the mount point of out/ below
 //!   work/                        mounted read-write at /work, owned by the sandbox uid
+//!     .packages/python/lib/python3.X/site-packages
+//!                                made empty for run-time installs (crate::packages); a
+//!                                session's packages are extracted into .packages
+//!   packages.tar                 while a session's packages archive is extracted or made
 //!   work.img                     the work filesystem, when the SKU has a disk quota
 //!   out/                         tmpfs (`max_outputs_bytes`), mounted at /sandq/out: the
 //!                                notebook runner's outputs.jsonl
