@@ -560,6 +560,14 @@ fn node_job(code: &str) -> sandq_schemas::JobSpec {
     spec
 }
 
+/// The SHA-256 of a session's packages archive (`manifest.packages`), if it has one.
+async fn packages_blob(world: &Isolated, session: &str) -> Option<String> {
+    let s3 = sandq_submitter::storage::client(&world.config.s3);
+    let names = sandq_schemas::names::Names::new(world.namespace.clone());
+    let manifest = sandq_submitter::sessions::load(&s3, &world.config.s3.bucket, &names, session).await.expect("manifest");
+    manifest.expect("the session exists").packages.map(|p| p.sha256)
+}
+
 /// Issue 9 §4: with the worker's extra CA, `pip install` (script mode), `%pip install`
 /// (notebook mode) and `npm install` of packages that are not in the image install from the
 /// test's HTTPS index and load in the same job; in a session, job 2 imports what job 1
@@ -625,13 +633,16 @@ async fn pip_and_npm_install_from_an_https_index_the_worker_trusts() {
     let paths: Vec<&str> = result.artifacts.iter().map(|a| a.path.as_str()).collect();
     assert_eq!(paths, ["mine.txt"], "only the job's own file is an artifact");
     let fetched = index.requests().lines().count();
-    let mut second = python_job(&format!("import {module}\nprint({module}.value())\n"), Sku::S);
+    let archived = packages_blob(&world, &session).await.expect("job 1 left a packages archive");
+    // /work holds only the job's own files: the packages live in /sandq/packages.
+    let mut second = python_job(&format!("import os, {module}\nprint({module}.value())\nprint(sorted(os.listdir('/work')))\n"), Sku::S);
     second.session = Some(session.clone());
     second.mode = Some(RunMode::Script);
     let result = sandq_tests::run(&mut client, &second).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{}\n{}", result.stderr.text, log());
-    assert_eq!(result.stdout.text, format!("{token}\n"));
+    assert_eq!(result.stdout.text, format!("{token}\n['mine.txt']\n"));
     assert!(result.artifacts.is_empty(), "{:?}", result.artifacts);
+    assert_eq!(packages_blob(&world, &session).await, Some(archived.clone()), "unchanged packages archived differently");
     // Node.js in a session too, and in notebook mode (a warm-capable job, network none).
     let mut node_first = outbound(node_job(&js), RunMode::Script);
     node_first.session = Some(session.clone());
@@ -639,6 +650,7 @@ async fn pip_and_npm_install_from_an_https_index_the_worker_trusts() {
     assert_eq!(result.stdout.text, format!("{token}\n"), "{}", result.stderr.text);
     let fetched_after_npm = index.requests().lines().count();
     assert!(fetched_after_npm > fetched, "npm fetched nothing");
+    assert_ne!(packages_blob(&world, &session).await, Some(archived), "the npm package is not in the session's archive");
     let mut node_second = node_job(&format!("console.log(require('{name}')());\n"));
     node_second.session = Some(session.clone());
     let result = sandq_tests::run(&mut client, &node_second).await;

@@ -7,8 +7,7 @@
 //! opened `O_NOFOLLOW | O_NONBLOCK` and re-checked with `fstat`, and the count and size caps are
 //! applied from the metadata before a byte is read (a sparse 1 TB file is never read).
 //!
-//! `/work/.packages` (packages installed at run time, [`crate::packages`]) is not walked: it is
-//! never an artifact nor a session file.
+//! Packages installed at run time are not under `/work` ([`crate::packages`]): never artifacts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -198,11 +197,6 @@ fn walk(work: &Path, baseline: &BTreeSet<String>, links_ok: bool, max_new: usize
             // No name under here could be staged or restored; nothing below is walked, and
             // the long path is not even kept for the skip list.
             walked.skipped.skip(&format!("{}...", truncate(rel, 64)), "bad_name");
-            continue;
-        }
-        if rel.is_empty() && name_str == crate::packages::PACKAGES_DIR {
-            // Installed packages (crate::packages): never artifacts, nor session files (a
-            // session keeps them as one archive); not walked, not counted as skipped.
             continue;
         }
         let child_rel = if rel.is_empty() { name_str.to_owned() } else { format!("{rel}/{name_str}") };

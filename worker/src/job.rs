@@ -395,7 +395,7 @@ async fn execute_in(
     // The state is Python's (pickles); a Node.js cell neither reads nor changes it.
     let python_cell = notebook && job.spec.runtime == sandq_schemas::Runtime::Python;
     let state = opened.filter(|_| python_cell).and_then(|o| o.state(ctx));
-    // The packages a job of the session installed (crate::packages), for /work/.packages.
+    // The packages a job of the session installed (crate::packages), for /sandq/packages.
     let packages = opened.and_then(|o| o.packages(ctx));
     let cell = run::Cell {
         execution_count: opened.map_or(0, |o| o.manifest.execution_count) + 1,

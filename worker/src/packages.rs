@@ -1,29 +1,34 @@
 //! Packages installed at run time (`pip install`, `%pip install`, `npm install`) and the TLS
 //! trust and package indexes sandboxes use for them.
 //!
-//! Where installed packages live: `/work/.packages` ([`PACKAGES_DIR`]), on the job's disk
-//! (within its `/work` quota), owned by the sandbox user:
-//! - Python: `PYTHONUSERBASE=/work/.packages/python`; pip installs there (its "user
+//! Where installed packages live: `/sandq/packages` ([`SANDBOX_PACKAGES`]), a directory of the
+//! job's disk next to `/work` (within the same quota), owned by the sandbox user, so that
+//! `/work` holds only what the job brought or wrote:
+//! - Python: `PYTHONUSERBASE=/sandq/packages/python`; pip installs there (its "user
 //!   installation", chosen by pip itself because the image's site-packages is read-only), and
-//!   the user site `/work/.packages/python/lib/python3.X/site-packages` is made by the worker
+//!   the user site `/sandq/packages/python/lib/python3.X/site-packages` is made by the worker
 //!   before the interpreter starts, so that Python puts it on `sys.path` at start-up (it adds
 //!   the user site only if it exists then) and a package installed by the job imports in the
 //!   same job, warm sandboxes included. `PIP_BREAK_SYSTEM_PACKAGES=1` lifts Debian's PEP 668
 //!   refusal (`EXTERNALLY-MANAGED`) for every pip command: the image's packages stay
 //!   read-only, only the user site changes.
-//! - Node.js: npm in its global location with `prefix=/work/.packages/node` (`npm install
-//!   NAME` puts the package in `/work/.packages/node/lib/node_modules`, its commands in
-//!   `/work/.packages/node/bin`), found by `require` through `NODE_PATH` (read when Node
+//! - Node.js: npm in its global location with `prefix=/sandq/packages/node` (`npm install
+//!   NAME` puts the package in `/sandq/packages/node/lib/node_modules`, its commands in
+//!   `/sandq/packages/node/bin`), found by `require` through `NODE_PATH` (read when Node
 //!   starts, so warm sandboxes start with it).
 //!
-//! `/work/.packages` is never returned as artifacts ([`crate::collect`] does not walk it); in a
-//! session it is kept as one archive next to the session's files ([`pack`], [`unpack`]).
+//! Being outside `/work`, installed packages are never artifacts; in a session they are kept as
+//! one archive next to the session's files ([`pack`], [`unpack`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-/// The packages directory, relative to `/work`.
-pub const PACKAGES_DIR: &str = ".packages";
+/// Where the sandbox sees its packages directory (the job dir's `disk/packages`).
+pub const SANDBOX_PACKAGES: &str = "/sandq/packages";
+
+/// The mount point of [`SANDBOX_PACKAGES`] in the job's `src/` (mounted at `/sandq`), and the
+/// packages directory's name on the job's disk: the one member of a packages archive.
+pub const PACKAGES_MOUNT_POINT: &str = "packages";
 
 /// Where a sandbox finds its trusted CAs: the image's bundle path, over which the worker's
 /// combined bundle is bind-mounted when `worker.extra_ca_certs` is set.
@@ -36,7 +41,7 @@ pub const MAX_EXTRA_CA_BYTES: u64 = 1 << 20;
 /// The package settings of the worker, validated ([`crate::settings::RawWorker`]).
 #[derive(Debug, Clone, Default)]
 pub struct Packages {
-    /// The user site below `/work/.packages/python`: `lib/python3.X/site-packages`, from the
+    /// The user site below `/sandq/packages/python`: `lib/python3.X/site-packages`, from the
     /// image's `python3` link.
     pub python_site: String,
     /// The image's CA bundle followed by `worker.extra_ca_certs`, when that is set: written to
@@ -227,7 +232,7 @@ impl Packages {
     /// The sandbox's environment for installing and finding packages (every sandbox, warm ones
     /// from their start: `NODE_PATH` and `NODE_EXTRA_CA_CERTS` are read when Node starts).
     pub fn environment(&self) -> Vec<String> {
-        let base = format!("/work/{PACKAGES_DIR}");
+        let base = SANDBOX_PACKAGES;
         let mut env = vec![
             format!("PYTHONUSERBASE={base}/python"),
             // Debian's pip refuses any install into its Python (PEP 668), user installs too;
@@ -267,7 +272,7 @@ impl Packages {
 
     /// `PATH` additions: the commands of installed packages, after the image's.
     pub fn path_suffix() -> String {
-        format!(":/work/{PACKAGES_DIR}/python/bin:/work/{PACKAGES_DIR}/node/bin")
+        format!(":{SANDBOX_PACKAGES}/python/bin:{SANDBOX_PACKAGES}/node/bin")
     }
 
     /// Bytes the CA bundle takes in a job's `src/`.
@@ -331,7 +336,7 @@ pub fn holds_files(dir: &Path) -> bool {
 /// Most bytes of `tar`'s stderr kept for an error message.
 const MAX_TAR_STDERR: u64 = 4 << 10;
 
-/// Archives `<work>/.packages` into `archive` (a new file the worker owns), running `tar` as
+/// Archives `<disk>/packages` (the job's disk, [`crate::stage::JobDir::disk`]) into `archive` (a new file the worker owns), running `tar` as
 /// `uid` (the host uid of the sandbox user: everything there was written by the sandbox, and
 /// tar as that uid reads only what the sandbox could), without following symlinks, sorted by
 /// name so that unchanged packages give the same bytes. Returns `false` (and writes nothing)
@@ -339,9 +344,9 @@ const MAX_TAR_STDERR: u64 = 4 << 10;
 ///
 /// # Errors
 /// [`PackArchiveError`].
-pub async fn pack(work: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Result<bool, PackArchiveError> {
+pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Result<bool, PackArchiveError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let dir = work.join(PACKAGES_DIR);
+    let dir = disk.join(PACKAGES_MOUNT_POINT);
     let meta = match std::fs::symlink_metadata(&dir) {
         Ok(m) => m,
         Err(_) => return Ok(false),
@@ -353,8 +358,8 @@ pub async fn pack(work: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
     let mut child = tokio::process::Command::new("tar")
         .args(["--create", "--file=-", "--sort=name", "--one-file-system", "--format=gnu"])
         .arg("--directory")
-        .arg(work)
-        .arg(PACKAGES_DIR)
+        .arg(disk)
+        .arg(PACKAGES_MOUNT_POINT)
         .env_clear()
         .env("LC_ALL", "C")
         .uid(uid)
@@ -399,23 +404,23 @@ pub async fn pack(work: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
     Ok(written > 0)
 }
 
-/// Extracts a packages archive (made by [`pack`]) into `work`, running `tar` as `uid` (the
-/// sandbox's host uid, the owner of `work`): whatever the archive holds (it was made from
-/// files a sandbox wrote), tar can write only where the sandbox user can. Only `.packages`
+/// Extracts a packages archive (made by [`pack`]) into `disk`, running `tar` as `uid` (the
+/// sandbox's host uid, the owner of `disk/packages`): whatever the archive holds (it was made
+/// from files a sandbox wrote), tar can write only where the sandbox user can. Only `packages`
 /// members are extracted; owners are not restored; the times of the directories the worker
 /// made are (so that unchanged packages archive to the same bytes again).
 ///
 /// # Errors
 /// [`PackArchiveError`].
-pub async fn unpack(archive: &Path, work: &Path, uid: u32) -> Result<(), PackArchiveError> {
+pub async fn unpack(archive: &Path, disk: &Path, uid: u32) -> Result<(), PackArchiveError> {
     use tokio::io::AsyncReadExt;
     let file = std::fs::File::open(archive).map_err(|source| PackArchiveError::File { path: archive.to_path_buf(), source })?;
     let tar_error = |message: String| PackArchiveError::Tar { action: "extract", message };
     let mut child = tokio::process::Command::new("tar")
         .args(["--extract", "--file=-", "--no-same-owner", "--delay-directory-restore"])
         .arg("--directory")
-        .arg(work)
-        .arg(PACKAGES_DIR)
+        .arg(disk)
+        .arg(PACKAGES_MOUNT_POINT)
         .env_clear()
         .env("LC_ALL", "C")
         .uid(uid)
@@ -464,17 +469,18 @@ mod tests {
     async fn packages_round_trip_through_an_archive_and_links_are_kept_as_links() {
         let uid = nix::unistd::geteuid().as_raw();
         let root = tempfile::tempdir().expect("tempdir");
-        let (work, again) = (root.path().join("work"), root.path().join("again"));
-        let site = work.join(".packages/python/lib/python3.13/site-packages");
+        let (work, again) = (root.path().join("disk"), root.path().join("again"));
+        let site = work.join("packages/python/lib/python3.13/site-packages");
         std::fs::create_dir_all(&site).expect("site");
         std::fs::create_dir_all(&again).expect("again");
-        assert!(!holds_files(&work.join(PACKAGES_DIR)), "empty directories hold no files");
+        assert!(!holds_files(&work.join(PACKAGES_MOUNT_POINT)), "empty directories hold no files");
         assert!(!holds_files(&root.path().join("missing")));
         std::fs::create_dir(site.join("probe")).expect("probe");
         std::fs::write(site.join("probe/__init__.py"), "VALUE = 42\n").expect("module");
         std::os::unix::fs::symlink("/etc/hostname", site.join("link")).expect("symlink");
-        std::fs::write(work.join("mine.txt"), "not a package").expect("own file");
-        assert!(holds_files(&work.join(PACKAGES_DIR)));
+        std::fs::create_dir(work.join("work")).expect("work");
+        std::fs::write(work.join("work/mine.txt"), "not a package").expect("own file");
+        assert!(holds_files(&work.join(PACKAGES_MOUNT_POINT)));
         let archive = root.path().join("packages.tar");
         assert!(pack(&work, &archive, uid, 1 << 20).await.expect("pack"));
         // The same tree archives to the same bytes.
@@ -482,10 +488,10 @@ mod tests {
         assert!(pack(&work, &second, uid, 1 << 20).await.expect("pack again"));
         assert_eq!(std::fs::read(&archive).expect("archive"), std::fs::read(&second).expect("second"));
         unpack(&archive, &again, uid).await.expect("unpack");
-        let restored = again.join(".packages/python/lib/python3.13/site-packages");
+        let restored = again.join("packages/python/lib/python3.13/site-packages");
         assert_eq!(std::fs::read_to_string(restored.join("probe/__init__.py")).expect("module"), "VALUE = 42\n");
         assert_eq!(std::fs::read_link(restored.join("link")).expect("link"), Path::new("/etc/hostname"));
-        assert!(!again.join("mine.txt").exists(), "only .packages is archived");
+        assert!(!again.join("work").exists(), "only packages/ is archived");
         // Past the cap: an error, not a truncated archive.
         let small = root.path().join("small.tar");
         assert!(matches!(pack(&work, &small, uid, 100).await, Err(PackArchiveError::TooLarge { max: 100 })));

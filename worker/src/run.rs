@@ -335,6 +335,7 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
         // Written by staging for an outbound job when the worker has extra CAs.
         ca_bundle: (launch.outbound && settings.packages.ca_bundle.is_some()).then_some(ca_bundle.as_path()),
         out_dir: Some(&dir.out),
+        packages_dir: Some(&dir.packages),
         low_cpu_weight: launch.warm,
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;

@@ -47,10 +47,10 @@ impl Opened {
         })
     }
 
-    /// The packages archive to extract into `/work/.packages`, if a job of the session left one.
+    /// The packages archive to extract into `/sandq/packages`, if a job of the session left one.
     pub fn packages(&self, ctx: &Context) -> Option<Restore> {
         self.manifest.packages.as_ref().map(|f| Restore {
-            path: crate::packages::PACKAGES_DIR.to_owned(),
+            path: crate::packages::PACKAGES_MOUNT_POINT.to_owned(),
             key: ctx.settings.names.session_blob_key(&self.name, &f.sha256),
             size: f.size,
             sha256: f.sha256.clone(),
@@ -232,7 +232,7 @@ pub async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool) -> Le
     left
 }
 
-/// An archive of a job's `/work/.packages` ([`left_packages`]): the open file, its SHA-256
+/// An archive of a job's `/sandq/packages` ([`left_packages`]): the open file, its SHA-256
 /// and size; `Some(None)`: the job left no packages; `None`: not archived.
 pub type LeftPackages = Option<Option<(tokio::fs::File, String, u64)>>;
 
@@ -245,17 +245,16 @@ pub struct Left {
     pub packages: LeftPackages,
 }
 
-/// Archives the packages a session job left in `/work/.packages` ([`crate::packages::pack`],
+/// Archives the packages a session job left in `/sandq/packages` ([`crate::packages::pack`],
 /// as `sandbox_uid`, at most `worker.max_artifact_bytes`), for [`save`]: `Some(None)` when
 /// it holds no file (nothing to keep), `None` when it cannot be archived (logged; the
 /// session keeps its previous packages).
 pub async fn left_packages(ctx: &Context, dir: &crate::stage::JobDir, sandbox_uid: u32) -> LeftPackages {
-    let packages = dir.work.join(crate::packages::PACKAGES_DIR);
-    if !crate::packages::holds_files(&packages) {
+    if !crate::packages::holds_files(&dir.packages) {
         return Some(None);
     }
     let archive = dir.root.join("packages.out.tar");
-    match crate::packages::pack(&dir.work, &archive, sandbox_uid, ctx.settings.max_artifact_bytes).await {
+    match crate::packages::pack(&dir.disk, &archive, sandbox_uid, ctx.settings.max_artifact_bytes).await {
         Ok(true) => {}
         Ok(false) => return Some(None),
         Err(e) => {
@@ -279,7 +278,7 @@ pub async fn left_packages(ctx: &Context, dir: &crate::stage::JobDir, sandbox_ui
 /// walk did not collect (its `skipped_total`), which the session does not keep either and
 /// reports in `unsaved_files` (security review I8). For a notebook job, `cell` is its
 /// `execution_count` and `state` the notebook state it left (stored as a blob; without a new
-/// one the previous state stays), both in `left`, with the archive of `/work/.packages`
+/// one the previous state stays), both in `left`, with the archive of `/sandq/packages`
 /// ([`crate::packages::pack`]): `Some(Some(..))` a new one, `Some(None)` none left (the job
 /// left no packages), `None` unknown (not archived: the previous one stays).
 ///

@@ -10,12 +10,15 @@
 //!     .ca-certificates.crt       for an outbound job with `worker.extra_ca_certs`,
 //!                                bind-mounted over /etc/ssl/certs/ca-certificates.crt
 //!     out/                       the mount point of out/ below
-//!   work/                        mounted read-write at /work, owned by the sandbox uid
-//!     .packages/python/lib/python3.X/site-packages
-//!                                made empty for run-time installs (crate::packages); a
-//!                                session's packages are extracted into .packages
+//!     packages/                  the mount point of disk/packages below
+//!   disk/                        the job's disk: its filesystem when the SKU has a quota
+//!     work/                      mounted read-write at /work, owned by the sandbox uid
+//!     packages/                  mounted read-write at /sandq/packages, owned by the sandbox
+//!                                uid: run-time installs (crate::packages), with an empty
+//!                                python/lib/python3.X/site-packages made for Python; a
+//!                                session's packages are extracted here
 //!   packages.tar                 while a session's packages archive is extracted or made
-//!   work.img                     the work filesystem, when the SKU has a disk quota
+//!   work.img                     the disk's filesystem, when the SKU has a disk quota
 //!   out/                         tmpfs (`max_outputs_bytes`), mounted at /sandq/out: the
 //!                                notebook runner's outputs.jsonl
 //!   stdin                        fed to the program's stdin
@@ -25,7 +28,7 @@
 //! Files are created with `O_EXCL | O_NOFOLLOW` in a directory nothing else has seen yet, and
 //! downloads stop one byte past the declared size.
 //!
-//! With a disk quota, `work/` is the mount point of a per-job ext4 filesystem in a sparse file
+//! With a disk quota, `disk/` is the mount point of a per-job ext4 filesystem in a sparse file
 //! (`work.img`, the SKU's `disk_bytes` large, loop-mounted `nosuid,nodev`): the program gets
 //! ENOSPC at the quota, and the host's disk holds only what was written. Copying a template and
 //! mounting it costs about 30 ms a job (cp 5 ms, mount 23 ms, measured on this machine).
@@ -46,8 +49,13 @@ pub struct JobDir {
     pub bundle: PathBuf,
     /// Mounted at `/sandq`.
     pub src: PathBuf,
-    /// Mounted at `/work`.
+    /// The job's disk: the mount point of its filesystem when the SKU has a disk quota (else a
+    /// plain directory), holding `work/` and `packages/`.
+    pub disk: PathBuf,
+    /// `<disk>/work`, mounted at `/work`.
     pub work: PathBuf,
+    /// `<disk>/packages`, mounted at `/sandq/packages` ([`crate::packages`]).
+    pub packages: PathBuf,
     /// Program's stdin: a file, empty unless the job has stdin.
     pub stdin: PathBuf,
     /// Helper's report.
@@ -134,10 +142,11 @@ fn wait_for_exit(pidfd: &std::os::fd::OwnedFd, limit: std::time::Duration) {
     }
 }
 
-/// Unmounts `<root>/work` (if a filesystem is mounted there) and removes `root`: for this run's
-/// job dirs and for those a killed worker left behind.
+/// Unmounts `<root>/disk` (if a filesystem is mounted there; `<root>/work` in job dirs of
+/// earlier versions) and removes `root`: for this run's job dirs and for those a killed worker
+/// left behind.
 pub fn remove_job_dir(root: &Path) {
-    for mounted in [root.join("work"), root.join("out"), root.join("src")] {
+    for mounted in [root.join("disk"), root.join("work"), root.join("out"), root.join("src")] {
         // MNT_DETACH: a leftover process holding the mount must not keep the directory.
         match nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH) {
             Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
@@ -269,7 +278,9 @@ pub async fn prepare(shape: &Shape<'_>) -> Result<JobDir, StageError> {
     let dir = JobDir {
         bundle: root.join("bundle"),
         src: root.join("src"),
-        work: root.join("work"),
+        disk: root.join("disk"),
+        work: root.join("disk/work"),
+        packages: root.join("disk/packages"),
         stdin: root.join("stdin"),
         report: root.join("report.json"),
         out: root.join("out"),
@@ -297,25 +308,31 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("source tmpfs: {e}")))?;
-    mkdir(&dir.work, 0o755)?;
+    mkdir(&dir.disk, 0o755)?;
     if shape.disk_bytes != 0 {
-        mount_work_fs(&dir.root, &dir.work, shape.disk_bytes).await?;
-        std::fs::set_permissions(&dir.work, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(prepare_error(&dir.work))?;
+        mount_work_fs(&dir.root, &dir.disk, shape.disk_bytes).await?;
+        std::fs::set_permissions(&dir.disk, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(prepare_error(&dir.disk))?;
         // mkfs leaves a lost+found the program does not need.
-        let _ = std::fs::remove_dir(dir.work.join("lost+found"));
+        let _ = std::fs::remove_dir(dir.disk.join("lost+found"));
     }
+    // /work and the installed packages share the job's disk (and its quota), in directories of
+    // their own: /work holds only what the job brought or wrote.
+    mkdir(&dir.work, 0o755)?;
     std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare_error(&dir.work))?;
     // The Python user site, before the interpreter starts: Python puts it on sys.path only if
     // it exists then, and a package the job installs must import in the same job
-    // (crate::packages). /work is new and empty: nothing the sandbox made is in the way.
-    let mut packages = dir.work.clone();
-    for part in [crate::packages::PACKAGES_DIR, "python"].into_iter().chain(shape.python_site.split('/')) {
+    // (crate::packages). The disk is new: nothing the sandbox made is in the way.
+    let mut packages = dir.packages.clone();
+    mkdir(&packages, 0o755)?;
+    std::os::unix::fs::chown(&packages, Some(uid), Some(uid)).map_err(prepare_error(&packages))?;
+    for part in ["python"].into_iter().chain(shape.python_site.split('/')) {
         packages.push(part);
         mkdir(&packages, 0o755)?;
         std::os::unix::fs::chown(&packages, Some(uid), Some(uid)).map_err(prepare_error(&packages))?;
     }
     mkdir(&dir.out, 0o700)?;
     mkdir(&dir.src.join("out"), 0o755)?;
+    mkdir(&dir.src.join(crate::packages::PACKAGES_MOUNT_POINT), 0o755)?;
     for (name, text) in runner {
         write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
     }
@@ -496,7 +513,7 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
         let got = storage::get_to_file(s3, bucket, &archive.key, &mut file, "packages", Some(archive.size), Some(&archive.sha256)).await;
         drop(file);
         let unpacked = match got {
-            Ok(_) => crate::packages::unpack(&path, &dir.work, uid).await.map_err(|e| StageError::Filesystem(e.to_string())),
+            Ok(_) => crate::packages::unpack(&path, &dir.disk, uid).await.map_err(|e| StageError::Filesystem(e.to_string())),
             Err(source) => Err(StageError::Download { path: "packages".to_owned(), source }),
         };
         let _ = std::fs::remove_file(&path);

@@ -84,6 +84,10 @@ pub struct JobSandbox<'a> {
     /// A file bind-mounted read-only over the image's CA bundle
     /// ([`crate::packages::SANDBOX_CA_BUNDLE`]): the image's CAs and the worker's extra ones.
     pub ca_bundle: Option<&'a Path>,
+    /// A host directory (the job disk's `packages/`) bind-mounted read-write at
+    /// [`crate::packages::SANDBOX_PACKAGES`]: packages the job installs; `src_dir` must hold a
+    /// `packages` directory.
+    pub packages_dir: Option<&'a Path>,
     /// A host directory (the job's outputs tmpfs) bind-mounted read-write at `/sandq/out`,
     /// where the notebook runner writes its outputs; `src_dir` must hold an `out` directory.
     pub out_dir: Option<&'a Path>,
@@ -149,6 +153,17 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
             .options(vec!["rbind".to_owned(), "ro".to_owned(), "nosuid".to_owned(), "nodev".to_owned()])
             .build()
             .map_err(|_| SpecError::Missing("a valid resolv.conf mount"))?;
+        spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
+    }
+    if let Some(packages_dir) = job.packages_dir {
+        // Executable: installed packages hold native extensions and commands (like /work).
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination(crate::packages::SANDBOX_PACKAGES)
+            .typ("bind")
+            .source(packages_dir)
+            .options(["rbind", "rw", "nosuid", "nodev"].map(str::to_owned).to_vec())
+            .build()
+            .map_err(|_| SpecError::Missing("a valid packages mount"))?;
         spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
     if let Some(ca_bundle) = job.ca_bundle {
@@ -237,6 +252,7 @@ mod tests {
             seccomp: true,
             resolv_conf: None,
             ca_bundle: Some(Path::new("/jobs/a/src/.ca-certificates.crt")),
+            packages_dir: Some(Path::new("/jobs/a/disk/packages")),
             out_dir: None,
             low_cpu_weight: false,
         };
@@ -257,6 +273,9 @@ mod tests {
         let ca = mounts.iter().find(|m| m["destination"] == "/etc/ssl/certs/ca-certificates.crt").expect("CA bundle mount");
         assert_eq!(ca["source"], "/jobs/a/src/.ca-certificates.crt");
         assert!(ca["options"].as_array().expect("options").contains(&serde_json::json!("ro")));
+        let packages = mounts.iter().find(|m| m["destination"] == "/sandq/packages").expect("packages mount");
+        assert_eq!(packages["source"], "/jobs/a/disk/packages");
+        assert!(packages["options"].as_array().expect("options").contains(&serde_json::json!("rw")));
         let namespaces: Vec<&str> =
             json["linux"]["namespaces"].as_array().expect("ns").iter().filter_map(|n| n["type"].as_str()).collect();
         assert_eq!(json["linux"]["uidMappings"][0]["hostID"], 100_000);
