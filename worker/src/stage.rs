@@ -253,7 +253,7 @@ pub struct Shape<'a> {
     pub sandbox_uid: u32,
     /// `/work` quota, bytes; 0: none.
     pub disk_bytes: u64,
-    /// The Python user site below `/work/.packages/python` (`lib/python3.X/site-packages`),
+    /// The Python user site below `/sandq/packages/python` (`lib/python3.X/site-packages`),
     /// made empty for the sandbox user.
     pub python_site: &'a str,
     /// Size of the outputs tmpfs, bytes (outputs, and a session's state twice).
@@ -390,7 +390,7 @@ pub struct Placement<'a> {
     /// [`Shape::python_site`].
     pub python_site: &'a str,
     /// A session's packages archive ([`crate::packages::unpack`]), extracted into
-    /// `/work/.packages` as the sandbox user.
+    /// `/sandq/packages` as the sandbox user.
     pub packages: Option<&'a Restore>,
     /// A session's notebook state to restore, downloaded (size and SHA-256 checked) to
     /// `out/state.in` ([`STATE_IN`]); its `path` is not used.
