@@ -465,6 +465,62 @@ mod tests {
         assert!(count_pem_certificates("-----BEGIN CERTIFICATE-----\nMIIB").is_err());
     }
 
+    #[test]
+    fn settings_are_checked_against_the_image_and_the_ca_file() {
+        use base64::Engine;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rootfs = dir.path().join("rootfs");
+        std::fs::create_dir_all(rootfs.join("usr/bin")).expect("usr/bin");
+        std::fs::create_dir_all(rootfs.join("etc/ssl/certs")).expect("certs");
+        std::os::unix::fs::symlink("python3.13", rootfs.join("usr/bin/python3")).expect("python3");
+        std::fs::write(rootfs.join("etc/ssl/certs/ca-certificates.crt"), "IMAGE BUNDLE").expect("bundle");
+        let der: Vec<u8> = [0x30u8, 0x12].into_iter().chain(std::iter::repeat_n(7u8, 18)).collect();
+        let pem = format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", base64::engine::general_purpose::STANDARD.encode(&der));
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, &pem).expect("ca");
+        let raw = RawPackages {
+            extra_ca_certs: Some(&ca),
+            pip_index_url: Some("https://pypi.example/simple/"),
+            pip_extra_index_urls: Some("https://a.example/simple/, https://b.example/simple/"),
+            pip_trusted_hosts: Some("pypi.example,10.0.0.5:3141"),
+            npm_registry: Some("https://npm.example/"),
+        };
+        let packages = raw.validate(&rootfs).expect("valid");
+        assert_eq!(packages.python_site, "lib/python3.13/site-packages");
+        assert_eq!(packages.ca_bundle.as_deref(), Some(format!("IMAGE BUNDLE\n{pem}").as_bytes()));
+        let env = packages.environment();
+        for expected in [
+            "PIP_INDEX_URL=https://pypi.example/simple/",
+            "PIP_EXTRA_INDEX_URL=https://a.example/simple/ https://b.example/simple/",
+            "PIP_TRUSTED_HOST=pypi.example 10.0.0.5:3141",
+            "npm_config_registry=https://npm.example/",
+            "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt",
+            "PYTHONUSERBASE=/sandq/packages/python",
+            "NODE_PATH=/sandq/packages/node/lib/node_modules",
+        ] {
+            assert!(env.iter().any(|e| e == expected), "{expected} missing from {env:?}");
+        }
+        // Each bad value is refused with the error naming it.
+        let bad_url = RawPackages { npm_registry: Some("registry.npmjs.org"), ..Default::default() };
+        assert!(matches!(bad_url.validate(&rootfs), Err(PackageSettingsError::Url { key: "worker.npm_registry", .. })));
+        let missing = dir.path().join("missing.pem");
+        let no_file = RawPackages { extra_ca_certs: Some(&missing), ..Default::default() };
+        assert!(matches!(no_file.validate(&rootfs), Err(PackageSettingsError::ReadCa { .. })));
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n").expect("key");
+        let not_a_cert = RawPackages { extra_ca_certs: Some(&key), ..Default::default() };
+        assert!(matches!(not_a_cert.validate(&rootfs), Err(PackageSettingsError::BadCa { .. })));
+        let host = RawPackages { pip_trusted_hosts: Some("a b"), ..Default::default() };
+        assert!(matches!(host.validate(&rootfs), Err(PackageSettingsError::Host(_))));
+        // Without settings: no CA bundle, no index variables.
+        let plain = RawPackages::default().validate(&rootfs).expect("defaults");
+        assert!(plain.ca_bundle.is_none());
+        assert!(!plain.environment().iter().any(|e| e.starts_with("PIP_INDEX_URL") || e.starts_with("NODE_EXTRA_CA_CERTS")));
+        std::fs::remove_file(rootfs.join("usr/bin/python3")).expect("rm");
+        std::os::unix::fs::symlink("python", rootfs.join("usr/bin/python3")).expect("python3");
+        assert!(matches!(RawPackages::default().validate(&rootfs), Err(PackageSettingsError::PythonVersion { .. })));
+    }
+
     #[tokio::test]
     async fn packages_round_trip_through_an_archive_and_links_are_kept_as_links() {
         let uid = nix::unistd::geteuid().as_raw();
