@@ -665,6 +665,28 @@ async fn pip_and_npm_install_from_an_https_index_the_worker_trusts() {
     assert_eq!(result.stdout.text, format!("{token}\n"), "{}", result.stderr.text);
     assert_eq!(index.requests().lines().count(), fetched_after_npm, "a later job of the session fetched from the index again");
 
+    // A job that replaces its packages tree with a link to /etc: the archive keeps the link as
+    // a link, the next job's restore cannot extract it over the tree the worker made, and the
+    // job runs anyway, with an empty user site (and nothing was written through the link).
+    let mut sabotage = python_job(
+        "import os, shutil\nshutil.rmtree('/sandq/packages/python')\nos.symlink('/etc', '/sandq/packages/python')\n",
+        Sku::S,
+    );
+    sabotage.session = Some(session.clone());
+    sabotage.mode = Some(RunMode::Script);
+    let result = sandq_tests::run(&mut client, &sabotage).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let mut after = python_job(
+        "import os\nprint(os.path.islink('/sandq/packages/python'), sorted(os.listdir('/sandq/packages/python/lib/python3.13/site-packages')))\n",
+        Sku::S,
+    );
+    after.session = Some(session.clone());
+    after.mode = Some(RunMode::Script);
+    let result = sandq_tests::run(&mut client, &after).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}\n{}", result.stderr.text, log());
+    assert_eq!(result.stdout.text, "False []\n");
+    assert!(log().contains("the session's packages were not all restored"), "{}", log());
+
     // The reported input: its package is in the image; pip says so and the import works.
     let reported = std::fs::read_to_string(sandq_tests::repo_root().join("tests/reported/pip_install.py")).expect("pip_install.py");
     let result = sandq_tests::run(&mut client, &outbound(python_job(&reported, Sku::S), RunMode::Script)).await;
