@@ -336,11 +336,12 @@ pub fn holds_files(dir: &Path) -> bool {
 /// Most bytes of `tar`'s stderr kept for an error message.
 const MAX_TAR_STDERR: u64 = 4 << 10;
 
-/// Archives `<disk>/packages` (the job's disk, [`crate::stage::JobDir::disk`]) into `archive` (a new file the worker owns), running `tar` as
-/// `uid` (the host uid of the sandbox user: everything there was written by the sandbox, and
-/// tar as that uid reads only what the sandbox could), without following symlinks, sorted by
-/// name so that unchanged packages give the same bytes. Returns `false` (and writes nothing)
-/// when there is no packages directory or it is empty; at most `max_bytes` are written.
+/// Archives `<disk>/packages` (the job's disk, [`crate::stage::JobDir::disk`]) into `archive`
+/// (a new file the worker owns), running `tar` as `uid` (the host uid of the sandbox user:
+/// everything there was written by the sandbox, and tar as that uid reads only what the
+/// sandbox could), without following symlinks, sorted by name so that unchanged packages give
+/// the same bytes. Returns `false` (and writes nothing) when there is no packages directory;
+/// at most `max_bytes` are written.
 ///
 /// # Errors
 /// [`PackArchiveError`].

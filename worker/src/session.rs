@@ -250,7 +250,8 @@ pub struct Left {
 /// it holds no file (nothing to keep), `None` when it cannot be archived (logged; the
 /// session keeps its previous packages).
 pub async fn left_packages(ctx: &Context, dir: &crate::stage::JobDir, sandbox_uid: u32) -> LeftPackages {
-    if !crate::packages::holds_files(&dir.packages) {
+    let packages = dir.packages.clone();
+    if !tokio::task::spawn_blocking(move || crate::packages::holds_files(&packages)).await.unwrap_or(true) {
         return Some(None);
     }
     let archive = dir.root.join("packages.out.tar");
