@@ -40,8 +40,9 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// Directory of the built binaries (`target/debug`), found from the test binary's own path
-/// (`target/debug/deps/e2e-<hash>`); `SANDQ_TEST_BIN_DIR` when set (a copy of this tree's
-/// `sandq-worker` and `sandq-container`, on a host whose target dir other trees share).
+/// (`target/debug/deps/e2e-<hash>`); `SANDQ_TEST_BIN_DIR` when set: a copy of this tree's
+/// binaries (`sandq-worker` with `sandq-container` beside it, `sandq`, `sandq-loadtest` for
+/// the tests that run them), on a host whose target dir other trees share and overwrite.
 pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("SANDQ_TEST_BIN_DIR") {
         return PathBuf::from(dir);
