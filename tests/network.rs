@@ -2,7 +2,10 @@
 //! creates (`sandqt-ext`, 198.18.0.2, the benchmarking range; reached from the host through a
 //! veth pair): outbound connections work, nothing connects in, the worker's host is out of
 //! reach, and `none` still reaches nothing. Names resolve through the worker's configured
-//! nameserver (here a DNS server in that netns). No traffic leaves this machine.
+//! nameserver (here a DNS server in that netns). Package installs at run time (issue 9 §4)
+//! go to an HTTPS package index and npm registry served from the same netns with a CA the test
+//! makes (the host's `openssl` CLI), serving packages the test builds. No traffic leaves this
+//! machine.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
