@@ -89,6 +89,9 @@ mmdebstrap --mode=root --variant=essential --quiet \
   --customize-hook='chroot "$1" sh -c "python3 -m pip install --quiet --root-user-action=ignore --no-index --no-deps --break-system-packages /opt/sandq/wheels/*.whl"' \
   --customize-hook="copy-in $npm_dir/node_modules /usr/local/lib" \
   --customize-hook='ln -s usr/local/lib/node_modules "$1/node_modules"' \
+  --customize-hook='ln -s ../lib/node_modules/npm/bin/npm-cli.js "$1/usr/local/bin/npm"' \
+  --customize-hook='ln -s ../lib/node_modules/npm/bin/npx-cli.js "$1/usr/local/bin/npx"' \
+  --customize-hook='chroot "$1" env HOME=/tmp npm --version >/dev/null' \
   --customize-hook='sed -i "s/^#font\.family:.*/font.family: sans-serif, Noto Sans CJK JP, Lohit Devanagari/" "$1/etc/matplotlibrc"' \
   --customize-hook='grep -q "^font.family: sans-serif, Noto Sans CJK JP" "$1/etc/matplotlibrc"' \
   --customize-hook='mkdir -p "$1/usr/share/sandq/matplotlib"' \

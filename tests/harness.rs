@@ -40,8 +40,13 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// Directory of the built binaries (`target/debug`), found from the test binary's own path
-/// (`target/debug/deps/e2e-<hash>`).
+/// (`target/debug/deps/e2e-<hash>`); `SANDQ_TEST_BIN_DIR` when set: a copy of this tree's
+/// binaries (`sandq-worker` with `sandq-container` beside it, `sandq`, `sandq-loadtest` for
+/// the tests that run them), on a host whose target dir other trees share and overwrite.
 pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SANDQ_TEST_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
     let exe = std::env::current_exe().expect("current exe");
     exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
 }

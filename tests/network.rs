@@ -2,7 +2,10 @@
 //! creates (`sandqt-ext`, 198.18.0.2, the benchmarking range; reached from the host through a
 //! veth pair): outbound connections work, nothing connects in, the worker's host is out of
 //! reach, and `none` still reaches nothing. Names resolve through the worker's configured
-//! nameserver (here a DNS server in that netns). No traffic leaves this machine.
+//! nameserver (here a DNS server in that netns). Package installs at run time (issue 9 §4)
+//! go to an HTTPS package index and npm registry served from the same netns with a CA the test
+//! makes (the host's `openssl` CLI), serving packages the test builds. No traffic leaves this
+//! machine.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -382,4 +385,361 @@ async fn workers_starting_together_keep_the_policy_and_the_hosts_rules() {
     }
     drop(rules);
     world.delete_queues().await;
+}
+
+/// The test's package index and npm registry, served over HTTPS from the test's netns at
+/// 198.18.0.2:443 as `pypi.sandq.test` and `npm.sandq.test` (every name resolves there), with a
+/// certificate of a CA the test makes. The server script builds the packages it serves from
+/// the token: a wheel of a pure-Python package whose `value()` returns the token, as a PEP 503
+/// simple index, and an npm package whose export returns it (registry document with
+/// `dist.tarball`, `dist.shasum` and `dist.integrity`).
+const INDEX_SERVER: &str = r#"
+import base64, hashlib, http.server, io, json, socketserver, ssl, sys, tarfile, zipfile
+directory, token, py_name, npm_name = sys.argv[1:5]
+module = py_name.replace('-', '_')
+files = {
+    f'{module}/__init__.py': f'def value():\n    return {token!r}\n',
+    f'{module}-1.0.dist-info/METADATA': f'Metadata-Version: 2.1\nName: {py_name}\nVersion: 1.0\n',
+    f'{module}-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\nGenerator: sandq-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n',
+}
+record = []
+for path, text in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()
+    record.append(f'{path},sha256={digest},{len(text.encode())}')
+record.append(f'{module}-1.0.dist-info/RECORD,,')
+files[f'{module}-1.0.dist-info/RECORD'] = '\n'.join(record) + '\n'
+wheel = io.BytesIO()
+with zipfile.ZipFile(wheel, 'w') as z:
+    for path, text in files.items():
+        z.writestr(path, text)
+wheel = wheel.getvalue()
+wheel_name = f'{module}-1.0-py3-none-any.whl'
+tgz = io.BytesIO()
+with tarfile.open(fileobj=tgz, mode='w:gz') as t:
+    for path, text in {'package/package.json': json.dumps({'name': npm_name, 'version': '1.0.0', 'main': 'index.js'}),
+                       'package/index.js': f'module.exports = () => {json.dumps(token)};\n'}.items():
+        info = tarfile.TarInfo(path); data = text.encode(); info.size = len(data); info.mode = 0o644
+        t.addfile(info, io.BytesIO(data))
+tgz = tgz.getvalue()
+tarball = f'https://npm.sandq.test/{npm_name}/-/{npm_name}-1.0.0.tgz'
+document = {'name': npm_name, 'dist-tags': {'latest': '1.0.0'}, 'versions': {'1.0.0': {
+    'name': npm_name, 'version': '1.0.0', 'main': 'index.js',
+    'dist': {'tarball': tarball, 'shasum': hashlib.sha1(tgz).hexdigest(),
+             'integrity': 'sha512-' + base64.b64encode(hashlib.sha512(tgz).digest()).decode()}}}}
+routes = {
+    ('pypi.sandq.test', f'/simple/{py_name}/'): ('text/html', (
+        f'<!DOCTYPE html><html><body><a href="/files/{wheel_name}#sha256={hashlib.sha256(wheel).hexdigest()}">{wheel_name}</a></body></html>').encode()),
+    ('pypi.sandq.test', f'/files/{wheel_name}'): ('application/octet-stream', wheel),
+    ('npm.sandq.test', f'/{npm_name}'): ('application/json', json.dumps(document).encode()),
+    ('npm.sandq.test', f'/{npm_name}/-/{npm_name}-1.0.0.tgz'): ('application/octet-stream', tgz),
+}
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        host = (self.headers.get('Host') or '').split(':')[0]
+        with open(f'{directory}/requests.log', 'a') as log:
+            log.write(f'{host} {self.path}\n')
+        found = routes.get((host, self.path))
+        if found is None:
+            self.send_response(404); self.send_header('Content-Length', '0'); self.end_headers(); return
+        self.send_response(200); self.send_header('Content-Type', found[0]); self.send_header('Content-Length', str(len(found[1])))
+        self.end_headers(); self.wfile.write(found[1])
+    def log_message(self, *args):
+        pass
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(f'{directory}/server.pem', f'{directory}/server.key')
+server = Server(('198.18.0.2', 443), Handler)
+server.socket = context.wrap_socket(server.socket, server_side=True)
+open(f'{directory}/listening', 'w').close()
+server.serve_forever()
+"#;
+
+/// The package index of [`INDEX_SERVER`] and its CA (`ca.pem`, made with the openssl CLI).
+/// Stopped on drop.
+struct PackageIndex {
+    server: Child,
+    dir: tempfile::TempDir,
+    /// The Python distribution (and npm package) name, unique to the test.
+    name: String,
+    /// What the packages' functions return.
+    token: String,
+}
+
+impl PackageIndex {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).current_dir(d).output().expect("openssl");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        openssl(&[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=sandq test CA", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=pypi.sandq.test"]);
+        std::fs::write(
+            d.join("server.ext"),
+            "subjectAltName=DNS:pypi.sandq.test,DNS:npm.sandq.test\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+             extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n",
+        )
+        .expect("server.ext");
+        openssl(&[
+            "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "2",
+            "-extfile", "server.ext",
+        ]);
+        let short = &uuid::Uuid::new_v4().simple().to_string()[..12];
+        let name = format!("sandq-probe-{short}");
+        let token = format!("installed-{}", uuid::Uuid::new_v4());
+        let dir_text = d.to_str().expect("utf-8 tempdir").to_owned();
+        let server = Command::new("ip")
+            .args(["netns", "exec", NETNS, "python3", "-c", INDEX_SERVER, &dir_text, &token, &name, &name])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("server.err")).expect("server.err"))
+            .spawn()
+            .expect("index server");
+        for _ in 0..300 {
+            if d.join("listening").exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut index = PackageIndex { server, dir, name, token };
+        let listening = index.dir.path().join("listening").exists();
+        assert!(
+            listening,
+            "index server did not start ({:?}): {}",
+            index.server.try_wait(),
+            std::fs::read_to_string(index.dir.path().join("server.err")).unwrap_or_default()
+        );
+        index
+    }
+
+    fn ca(&self) -> String {
+        self.dir.path().join("ca.pem").to_str().expect("utf-8").to_owned()
+    }
+
+    /// The Python module of the package.
+    fn module(&self) -> String {
+        self.name.replace('-', "_")
+    }
+
+    /// The requests the index served, one `host path` a line.
+    fn requests(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("requests.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PackageIndex {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// The worker settings of the test's index: its nameserver, CA and URLs.
+fn index_settings(ca: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("SANDQ__WORKER__NAMESERVERS", SERVER.to_owned()),
+        ("SANDQ__WORKER__PIP_INDEX_URL", "https://pypi.sandq.test/simple/".to_owned()),
+        ("SANDQ__WORKER__NPM_REGISTRY", "https://npm.sandq.test/".to_owned()),
+    ];
+    if let Some(ca) = ca {
+        env.push(("SANDQ__WORKER__EXTRA_CA_CERTS", ca.to_owned()));
+    }
+    env
+}
+
+fn outbound(mut spec: sandq_schemas::JobSpec, mode: sandq_schemas::RunMode) -> sandq_schemas::JobSpec {
+    spec.network = NetworkMode::Outbound;
+    spec.mode = Some(mode);
+    spec
+}
+
+fn node_job(code: &str) -> sandq_schemas::JobSpec {
+    let mut spec = python_job(code, Sku::S);
+    spec.runtime = sandq_schemas::Runtime::Node;
+    spec
+}
+
+/// The SHA-256 of a session's packages archive (`manifest.packages`), if it has one.
+async fn packages_blob(world: &Isolated, session: &str) -> Option<String> {
+    let s3 = sandq_submitter::storage::client(&world.config.s3);
+    let names = sandq_schemas::names::Names::new(world.namespace.clone());
+    let manifest = sandq_submitter::sessions::load(&s3, &world.config.s3.bucket, &names, session).await.expect("manifest");
+    manifest.expect("the session exists").packages.map(|p| p.sha256)
+}
+
+/// Issue 9 §4: with the worker's extra CA, `pip install` (script mode), `%pip install`
+/// (notebook mode) and `npm install` of packages that are not in the image install from the
+/// test's HTTPS index and load in the same job; in a session, job 2 imports what job 1
+/// installed without installing again, and installed packages are never artifacts. The
+/// reported input `pip_install.py` (its package is in the image) runs as it is.
+#[tokio::test]
+async fn pip_and_npm_install_from_an_https_index_the_worker_trusts() {
+    use sandq_schemas::RunMode;
+    let _serial = SERIAL.lock().await;
+    let external = External::start("unused");
+    let index = PackageIndex::start();
+    let world = Isolated::new().await;
+    let worker_id = format!("{}-wp", world.namespace);
+    let ca = index.ca();
+    let settings = index_settings(Some(&ca));
+    let env: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut worker = world.start_worker_ready(&worker_id, &env);
+    let mut client = world.client().await;
+    let (name, module, token) = (index.name.clone(), index.module(), index.token.clone());
+    let log = || sandq_tests::isolated_worker_log(&worker_id);
+
+    // Script mode: pip in a subprocess, then the import.
+    let script = format!(
+        "import subprocess, sys\n\
+         subprocess.run([sys.executable, '-m', 'pip', 'install', '--quiet', '{name}'], check=True)\n\
+         import {module}\nprint({module}.value())\n"
+    );
+    let result = sandq_tests::run(&mut client, &outbound(python_job(&script, Sku::S), RunMode::Script)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}\n{}", result.stderr.text, log());
+    assert_eq!(result.stdout.text, format!("{token}\n"), "{}", result.stderr.text);
+    assert!(result.artifacts.is_empty(), "installed packages came back as artifacts: {:?}", result.artifacts);
+    assert!(result.skipped_artifacts.is_empty(), "{:?}", result.skipped_artifacts);
+
+    // Notebook mode: the %pip magic.
+    let cell = format!("%pip install {name}\nimport {module}\nprint({module}.value())\n");
+    let result = sandq_tests::run(&mut client, &outbound(python_job(&cell, Sku::S), RunMode::Notebook)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}\n{:?}", result.stderr.text, result.error);
+    assert!(result.stdout.text.contains(&format!("Successfully installed {name}-1.0")), "{}", result.stdout.text);
+    assert_eq!(result.stdout.text.lines().last(), Some(token.as_str()), "{}", result.stdout.text);
+    assert!(result.artifacts.is_empty(), "{:?}", result.artifacts);
+
+    // Node.js: npm install, then require.
+    let js = format!(
+        "const {{ execSync }} = require('child_process');\n\
+         execSync('npm install {name}', {{ stdio: ['ignore', 2, 2] }});\n\
+         console.log(require('{name}')());\n"
+    );
+    let result = sandq_tests::run(&mut client, &outbound(node_job(&js), RunMode::Script)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.stdout.text, format!("{token}\n"), "{}", result.stderr.text);
+    assert!(result.artifacts.is_empty(), "node_modules came back as artifacts: {:?}", result.artifacts);
+    let requests = index.requests();
+    for expected in [format!("pypi.sandq.test /simple/{name}/"), format!("npm.sandq.test /{name}")] {
+        assert!(requests.lines().any(|l| l == expected), "the index never served {expected:?}: {requests}");
+    }
+
+    // A session: job 1 installs (and writes a file of its own), job 2 imports without pip.
+    let session = format!("pkg-{}", uuid::Uuid::new_v4().simple());
+    let mut first = outbound(python_job(&format!("{script}open('mine.txt', 'w').write('x')\n"), Sku::S), RunMode::Script);
+    first.session = Some(session.clone());
+    let result = sandq_tests::run(&mut client, &first).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let paths: Vec<&str> = result.artifacts.iter().map(|a| a.path.as_str()).collect();
+    assert_eq!(paths, ["mine.txt"], "only the job's own file is an artifact");
+    let fetched = index.requests().lines().count();
+    let archived = packages_blob(&world, &session).await.expect("job 1 left a packages archive");
+    // /work holds only the job's own files: the packages live in /sandq/packages.
+    let mut second = python_job(&format!("import os, {module}\nprint({module}.value())\nprint(sorted(os.listdir('/work')))\n"), Sku::S);
+    second.session = Some(session.clone());
+    second.mode = Some(RunMode::Script);
+    let result = sandq_tests::run(&mut client, &second).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}\n{}", result.stderr.text, log());
+    assert_eq!(result.stdout.text, format!("{token}\n['mine.txt']\n"));
+    assert!(result.artifacts.is_empty(), "{:?}", result.artifacts);
+    assert_eq!(packages_blob(&world, &session).await, Some(archived.clone()), "unchanged packages archived differently");
+    // Node.js in a session too, and in notebook mode (a warm-capable job, network none).
+    let mut node_first = outbound(node_job(&js), RunMode::Script);
+    node_first.session = Some(session.clone());
+    let result = sandq_tests::run(&mut client, &node_first).await;
+    assert_eq!(result.stdout.text, format!("{token}\n"), "{}", result.stderr.text);
+    let fetched_after_npm = index.requests().lines().count();
+    assert!(fetched_after_npm > fetched, "npm fetched nothing");
+    assert_ne!(packages_blob(&world, &session).await, Some(archived), "the npm package is not in the session's archive");
+    let mut node_second = node_job(&format!("console.log(require('{name}')());\n"));
+    node_second.session = Some(session.clone());
+    let result = sandq_tests::run(&mut client, &node_second).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.stdout.text.trim_end(), token, "{}", result.stderr.text);
+    // The Python package is still there after the Node.js jobs, in notebook mode too (a job
+    // a warm sandbox may take: network none).
+    let mut third = python_job(&format!("import {module}\nprint({module}.value())\n"), Sku::S);
+    third.session = Some(session.clone());
+    let result = sandq_tests::run(&mut client, &third).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}\n{:?}", result.stderr.text, result.error);
+    assert_eq!(result.stdout.text, format!("{token}\n"), "{}", result.stderr.text);
+    assert_eq!(index.requests().lines().count(), fetched_after_npm, "a later job of the session fetched from the index again");
+
+    // A job that replaces its packages tree with a link to /etc: the archive keeps the link as
+    // a link, the next job's restore cannot extract it over the tree the worker made, and the
+    // job runs anyway, with an empty user site (and nothing was written through the link).
+    let mut sabotage = python_job(
+        "import os, shutil\nshutil.rmtree('/sandq/packages/python')\nos.symlink('/etc', '/sandq/packages/python')\n",
+        Sku::S,
+    );
+    sabotage.session = Some(session.clone());
+    sabotage.mode = Some(RunMode::Script);
+    let result = sandq_tests::run(&mut client, &sabotage).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let mut after = python_job(
+        "import os\nprint(os.path.islink('/sandq/packages/python'), sorted(os.listdir('/sandq/packages/python/lib/python3.13/site-packages')))\n",
+        Sku::S,
+    );
+    after.session = Some(session.clone());
+    after.mode = Some(RunMode::Script);
+    let result = sandq_tests::run(&mut client, &after).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}\n{}", result.stderr.text, log());
+    assert_eq!(result.stdout.text, "False []\n");
+    assert!(log().contains("the session's packages were not all restored"), "{}", log());
+
+    // The reported input: its package is in the image; pip says so and the import works.
+    let reported = std::fs::read_to_string(sandq_tests::repo_root().join("tests/reported/pip_install.py")).expect("pip_install.py");
+    let result = sandq_tests::run(&mut client, &outbound(python_job(&reported, Sku::S), RunMode::Script)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.stdout.text, "  a    b\n---  ---\n  1    2\n", "{}", result.stderr.text);
+
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+    drop(index);
+    drop(external);
+}
+
+/// Issue 9 §4: without the CA, the install fails cleanly: the job is `failed` with pip's TLS
+/// verification error in its stderr, and the worker goes on to run the next job.
+#[tokio::test]
+async fn without_the_ca_pip_install_fails_cleanly() {
+    use sandq_schemas::RunMode;
+    let _serial = SERIAL.lock().await;
+    let external = External::start("unused");
+    let index = PackageIndex::start();
+    let world = Isolated::new().await;
+    let worker_id = format!("{}-wn", world.namespace);
+    let mut settings = index_settings(None);
+    settings.push(("SANDQ__WARM__PER_SKU", "0".to_owned()));
+    let env: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut worker = world.start_worker_ready(&worker_id, &env);
+    let mut client = world.client().await;
+    let (name, module) = (index.name.clone(), index.module());
+    let script = format!(
+        "import subprocess, sys\n\
+         subprocess.run([sys.executable, '-m', 'pip', 'install', '--retries', '1', '{name}'], check=True)\n\
+         import {module}\n"
+    );
+    let result = sandq_tests::run(&mut client, &outbound(python_job(&script, Sku::S), RunMode::Script)).await;
+    assert_eq!(result.status, JobStatus::Failed, "{}", result.stderr.text);
+    assert!(result.stderr.text.contains("CERTIFICATE_VERIFY_FAILED"), "no TLS verification error: {}", result.stderr.text);
+    assert!(result.stderr.text.contains("CalledProcessError"), "{}", result.stderr.text);
+    assert!(!index.requests().contains(&name), "the index served a request over an unverified connection");
+    // No retries: npm's own (2, backing off from 10 s) would outlast the job's timeout.
+    let js = format!("const {{ execSync }} = require('child_process');\nexecSync('npm install --fetch-retries=0 {name}', {{ stdio: ['ignore', 2, 2] }});\n");
+    let result = sandq_tests::run(&mut client, &outbound(node_job(&js), RunMode::Script)).await;
+    assert_eq!(result.status, JobStatus::Failed, "{}", result.stderr.text);
+    assert!(result.stderr.text.contains("UNABLE_TO_VERIFY_LEAF_SIGNATURE") || result.stderr.text.contains("unable to verify"), "{}", result.stderr.text);
+    let next = sandq_tests::run(&mut client, &python_job("print(6 * 7)", Sku::S)).await;
+    assert_eq!(next.status, JobStatus::Succeeded, "{}", next.stderr.text);
+    assert_eq!(next.stdout.text, "42\n");
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+    drop(index);
+    drop(external);
 }

@@ -49,6 +49,10 @@ pub struct Manifest {
     /// Notebook cells run in the session so far (the last one's `execution_count`).
     #[serde(default)]
     pub execution_count: u64,
+    /// The packages jobs of the session installed at run time (`/sandq/packages`, see the
+    /// worker's `packages` module), as one tar archive stored as a blob like the files.
+    #[serde(default)]
+    pub packages: Option<FileEntry>,
 }
 
 impl Manifest {

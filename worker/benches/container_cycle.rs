@@ -42,6 +42,8 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         id_map,
         seccomp,
         resolv_conf: None,
+        ca_bundle: None,
+        packages_dir: None,
         out_dir: None,
         low_cpu_weight: false,
     };

@@ -6,6 +6,8 @@
 //! read into `/work`), FIFOs, sockets and devices are skipped without opening them, files are
 //! opened `O_NOFOLLOW | O_NONBLOCK` and re-checked with `fstat`, and the count and size caps are
 //! applied from the metadata before a byte is read (a sparse 1 TB file is never read).
+//!
+//! Packages installed at run time are not under `/work` ([`crate::packages`]): never artifacts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};

@@ -507,6 +507,8 @@ async fn execute_in(
     // The state is Python's (pickles); a Node.js cell neither reads nor changes it.
     let python_cell = notebook && job.spec.runtime == sandq_schemas::Runtime::Python;
     let state = opened.filter(|_| python_cell).and_then(|o| o.state(ctx));
+    // The packages a job of the session installed (crate::packages), for /sandq/packages.
+    let packages = opened.and_then(|o| o.packages(ctx));
     let cell = run::Cell {
         execution_count: opened.map_or(0, |o| o.manifest.execution_count) + 1,
         save_state: (python_cell && opened.is_some()).then_some((settings.max_state_bytes, settings.max_state_save)),
@@ -536,13 +538,16 @@ async fn execute_in(
         outputs_bytes: settings.max_outputs_bytes,
         restore: &restore,
         resolv_conf: resolv_conf.as_deref(),
+        ca_bundle: settings.packages.ca_bundle.as_deref().filter(|_| job.spec.network == sandq_schemas::NetworkMode::Outbound),
+        python_site: &settings.packages.python_site,
+        packages: packages.as_ref(),
         state: state.as_ref(),
         // Every Python notebook job gets room for a session state: the same tmpfs as a warm
         // sandbox's, session or not.
         state_bytes: if python_cell { 2 * settings.max_state_bytes } else { 0 },
         src_bytes: crate::warm::src_bytes(settings),
     };
-    let env = run::environment(job, &sku.limits, who.number, settings.max_outputs_bytes, &cell);
+    let env = run::environment(job, &settings.packages, &sku.limits, who.number, settings.max_outputs_bytes, &cell);
     crate::metrics::started(job.spec.submitted_at_ms, who.started_at_ms);
     let (dir, staged, started, handover) = match warm {
         Some(w) => {
@@ -643,7 +648,8 @@ async fn execute_in(
                         None => None,
                     };
                     let count = notebook.then_some(cell.execution_count);
-                    session::save(ctx, job, opened, &collected.files, collected.skipped_total, count, left)
+                    let packages = session::left_packages(ctx, &dir, sandbox_uid).await;
+                    session::save(ctx, job, opened, &collected.files, collected.skipped_total, count, session::Left { state: left, packages })
                         .await
                         .map_err(|e| Failure::Infrastructure(e.to_string()))?
                 },

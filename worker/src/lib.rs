@@ -23,6 +23,7 @@ pub mod job;
 pub mod metrics;
 pub mod publish;
 pub mod outputs;
+pub mod packages;
 pub mod run;
 pub mod sandbox;
 pub mod session;

@@ -123,9 +123,16 @@ pub struct Cell {
 /// Notebook mode adds `SANDQ_OUTPUTS` ([`OUTPUTS_FILE`]), `SANDQ_OUTPUT_LIMIT` (bytes the
 /// runner may write there: `outputs_bytes` less 64 KiB of slack for the tmpfs's own use) and
 /// the session state variables of [`Cell`].
-pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs_bytes: u64, cell: &Cell) -> Vec<String> {
+pub fn environment(
+    job: &ValidJob,
+    packages: &crate::packages::Packages,
+    limits: &SandboxLimits,
+    attempt: u32,
+    outputs_bytes: u64,
+    cell: &Cell,
+) -> Vec<String> {
     let notebook = job.spec.run_mode() == sandq_schemas::RunMode::Notebook;
-    let mut env = sandbox_environment(job.spec.sku, limits, notebook.then_some(outputs_bytes));
+    let mut env = sandbox_environment(packages, job.spec.sku, limits, notebook.then_some(outputs_bytes));
     env.push(format!("SANDQ_JOB_ID={}", job.spec.job_id));
     env.push(format!("SANDQ_ATTEMPT={attempt}"));
     if notebook {
@@ -146,12 +153,19 @@ pub fn environment(job: &ValidJob, limits: &SandboxLimits, attempt: u32, outputs
 
 /// The part of the environment that depends on the sandbox, not the job: what a warm sandbox
 /// starts with before its job's environment replaces it. `outputs_bytes`: notebook mode's
-/// outputs budget (`SANDQ_OUTPUTS`, `SANDQ_OUTPUT_LIMIT`).
-pub fn sandbox_environment(sku: sandq_schemas::Sku, limits: &SandboxLimits, outputs_bytes: Option<u64>) -> Vec<String> {
+/// outputs budget (`SANDQ_OUTPUTS`, `SANDQ_OUTPUT_LIMIT`). `packages`: where installed
+/// packages go and which indexes and CAs the installers use ([`crate::packages`]).
+pub fn sandbox_environment(
+    packages: &crate::packages::Packages,
+    sku: sandq_schemas::Sku,
+    limits: &SandboxLimits,
+    outputs_bytes: Option<u64>,
+) -> Vec<String> {
     // The CPUs the sandbox is pinned to (`sandbox::cpuset`): what every CPU count reads.
     let threads = crate::sandbox::cpuset::CpuPool::global().count_for(limits.cpus);
     let mut env = vec![
-        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+        // The commands of packages the job installs come after the image's.
+        format!("PATH=/usr/local/bin:/usr/bin:/bin{}", crate::packages::Packages::path_suffix()),
         "HOME=/tmp".to_owned(),
         "TMPDIR=/tmp".to_owned(),
         "LANG=C.UTF-8".to_owned(),
@@ -171,6 +185,7 @@ pub fn sandbox_environment(sku: sandq_schemas::Sku, limits: &SandboxLimits, outp
         format!("OPENBLAS_NUM_THREADS={threads}"),
         format!("SANDQ_SKU={sku}"),
     ];
+    env.extend(packages.environment());
     if let Some(bytes) = outputs_bytes {
         env.push(format!("SANDQ_OUTPUTS={OUTPUTS_FILE}"));
         env.push(format!("SANDQ_OUTPUT_LIMIT={}", bytes.saturating_sub(64 << 10)));
@@ -299,6 +314,7 @@ pub struct Handover {
 pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Result<Started, RunError> {
     let cgroups_path = format!("/sandq/{}", launch.container_id);
     let resolv_conf = dir.src.join(crate::stage::RESOLV_CONF);
+    let ca_bundle = dir.src.join(crate::stage::CA_BUNDLE);
     // A warm sandbox holds no CPUs while it waits (fifth review P2: idle warm sandboxes' pins
     // made running jobs share CPUs): it may run on any, at the lowest weight, and is pinned
     // when its job arrives.
@@ -319,7 +335,10 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
         id_map: launch.id_map,
         seccomp: settings.seccomp,
         resolv_conf: launch.outbound.then_some(resolv_conf.as_path()),
+        // Written by staging for an outbound job when the worker has extra CAs.
+        ca_bundle: (launch.outbound && settings.packages.ca_bundle.is_some()).then_some(ca_bundle.as_path()),
         out_dir: Some(&dir.out),
+        packages_dir: Some(&dir.packages),
         low_cpu_weight: launch.warm,
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;

@@ -47,6 +47,16 @@ impl Opened {
         })
     }
 
+    /// The packages archive to extract into `/sandq/packages`, if a job of the session left one.
+    pub fn packages(&self, ctx: &Context) -> Option<Restore> {
+        self.manifest.packages.as_ref().map(|f| Restore {
+            path: crate::packages::PACKAGES_MOUNT_POINT.to_owned(),
+            key: ctx.settings.names.session_blob_key(&self.name, &f.sha256),
+            size: f.size,
+            sha256: f.sha256.clone(),
+        })
+    }
+
     /// The files to restore into `/work`.
     pub fn restore(&self, ctx: &Context) -> Vec<Restore> {
         self.manifest
@@ -222,13 +232,56 @@ pub async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool) -> Le
     left
 }
 
+/// An archive of a job's `/sandq/packages` ([`left_packages`]): the open file, its SHA-256
+/// and size; `Some(None)`: the job left no packages; `None`: not archived.
+pub type LeftPackages = Option<Option<(tokio::fs::File, String, u64)>>;
+
+/// What a job left besides its files, for [`save`].
+#[derive(Debug, Default)]
+pub struct Left {
+    /// A notebook job's state.
+    pub state: Option<LeftState>,
+    /// The packages it left.
+    pub packages: LeftPackages,
+}
+
+/// Archives the packages a session job left in `/sandq/packages` ([`crate::packages::pack`],
+/// as `sandbox_uid`, at most `worker.max_artifact_bytes`), for [`save`]: `Some(None)` when
+/// it holds no file (nothing to keep), `None` when it cannot be archived (logged; the
+/// session keeps its previous packages).
+pub async fn left_packages(ctx: &Context, dir: &crate::stage::JobDir, sandbox_uid: u32) -> LeftPackages {
+    let packages = dir.packages.clone();
+    if !tokio::task::spawn_blocking(move || crate::packages::holds_files(&packages)).await.unwrap_or(true) {
+        return Some(None);
+    }
+    let archive = dir.root.join("packages.out.tar");
+    match crate::packages::pack(&dir.disk, &archive, sandbox_uid, ctx.settings.max_artifact_bytes).await {
+        Ok(true) => {}
+        Ok(false) => return Some(None),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot archive the session's packages; the session keeps its previous ones");
+            return None;
+        }
+    }
+    let opened = tokio::fs::File::open(&archive).await;
+    // The open file stays readable once unlinked; the job dir goes anyway.
+    let _ = std::fs::remove_file(&archive);
+    let mut file = opened.ok()?;
+    let (sha256, size) = storage::digest_open_file(&mut file).await.ok()?;
+    use tokio::io::AsyncSeekExt;
+    file.seek(std::io::SeekFrom::Start(0)).await.ok()?;
+    Some(Some((file, sha256, size)))
+}
+
 /// Saves the files now in `/work` as the session's new state: blobs for new content
 /// (server-side copies of the artifacts just uploaded, or of the inputs), the manifest, and
 /// deletion of blobs nothing refers to any more. `left_out`: files in `/work` the artifact
 /// walk did not collect (its `skipped_total`), which the session does not keep either and
 /// reports in `unsaved_files` (security review I8). For a notebook job, `cell` is its
 /// `execution_count` and `state` the notebook state it left (stored as a blob; without a new
-/// one the previous state stays).
+/// one the previous state stays), both in `left`, with the archive of `/sandq/packages`
+/// ([`crate::packages::pack`]): `Some(Some(..))` a new one, `Some(None)` none left (the job
+/// left no packages), `None` unknown (not archived: the previous one stays).
 ///
 /// # Errors
 /// Storage and Redis errors.
@@ -239,12 +292,19 @@ pub async fn save(
     files: &[WorkFile],
     left_out: u64,
     cell: Option<u64>,
-    state: Option<LeftState>,
+    left: Left,
 ) -> Result<SessionInfo, SessionError> {
+    let Left { state, packages } = left;
     let settings = &ctx.settings;
     let (names, bucket, name) = (&settings.names, &settings.services.s3.bucket, opened.name.as_str());
-    let old_blobs: BTreeSet<&str> =
-        opened.manifest.files.values().chain(opened.manifest.state.as_ref()).map(|f| f.sha256.as_str()).collect();
+    let old_blobs: BTreeSet<&str> = opened
+        .manifest
+        .files
+        .values()
+        .chain(opened.manifest.state.as_ref())
+        .chain(opened.manifest.packages.as_ref())
+        .map(|f| f.sha256.as_str())
+        .collect();
     let mut new_blobs = BTreeSet::new();
     let mut state_entry = opened.manifest.state.clone();
     let mut state_report = None;
@@ -259,6 +319,20 @@ pub async fn save(
         state_report = Some(left.report);
     }
     if let Some(entry) = &state_entry {
+        new_blobs.insert(entry.sha256.clone());
+    }
+    let packages_entry = match packages {
+        None => opened.manifest.packages.clone(),
+        Some(None) => None,
+        Some(Some((file, sha256, size))) => {
+            if !old_blobs.contains(sha256.as_str()) {
+                let blob = names.session_blob_key(name, &sha256);
+                storage::put_file(&ctx.s3, bucket, &blob, file, "packages", "application/x-tar").await?;
+            }
+            Some(FileEntry { sha256, size })
+        }
+    };
+    if let Some(entry) = &packages_entry {
         new_blobs.insert(entry.sha256.clone());
     }
     let mut saved = 0;
@@ -292,6 +366,7 @@ pub async fn save(
         expires_at_ms: now + settings.session_idle_timeout.as_millis() as u64,
         last_job_id: job.spec.job_id.clone(),
         state: state_entry,
+        packages: packages_entry,
         execution_count: cell.unwrap_or(opened.manifest.execution_count),
     };
     let mut redis = ctx.redis.clone();

@@ -137,6 +137,24 @@ pub struct RawWorker {
     /// Nameservers of outbound sandboxes (their `/etc/resolv.conf`), IPv4 addresses separated
     /// by commas; default: the host's non-loopback nameservers.
     pub nameservers: Option<String>,
+    /// A PEM file on the worker's host of CA certificates that sandboxes trust besides the
+    /// image's (a TLS-intercepting proxy's, a private mirror's): read at start (at most 1 MiB,
+    /// every block a certificate), appended to the image's bundle and bind-mounted read-only
+    /// over `/etc/ssl/certs/ca-certificates.crt` in outbound sandboxes, with `SSL_CERT_FILE`,
+    /// `REQUESTS_CA_BUNDLE`, `PIP_CERT` and `NODE_EXTRA_CA_CERTS` naming it
+    /// ([`crate::packages`]). Default: none (the image's bundle alone).
+    pub extra_ca_certs: Option<PathBuf>,
+    /// The package index `pip install` uses (`PIP_INDEX_URL`), an http(s) URL of a PEP 503
+    /// simple index; default pip's own (`https://pypi.org/simple`).
+    pub pip_index_url: Option<String>,
+    /// Further indexes pip searches (`PIP_EXTRA_INDEX_URL`), comma-separated URLs; default none.
+    pub pip_extra_index_urls: Option<String>,
+    /// Hosts pip trusts without TLS verification (`PIP_TRUSTED_HOST`), comma-separated
+    /// `host` or `host:port`; default none. Prefer `extra_ca_certs`.
+    pub pip_trusted_hosts: Option<String>,
+    /// The registry `npm install` uses (`npm_config_registry`), an http(s) URL; default npm's
+    /// own (`https://registry.npmjs.org/`).
+    pub npm_registry: Option<String>,
     /// After SIGTERM, how long running jobs may go on before they are killed and requeued;
     /// default `30s`. Keep it below the pod's `terminationGracePeriodSeconds`.
     #[serde(default, with = "humantime_serde")]
@@ -266,6 +284,8 @@ pub struct Settings {
     pub outbound_network: bool,
     /// Nameservers of outbound sandboxes.
     pub nameservers: Vec<std::net::Ipv4Addr>,
+    /// Run-time package installs: trusted CAs, indexes, the user site's path.
+    pub packages: crate::packages::Packages,
     /// Shutdown grace period.
     pub shutdown_grace: Duration,
     /// Output cap per stream, bytes.
@@ -331,6 +351,9 @@ pub enum SettingsError {
     /// A value is wrong; the message names the key.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    /// A run-time package setting (CA certificates, index URLs) is wrong.
+    #[error("invalid configuration: {0}")]
+    Packages(#[from] crate::packages::PackageSettingsError),
 }
 
 /// Default first host id of the sandboxes' user namespace ranges: `0x7000_0000`
@@ -355,7 +378,7 @@ impl RawConfig {
     /// Checks and converts the raw config.
     ///
     /// # Errors
-    /// [`SettingsError::Invalid`] naming the offending key.
+    /// [`SettingsError::Invalid`] naming the offending key; [`SettingsError::Packages`].
     pub fn validate(self) -> Result<Settings, SettingsError> {
         let bad = |m: String| Err(SettingsError::Invalid(m));
         if self.namespace.is_empty()
@@ -376,6 +399,14 @@ impl RawConfig {
         if !rootfs.join("usr/bin/python3").exists() {
             return bad(format!("worker.rootfs {} holds no sandbox image (no usr/bin/python3)", rootfs.display()));
         }
+        let packages = crate::packages::RawPackages {
+            extra_ca_certs: self.worker.extra_ca_certs.as_deref(),
+            pip_index_url: self.worker.pip_index_url.as_deref(),
+            pip_extra_index_urls: self.worker.pip_extra_index_urls.as_deref(),
+            pip_trusted_hosts: self.worker.pip_trusted_hosts.as_deref(),
+            npm_registry: self.worker.npm_registry.as_deref(),
+        }
+        .validate(&rootfs)?;
         let container_helper = match self.worker.container_helper {
             Some(p) => p,
             None => std::env::current_exe()
@@ -531,6 +562,7 @@ impl RawConfig {
             seccomp: self.worker.seccomp.unwrap_or(true),
             outbound_network: self.worker.outbound_network.unwrap_or(true),
             nameservers,
+            packages,
             shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
             max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),
             max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),

@@ -7,9 +7,18 @@
 //!     main.py                    the source code (or main.js), the notebook runner's files
 //!                                (sandq_runner.py and sandq_mpl.py, or sandq_runner.js),
 //!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
+//!     .ca-certificates.crt       for an outbound job with `worker.extra_ca_certs`,
+//!                                bind-mounted over /etc/ssl/certs/ca-certificates.crt
 //!     out/                       the mount point of out/ below
-//!   work/                        mounted read-write at /work, owned by the sandbox uid
-//!   work.img                     the work filesystem, when the SKU has a disk quota
+//!     packages/                  the mount point of disk/packages below
+//!   disk/                        the job's disk: its filesystem when the SKU has a quota
+//!     work/                      mounted read-write at /work, owned by the sandbox uid
+//!     packages/                  mounted read-write at /sandq/packages, owned by the sandbox
+//!                                uid: run-time installs (crate::packages), with an empty
+//!                                python/lib/python3.X/site-packages made for Python; a
+//!                                session's packages are extracted here
+//!   packages.tar                 while a session's packages archive is extracted or made
+//!   work.img                     the disk's filesystem, when the SKU has a disk quota
 //!   out/                         tmpfs (`max_outputs_bytes`), mounted at /sandq/out: the
 //!                                notebook runner's outputs.jsonl
 //!   stdin                        fed to the program's stdin
@@ -19,7 +28,7 @@
 //! Files are created with `O_EXCL | O_NOFOLLOW` in a directory nothing else has seen yet, and
 //! downloads stop one byte past the declared size.
 //!
-//! With a disk quota, `work/` is the mount point of a per-job ext4 filesystem in a sparse file
+//! With a disk quota, `disk/` is the mount point of a per-job ext4 filesystem in a sparse file
 //! (`work.img`, the SKU's `disk_bytes` large, loop-mounted `nosuid,nodev`): the program gets
 //! ENOSPC at the quota, and the host's disk holds only what was written. Copying a template and
 //! mounting it costs about 30 ms a job (cp 5 ms, mount 23 ms, measured on this machine).
@@ -40,8 +49,13 @@ pub struct JobDir {
     pub bundle: PathBuf,
     /// Mounted at `/sandq`.
     pub src: PathBuf,
-    /// Mounted at `/work`.
+    /// The job's disk: the mount point of its filesystem when the SKU has a disk quota (else a
+    /// plain directory), holding `work/` and `packages/`.
+    pub disk: PathBuf,
+    /// `<disk>/work`, mounted at `/work`.
     pub work: PathBuf,
+    /// `<disk>/packages`, mounted at `/sandq/packages` ([`crate::packages`]).
+    pub packages: PathBuf,
     /// Program's stdin: a file, empty unless the job has stdin.
     pub stdin: PathBuf,
     /// Helper's report.
@@ -128,10 +142,11 @@ fn wait_for_exit(pidfd: &std::os::fd::OwnedFd, limit: std::time::Duration) {
     }
 }
 
-/// Unmounts `<root>/work` (if a filesystem is mounted there) and removes `root`: for this run's
-/// job dirs and for those a killed worker left behind.
+/// Unmounts `<root>/disk` (if a filesystem is mounted there; `<root>/work` in job dirs of
+/// earlier versions) and removes `root`: for this run's job dirs and for those a killed worker
+/// left behind.
 pub fn remove_job_dir(root: &Path) {
-    for mounted in [root.join("work"), root.join("out"), root.join("src")] {
+    for mounted in [root.join("disk"), root.join("work"), root.join("out"), root.join("src")] {
         // MNT_DETACH: a leftover process holding the mount must not keep the directory.
         match nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH) {
             Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
@@ -201,6 +216,7 @@ pub async fn stage(job: &ValidJob, place: &Placement<'_>, s3: &aws_sdk_s3::Clien
         container_id: place.container_id,
         sandbox_uid: place.sandbox_uid,
         disk_bytes: place.disk_bytes,
+        python_site: place.python_site,
         out_bytes: place.outputs_bytes + place.state_bytes,
         src_bytes: place.src_bytes + if node_script { NODE_STDIO_JS.len() } else { 0 },
         runner: notebook.then_some(job.spec.runtime),
@@ -237,6 +253,9 @@ pub struct Shape<'a> {
     pub sandbox_uid: u32,
     /// `/work` quota, bytes; 0: none.
     pub disk_bytes: u64,
+    /// The Python user site below `/sandq/packages/python` (`lib/python3.X/site-packages`),
+    /// made empty for the sandbox user.
+    pub python_site: &'a str,
     /// Size of the outputs tmpfs, bytes (outputs, and a session's state twice).
     pub out_bytes: u64,
     /// Bytes the job's own files need in `src/` beyond the runner's (code, `resolv.conf`, the
@@ -259,7 +278,9 @@ pub async fn prepare(shape: &Shape<'_>) -> Result<JobDir, StageError> {
     let dir = JobDir {
         bundle: root.join("bundle"),
         src: root.join("src"),
-        work: root.join("work"),
+        disk: root.join("disk"),
+        work: root.join("disk/work"),
+        packages: root.join("disk/packages"),
         stdin: root.join("stdin"),
         report: root.join("report.json"),
         out: root.join("out"),
@@ -287,16 +308,31 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("source tmpfs: {e}")))?;
-    mkdir(&dir.work, 0o755)?;
+    mkdir(&dir.disk, 0o755)?;
     if shape.disk_bytes != 0 {
-        mount_work_fs(&dir.root, &dir.work, shape.disk_bytes).await?;
-        std::fs::set_permissions(&dir.work, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(prepare_error(&dir.work))?;
+        mount_work_fs(&dir.root, &dir.disk, shape.disk_bytes).await?;
+        std::fs::set_permissions(&dir.disk, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(prepare_error(&dir.disk))?;
         // mkfs leaves a lost+found the program does not need.
-        let _ = std::fs::remove_dir(dir.work.join("lost+found"));
+        let _ = std::fs::remove_dir(dir.disk.join("lost+found"));
     }
+    // /work and the installed packages share the job's disk (and its quota), in directories of
+    // their own: /work holds only what the job brought or wrote.
+    mkdir(&dir.work, 0o755)?;
     std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare_error(&dir.work))?;
+    // The Python user site, before the interpreter starts: Python puts it on sys.path only if
+    // it exists then, and a package the job installs must import in the same job
+    // (crate::packages). The disk is new: nothing the sandbox made is in the way.
+    let mut packages = dir.packages.clone();
+    mkdir(&packages, 0o755)?;
+    std::os::unix::fs::chown(&packages, Some(uid), Some(uid)).map_err(prepare_error(&packages))?;
+    for part in ["python"].into_iter().chain(shape.python_site.split('/')) {
+        packages.push(part);
+        mkdir(&packages, 0o755)?;
+        std::os::unix::fs::chown(&packages, Some(uid), Some(uid)).map_err(prepare_error(&packages))?;
+    }
     mkdir(&dir.out, 0o700)?;
     mkdir(&dir.src.join("out"), 0o755)?;
+    mkdir(&dir.src.join(crate::packages::PACKAGES_MOUNT_POINT), 0o755)?;
     for (name, text) in runner {
         write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
     }
@@ -327,6 +363,10 @@ pub const WARM_HANDOVER: &str = "handover.json";
 /// Name of an outbound job's `resolv.conf` in its `src/` (bind-mounted at `/etc/resolv.conf`).
 pub const RESOLV_CONF: &str = ".resolv.conf";
 
+/// Name of an outbound job's CA bundle in its `src/` (bind-mounted over the image's,
+/// [`crate::packages::SANDBOX_CA_BUNDLE`]), when the worker has `extra_ca_certs`.
+pub const CA_BUNDLE: &str = ".ca-certificates.crt";
+
 /// Where and how a job is staged.
 #[derive(Debug, Clone, Copy)]
 pub struct Placement<'a> {
@@ -345,6 +385,13 @@ pub struct Placement<'a> {
     pub restore: &'a [Restore],
     /// For an outbound job: the worker's `resolv.conf`, copied to `src/.resolv.conf`.
     pub resolv_conf: Option<&'a Path>,
+    /// For an outbound job: the worker's CA bundle, written to `src/.ca-certificates.crt`.
+    pub ca_bundle: Option<&'a [u8]>,
+    /// [`Shape::python_site`].
+    pub python_site: &'a str,
+    /// A session's packages archive ([`crate::packages::unpack`]), extracted into
+    /// `/sandq/packages` as the sandbox user.
+    pub packages: Option<&'a Restore>,
     /// A session's notebook state to restore, downloaded (size and SHA-256 checked) to
     /// `out/state.in` ([`STATE_IN`]); its `path` is not used.
     pub state: Option<&'a Restore>,
@@ -414,6 +461,9 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
         let bytes = std::fs::read(path).map_err(prepare_error(path))?;
         write_new(&dir.src.join(RESOLV_CONF), &bytes, 0o644)?;
     }
+    if let Some(bytes) = place.ca_bundle {
+        write_new(&dir.src.join(CA_BUNDLE), bytes, 0o644)?;
+    }
     if let Some(code) = &job.spec.code {
         let path = dir.src.join(job.spec.runtime.main_file());
         write_new(&path, code.as_bytes(), 0o644)?;
@@ -454,6 +504,28 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
         // Paths were validated: relative, no '.', '..' or empty components.
         let stamp = place_file(dir, uid, &input.path, &input.key, input.size, &input.sha256, s3, bucket).await?;
         staged.insert(input.path.clone(), stamp);
+    }
+    if let Some(archive) = place.packages {
+        // Downloaded next to the job dirs (the worker's, never the sandbox's), handed to tar
+        // as its stdin, then removed.
+        let path = dir.root.join("packages.tar");
+        let mut file = tokio::fs::File::from_std(open_new(&path, 0o600)?);
+        let got = storage::get_to_file(s3, bucket, &archive.key, &mut file, "packages", Some(archive.size), Some(&archive.sha256)).await;
+        drop(file);
+        let unpacked = match got {
+            Ok(_) => {
+                // What the archive holds is what an earlier job of the session left (a tree it
+                // may have broken on purpose, or one past the quota): a job of the session runs
+                // with what could be extracted rather than fail on every attempt.
+                if let Err(e) = crate::packages::unpack(&path, &dir.disk, uid).await {
+                    tracing::warn!(error = %e, "the session's packages were not all restored");
+                }
+                Ok(())
+            }
+            Err(source) => Err(StageError::Download { path: "packages".to_owned(), source }),
+        };
+        let _ = std::fs::remove_file(&path);
+        unpacked?;
     }
     settle(&staged).await;
     Ok(staged)

@@ -183,9 +183,9 @@ impl Pool {
 }
 
 /// Room in `src/` for a job's files, warm or cold: the largest code, and a handover (args and
-/// env are at most 1 MiB together) or a `resolv.conf`.
+/// env are at most 1 MiB together) or a `resolv.conf`, and the CA bundle of an outbound job.
 pub fn src_bytes(settings: &crate::settings::Settings) -> usize {
-    settings.limits.max_code_bytes + (2 << 20)
+    settings.limits.max_code_bytes + (2 << 20) + settings.packages.ca_bundle_bytes()
 }
 
 /// Starts one warm sandbox of `sku` for `runtime`.
@@ -203,13 +203,14 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         container_id: &container_id,
         sandbox_uid,
         disk_bytes: sku_settings.disk_bytes,
+        python_site: &settings.packages.python_site,
         out_bytes: settings.max_outputs_bytes + state_bytes,
         src_bytes: src_bytes(settings),
         runner: Some(runtime),
         warm: true,
     };
     let dir = stage::prepare(&shape).await.map_err(|e| e.to_string())?;
-    let mut env = run::sandbox_environment(sku, &sku_settings.limits, Some(settings.max_outputs_bytes));
+    let mut env = run::sandbox_environment(&settings.packages, sku, &sku_settings.limits, Some(settings.max_outputs_bytes));
     let runner = stage::runner_files(runtime).first().map_or("", |(name, _)| name);
     let interpreter = match runtime {
         Runtime::Python => {

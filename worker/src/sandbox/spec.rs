@@ -81,6 +81,13 @@ pub struct JobSandbox<'a> {
     pub seccomp: bool,
     /// For outbound sandboxes: a file bind-mounted read-only at `/etc/resolv.conf`.
     pub resolv_conf: Option<&'a Path>,
+    /// A file bind-mounted read-only over the image's CA bundle
+    /// ([`crate::packages::SANDBOX_CA_BUNDLE`]): the image's CAs and the worker's extra ones.
+    pub ca_bundle: Option<&'a Path>,
+    /// A host directory (the job disk's `packages/`) bind-mounted read-write at
+    /// [`crate::packages::SANDBOX_PACKAGES`]: packages the job installs; `src_dir` must hold a
+    /// `packages` directory.
+    pub packages_dir: Option<&'a Path>,
     /// A host directory (the job's outputs tmpfs) bind-mounted read-write at `/sandq/out`,
     /// where the notebook runner writes its outputs; `src_dir` must hold an `out` directory.
     pub out_dir: Option<&'a Path>,
@@ -146,6 +153,27 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
             .options(vec!["rbind".to_owned(), "ro".to_owned(), "nosuid".to_owned(), "nodev".to_owned()])
             .build()
             .map_err(|_| SpecError::Missing("a valid resolv.conf mount"))?;
+        spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
+    }
+    if let Some(packages_dir) = job.packages_dir {
+        // Executable: installed packages hold native extensions and commands (like /work).
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination(crate::packages::SANDBOX_PACKAGES)
+            .typ("bind")
+            .source(packages_dir)
+            .options(["rbind", "rw", "nosuid", "nodev"].map(str::to_owned).to_vec())
+            .build()
+            .map_err(|_| SpecError::Missing("a valid packages mount"))?;
+        spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
+    }
+    if let Some(ca_bundle) = job.ca_bundle {
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination(crate::packages::SANDBOX_CA_BUNDLE)
+            .typ("bind")
+            .source(ca_bundle)
+            .options(["rbind", "ro", "nosuid", "nodev", "noexec"].map(str::to_owned).to_vec())
+            .build()
+            .map_err(|_| SpecError::Missing("a valid CA bundle mount"))?;
         spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
     let linux = spec.linux_mut().as_mut().ok_or(SpecError::Missing("linux"))?;
@@ -223,6 +251,8 @@ mod tests {
             id_map: Some(IdMap { host_base: 100_000, size: 65_536 }),
             seccomp: true,
             resolv_conf: None,
+            ca_bundle: Some(Path::new("/jobs/a/src/.ca-certificates.crt")),
+            packages_dir: Some(Path::new("/jobs/a/disk/packages")),
             out_dir: None,
             low_cpu_weight: false,
         };
@@ -240,6 +270,12 @@ mod tests {
         let mounts = json["mounts"].as_array().expect("mounts");
         let work = mounts.iter().find(|m| m["destination"] == "/work").expect("work mount");
         assert_eq!(work["source"], "/jobs/a/work");
+        let ca = mounts.iter().find(|m| m["destination"] == "/etc/ssl/certs/ca-certificates.crt").expect("CA bundle mount");
+        assert_eq!(ca["source"], "/jobs/a/src/.ca-certificates.crt");
+        assert!(ca["options"].as_array().expect("options").contains(&serde_json::json!("ro")));
+        let packages = mounts.iter().find(|m| m["destination"] == "/sandq/packages").expect("packages mount");
+        assert_eq!(packages["source"], "/jobs/a/disk/packages");
+        assert!(packages["options"].as_array().expect("options").contains(&serde_json::json!("rw")));
         let namespaces: Vec<&str> =
             json["linux"]["namespaces"].as_array().expect("ns").iter().filter_map(|n| n["type"].as_str()).collect();
         assert_eq!(json["linux"]["uidMappings"][0]["hostID"], 100_000);
