@@ -192,6 +192,8 @@ fn spawn_worker(bin_dir: &Path, config: &ServiceConfig, id: &str, env: &[(String
         .arg("--exit-on-stdin-eof")
         .env("SANDQ__NAMESPACE", &config.namespace)
         .env("SANDQ__WORKER__ID", id)
+        // Several workers side by side: any free port for each one's metrics.
+        .env("SANDQ__WORKER__METRICS_ADDR", "127.0.0.1:0")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(log);
