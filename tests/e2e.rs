@@ -241,10 +241,13 @@ async fn python_client_round_trip() {
     assert_eq!(result["exit_code"], 0);
     assert_eq!(result["stdout"]["text"], "55\n");
     assert_eq!(result["sku"], "S");
-    // A notebook cell's value, read from the plain maps of the result by another language.
+    // A notebook cell's value, read from the plain maps of the result by another language;
+    // submitted with two broker addresses, the first refusing (loopback port 1): the client
+    // goes on to the next.
+    let addresses = format!("amqp://guest:guest@127.0.0.1:1/%2f,{}", config.amqp.url);
     let output = tokio::process::Command::new("python3")
         .arg(repo_root().join("clients/python/sandq_client.py"))
-        .args(["--namespace", &namespace(), "--amqp-url", &config.amqp.url, "--redis-url", &config.redis.url, "--sku", "S"])
+        .args(["--namespace", &namespace(), "--amqp-url", &addresses, "--redis-url", &config.redis.url, "--sku", "S"])
         .args(["--code", "x = 6\nx * 7"])
         .output()
         .await

@@ -67,25 +67,40 @@ def submit(code, *, sku="M", runtime="python", stdin=None, timeout="60s", namesp
     if stdin is not None:
         job["stdin"] = stdin.encode() if isinstance(stdin, str) else stdin
     body = msgpack.packb(job, use_bin_type=True)
-    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    try:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        properties = pika.BasicProperties(
-            delivery_mode=2,
-            content_type="application/msgpack",
-            message_id=job_id,
-            timestamp=now_ms // 1000,
-            type="sandq.job",
-            app_id="sandq-python-client",
-            headers={"schema_version": SCHEMA_VERSION},
-        )
+    properties = pika.BasicProperties(
+        delivery_mode=2,
+        content_type="application/msgpack",
+        message_id=job_id,
+        timestamp=now_ms // 1000,
+        type="sandq.job",
+        app_id="sandq-python-client",
+        headers={"schema_version": SCHEMA_VERSION},
+    )
+    # Several broker addresses (the nodes of a cluster), comma-separated: each tried in turn
+    # until one confirms the publish (docs/protocol.md, "Several broker addresses"); a publish
+    # repeated on the next node is absorbed by the job id.
+    addresses = [a.strip() for a in amqp_url.split(",") if a.strip()]
+    last_error = None
+    for address in addresses:
         try:
+            connection = pika.BlockingConnection(pika.URLParameters(address))
+        except pika.exceptions.AMQPConnectionError as e:
+            last_error = e
+            continue
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
             channel.basic_publish(f"{namespace}.jobs", sku, body, properties, mandatory=True)
-        except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as e:
+            break
+        except pika.exceptions.UnroutableError as e:
             raise SubmitError(f"job {job_id} not accepted: {e}") from e
-    finally:
-        connection.close()
+        except (pika.exceptions.NackError, pika.exceptions.AMQPError) as e:
+            last_error = e
+        finally:
+            if connection.is_open:
+                connection.close()
+    else:
+        raise SubmitError(f"job {job_id} not accepted by any of {len(addresses)} broker address(es): {last_error}")
     queued = {"schema_version": SCHEMA_VERSION, "job_id": job_id, "status": "queued", "sku": sku,
               "queued_at_ms": now_ms, "attempt": 0}
     r = redis.Redis.from_url(redis_url)
@@ -118,7 +133,8 @@ def main():
     parser.add_argument("--mode", choices=["notebook", "script"])
     parser.add_argument("--session")
     parser.add_argument("--namespace", default="sandq")
-    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2f")
+    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2f",
+                        help="the broker, or several (a cluster's nodes) comma-separated")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
     job_id = submit(args.code, sku=args.sku, stdin=args.stdin, namespace=args.namespace, mode=args.mode,

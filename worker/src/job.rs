@@ -79,6 +79,14 @@ impl InFlight {
         Held { in_flight: self, job_id: job_id.to_owned(), guard: Some(guard) }
     }
 
+    /// The job ids held or waited for, sorted.
+    #[must_use]
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
     /// Job ids held or waited for (for tests of the bookkeeping).
     #[must_use]
     pub fn len(&self) -> usize {

@@ -12,7 +12,7 @@ use clap::Parser;
 use sandq_worker::job::Context;
 use sandq_worker::settings::RawConfig;
 use tokio::io::AsyncReadExt;
-use tracing::info;
+use tracing::{error, info};
 
 /// sandq worker.
 #[derive(Debug, Parser)]
@@ -30,6 +30,9 @@ struct Args {
     #[arg(long)]
     exit_on_stdin_eof: bool,
 }
+
+/// How long in-flight jobs get to stop after the shutdown grace, before the worker exits anyway.
+const STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -102,6 +105,7 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
     let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity, warm, in_flight: Arc::default() };
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(sandq_worker::health::serve(listener, ctx.clone(), rx.clone()));
+    let in_flight = ctx.in_flight.clone();
     tokio::spawn(async move {
         wait_for_shutdown_signal(exit_on_stdin_eof).await;
         info!(grace = %humantime::format_duration(grace), "shutting down: no new jobs; finishing in-flight jobs");
@@ -109,6 +113,14 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
         tokio::time::sleep(grace).await;
         info!("shutdown grace over: killing and requeueing in-flight jobs");
         let _ = abort_tx.send(true);
+        // Killing a job takes a second or two; a worker still here long after is stuck on
+        // something (seen twice, cause not found): it exits rather than hang, naming what it
+        // held. The broker requeues the unsettled deliveries when the connection goes, and each
+        // sandbox helper kills its container when the worker's end of its pipe closes; the next
+        // start of this worker id removes what is left.
+        tokio::time::sleep(STOP_LIMIT).await;
+        error!(jobs = ?in_flight.ids(), "still running {} after the kill: exiting", humantime::format_duration(STOP_LIMIT));
+        std::process::exit(2);
     });
     tokio::spawn(sandq_worker::session::reaper(ctx.clone(), rx.clone()));
     tokio::spawn(sandq_worker::warm::refill(ctx.clone(), rx.clone()));
