@@ -15,8 +15,11 @@ pub struct Capacity {
 /// A job's share of the capacity, given back when dropped.
 #[derive(Debug)]
 pub struct Reservation<'a> {
+    capacity: &'a Capacity,
     _cpu: SemaphorePermit<'a>,
     _memory: SemaphorePermit<'a>,
+    /// Memory taken on top by [`Reservation::try_grow_memory`].
+    _extra: Option<SemaphorePermit<'a>>,
     cpus: f64,
     memory_bytes: i64,
 }
@@ -60,11 +63,29 @@ impl Capacity {
             (Ok(cpu), Ok(memory)) => {
                 let memory_bytes = i64::try_from(memory_bytes).unwrap_or(i64::MAX);
                 crate::metrics::capacity_held(cpus, memory_bytes);
-                Reservation { _cpu: cpu, _memory: memory, cpus, memory_bytes }
+                Reservation { capacity: self, _cpu: cpu, _memory: memory, _extra: None, cpus, memory_bytes }
             }
             // The semaphores are never closed.
             _ => unreachable!("capacity semaphores closed"),
         }
+    }
+}
+
+impl Reservation<'_> {
+    /// Takes `bytes` more memory for the job if that much is free now, without waiting; false
+    /// (nothing taken) when it is not, or when the reservation grew already. A warm start asks
+    /// for what the warm-up holds, so that its job gets the SKU's whole memory (eighth security
+    /// review W2) without the worker's memory being overcommitted.
+    pub fn try_grow_memory(&mut self, bytes: u64) -> bool {
+        if self._extra.is_some() {
+            return false;
+        }
+        let Ok(permit) = self.capacity.mebibytes.try_acquire_many(mebibytes(bytes)) else { return false };
+        self._extra = Some(permit);
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        crate::metrics::capacity_held(0.0, bytes);
+        self.memory_bytes = self.memory_bytes.saturating_add(bytes);
+        true
     }
 }
 
@@ -84,5 +105,19 @@ mod tests {
         let s2 = tokio::time::timeout(Duration::from_millis(50), capacity.reserve(1.0, 2 << 30)).await;
         assert!(s2.is_ok(), "two 1-core jobs fit on 2 cores");
         drop(s1);
+    }
+
+    #[tokio::test]
+    async fn a_reservation_grows_only_into_free_memory() {
+        let capacity = Capacity::new(2.0, 4 << 30);
+        let mut a = capacity.reserve(1.0, 3 << 30).await;
+        assert!(!a.try_grow_memory(2 << 30), "grew past the capacity");
+        assert!(a.try_grow_memory(1 << 30));
+        assert!(!a.try_grow_memory(1 << 20), "grew twice");
+        let blocked = tokio::time::timeout(Duration::from_millis(50), capacity.reserve(1.0, 1 << 20)).await;
+        assert!(blocked.is_err(), "the grown memory was handed out again");
+        drop(a);
+        let whole = tokio::time::timeout(Duration::from_millis(50), capacity.reserve(2.0, 4 << 30)).await;
+        assert!(whole.is_ok(), "the grown memory was not given back");
     }
 }

@@ -468,8 +468,8 @@ async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Atte
             if opened.is_some() {
                 recheck(ctx, job, "cancelled while it waited for its session").await?;
             }
-            reservation = Some(start(ctx, job, sku, who).await?);
-            execute_in(ctx, job, sku, who, container_id, opened.as_ref(), &mut leftover).await
+            let reserved = reservation.insert(start(ctx, job, sku, who).await?);
+            execute_in(ctx, job, sku, who, container_id, opened.as_ref(), (reserved, &mut leftover)).await
         }
         .await;
         let outcome = conclude(ctx, job, who, ended).await;
@@ -494,7 +494,8 @@ async fn execute(ctx: &Context, job: &ValidJob, sku: SkuSettings, who: &mut Atte
     outcome
 }
 
-/// stage -> run -> collect (and session save). The job dir, once the program ran, is left in
+/// stage -> run -> collect (and session save), with the job's capacity `reserved` (a warm start
+/// grows it by the warm-up's memory when it can). The job dir, once the program ran, is left in
 /// `leftover` for the caller to remove after the result is stored; on a failure before that,
 /// and when this future is dropped, [`stage::JobDir`] cleans up on drop.
 async fn execute_in(
@@ -504,7 +505,7 @@ async fn execute_in(
     who: &Attempt,
     container_id: &str,
     opened: Option<&session::Opened>,
-    leftover: &mut Option<stage::JobDir>,
+    (reserved, leftover): (&mut crate::capacity::Reservation<'_>, &mut Option<stage::JobDir>),
 ) -> Result<JobResult, Failure> {
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
@@ -562,8 +563,12 @@ async fn execute_in(
             stage::check_quota(job, &place).map_err(stage_failure)?;
             let (dir, mut started, lease) = w.into_parts();
             started.pin(sku.limits.cpus).map_err(|e| Failure::Infrastructure(format!("cannot pin the warm sandbox to its CPUs: {e}")))?;
+            // The warm-up's memory, on top of the SKU's, when the worker has it free (else the
+            // job runs with the warm-up charged to its SKU's memory, as before the eighth review).
+            let held = started.warmup_memory(settings.warm_memory_bytes);
+            let extra = if reserved.try_grow_memory(held) { held } else { 0 };
             started
-                .give_job_memory(sku.limits.memory_bytes, settings.warm_memory_bytes)
+                .hand_over_resources(sku.limits.memory_bytes, extra)
                 .map_err(|e| Failure::Infrastructure(format!("cannot give the warm sandbox its job's memory: {e}")))?;
             let staged = stage::fill(job, &dir, &place, &ctx.s3, bucket).await.map_err(stage_failure)?;
             // Staging can take a while: a cancel that landed meanwhile stops the job here.

@@ -397,19 +397,27 @@ impl Started {
         Ok(())
     }
 
-    /// Gives a warm sandbox, now its job's, the job's whole memory (eighth review W2): its
-    /// limit is the SKU's `memory_bytes` plus what the warm-up holds now (the interpreter and
-    /// its preloaded modules, at most `reserve`, the `warm.memory_bytes` set aside for it in
-    /// the worker's capacity), so that a program that fits a cold start fits a warm one. Also
-    /// notes the warm-up's CPU time, which is not the job's usage (W1).
+    /// The memory a warm sandbox's warm-up holds now (the interpreter and its preloaded
+    /// modules), at most `reserve` (`warm.memory_bytes`), bytes; `reserve` when unreadable.
+    pub fn warmup_memory(&self, reserve: u64) -> u64 {
+        crate::sandbox::cgroup::memory_current(&format!("/sandq/{}", self.container_id)).unwrap_or(reserve).min(reserve)
+    }
+
+    /// Hands a warm sandbox's resources to its job: notes the warm-up's CPU time, which is not
+    /// the job's usage (eighth security review W1), and, when `extra_memory_bytes` is not 0,
+    /// raises its memory limit to `memory_bytes` (the SKU's) plus that, so that a program that
+    /// fits a cold start fits a warm one (W2). The caller takes `extra_memory_bytes` from the
+    /// worker's capacity first ([`crate::capacity::Reservation::try_grow_memory`]).
     ///
     /// # Errors
     /// The cgroup write's error.
-    pub fn give_job_memory(&mut self, memory_bytes: u64, reserve: u64) -> std::io::Result<()> {
+    pub fn hand_over_resources(&mut self, memory_bytes: u64, extra_memory_bytes: u64) -> std::io::Result<()> {
         let path = format!("/sandq/{}", self.container_id);
         self.cpu_ms_before_job = crate::sandbox::cgroup::read(&path).cpu_ms;
-        let held = crate::sandbox::cgroup::memory_current(&path).unwrap_or(reserve).min(reserve);
-        crate::sandbox::cgroup::raise_memory_limit(&path, memory_bytes.saturating_add(held))
+        if extra_memory_bytes == 0 {
+            return Ok(());
+        }
+        crate::sandbox::cgroup::raise_memory_limit(&path, memory_bytes.saturating_add(extra_memory_bytes))
     }
 }
 
