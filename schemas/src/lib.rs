@@ -39,6 +39,17 @@ pub enum DecodeError {
     /// The body is not MessagePack, or not a map with the fields of the type.
     #[error("malformed message: {0}")]
     Malformed(#[from] rmp_serde::decode::Error),
+    /// The body is MessagePack but not a map: every sandq message and record is a map with
+    /// named fields (docs/protocol.md). serde would read a struct from an array too, field by
+    /// position; two readers of one body could then disagree on its job id (one decoding it
+    /// whole, one peeking at `job_id` alone), and a result landed under a made-up id.
+    #[error("malformed message: not a MessagePack map (every sandq message is a map with named fields)")]
+    NotAMap,
+}
+
+/// Whether `bytes` starts with a MessagePack map (fixmap, map 16 or map 32).
+fn is_map(bytes: &[u8]) -> bool {
+    matches!(bytes.first(), Some(0x80..=0x8f | 0xde | 0xdf))
 }
 
 /// Failure to turn a wire type into bytes (only possible for a type serde cannot encode).
@@ -57,12 +68,15 @@ pub fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, EncodeError> {
     Ok(rmp_serde::to_vec_named(value)?)
 }
 
-/// Decodes a wire type from MessagePack.
+/// Decodes a wire type from MessagePack (a map: [`DecodeError::NotAMap`] otherwise).
 ///
 /// # Errors
-/// [`DecodeError::Malformed`] if the bytes are not MessagePack or lack a required field, or a
+/// [`DecodeError::NotAMap`] when the bytes do not start with a map; [`DecodeError::Malformed`] if the bytes are not MessagePack or lack a required field, or a
 /// field has the wrong type or an unknown enum value (the message names the field or value).
 pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    if !is_map(bytes) {
+        return Err(DecodeError::NotAMap);
+    }
     Ok(rmp_serde::from_slice(bytes)?)
 }
 
@@ -74,6 +88,9 @@ pub fn peek_job_id(bytes: &[u8]) -> Option<String> {
     struct JobIdOnly {
         job_id: String,
     }
+    if !is_map(bytes) {
+        return None;
+    }
     let peeked: JobIdOnly = rmp_serde::from_slice(bytes).ok()?;
     validate::check_job_id(&peeked.job_id).ok()?;
     Some(peeked.job_id)
@@ -82,6 +99,27 @@ pub fn peek_job_id(bytes: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job body as an array (fields by position) is not a job: decoding it whole and peeking
+    /// at its id must agree that it has none (the fuzz test found a dead letter given the id
+    /// "job_id" from an array whose elements were the map's keys and values).
+    #[test]
+    fn only_maps_are_messages() {
+        let spec = JobSpec::new("a-job", Sku::S, Runtime::Python, "print(1)".to_owned());
+        let as_array = rmp_serde::to_vec(&spec).expect("encode as array");
+        assert!(matches!(as_array.first(), Some(0x90..=0x9f | 0xdc | 0xdd)), "rmp_serde::to_vec writes an array");
+        assert!(matches!(decode::<JobSpec>(&as_array), Err(DecodeError::NotAMap)));
+        assert_eq!(peek_job_id(&as_array), None);
+        // Keys and values flattened into an array: the id "job_id" must not come out of it.
+        let flat = rmpv::Value::Array(vec!["schema_version".into(), 1.into(), "job_id".into(), "x".into()]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &flat).expect("encode");
+        assert!(decode::<JobSpec>(&bytes).is_err());
+        assert_eq!(peek_job_id(&bytes), None);
+        let map = encode(&spec).expect("encode");
+        assert_eq!(peek_job_id(&map).as_deref(), Some("a-job"));
+        assert_eq!(decode::<JobSpec>(&map).expect("decode").job_id, "a-job");
+    }
 
     /// A client in another language sees plain maps with string keys and string enums.
     #[test]
