@@ -211,7 +211,9 @@ async fn jobs_survive_a_sentinel_failover() {
         let watch = sentinels.sentinels.clone();
         move || {
             poll_until(Duration::from_secs(60), || {
-                watch.iter().any(|s| redis_cli(*s, &["sentinel", "get-master-addr-by-name", "mymaster"]).contains(&replica.to_string()))
+                // Every sentinel: the one that led the failover names the replica first, the
+                // others once its new configuration reached them (a race CI hit).
+                watch.iter().all(|s| redis_cli(*s, &["sentinel", "get-master-addr-by-name", "mymaster"]).contains(&replica.to_string()))
             })
         }
     })
