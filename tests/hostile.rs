@@ -779,3 +779,43 @@ async fn a_malformed_message_never_ends_a_running_job() {
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     assert_eq!(result.stdout.text, "finished\n");
 }
+
+/// Ninth review P1: a session job's packages are archived by `tar` on the host after the job's
+/// cgroup is gone; a tree of 600,000 hard links with long names in one directory took tar to
+/// over 300 MB (GNU tar holds a directory's names while it descends; 4 x 1.1 M took 1.4 GB).
+/// Now tar runs under 256 MiB of address space and 60 s of CPU: it stops with "memory
+/// exhausted", the session keeps its previous packages, and the next job of the session runs.
+#[tokio::test]
+async fn archiving_a_sessions_packages_is_bounded() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let session = format!("links-{}", uuid::Uuid::new_v4().simple());
+    // A new target every 60,000 links (ext4 allows 65,000 links to one inode).
+    let code = concat!(
+        "import os\n",
+        "d = '/sandq/packages/python/lib/python3.13/site-packages/d'\n",
+        "os.makedirs(d)\n",
+        "for i in range(600000):\n",
+        "    if i % 60000 == 0:\n",
+        "        target = d + '/t%d' % i\n",
+        "        open(target, 'w').write('x')\n",
+        "    os.link(target, d + '/%010d' % i + 'L' * 240)\n",
+        "print('links', len(os.listdir(d)) - 10)\n",
+    );
+    let mut spec = python_job(code, Sku::S);
+    spec.mode = Some(sandq_schemas::RunMode::Script);
+    spec.session = Some(session.clone());
+    spec.timeout = Some("5m".into());
+    let result = run(&mut client, &spec).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.stdout.text, "links 600000\n");
+    let line = sandq_tests::worker_log().lines().find(|l| l.contains(&spec.job_id) && l.contains("cannot archive the session's packages")).map(str::to_owned);
+    let line = line.expect("the archive of 600,000 links was not refused");
+    assert!(line.contains("memory exhausted"), "stopped by something else than its memory bound: {line}");
+    let mut next = python_job("import os\nprint(os.path.exists('/sandq/packages/python/lib/python3.13/site-packages/d'))\n", Sku::S);
+    next.session = Some(session);
+    let after = run(&mut client, &next).await;
+    assert_eq!(after.status, JobStatus::Succeeded, "{}", after.stderr.text);
+    assert_eq!(after.stdout.text, "False\n", "the session kept packages it could not archive");
+    assert!(worker_alive());
+}

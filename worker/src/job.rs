@@ -115,6 +115,11 @@ impl Drop for Held<'_> {
 /// before its program started (while its inputs were staged).
 const CANCELLED_BEFORE_PROGRAM: &str = "cancelled before its program started";
 
+/// The largest stored result read back to compare with a refused write, bytes: a worker's
+/// result holds at most its inline outputs (`worker.max_outputs_bytes`, 32 MiB by default) and
+/// logs' heads; past this the objects are kept.
+const MAX_STORED_RESULT_BYTES: u64 = 256 << 20;
+
 /// How often a running job's cancel key is checked (a cancelled job dies within about this).
 pub const CANCEL_POLL: Duration = Duration::from_millis(250);
 
@@ -353,8 +358,19 @@ async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<Jo
     match publish::publish(&mut redis, &ctx.settings.names, &result, job.result_ttl).await {
         Ok(true) => Outcome::Stored,
         Ok(false) => {
-            warn!("a terminal result was stored by another delivery of this job meanwhile; this attempt's result and objects are dropped");
-            drop_attempt_objects(ctx, job, who).await;
+            // Refused: a terminal result is stored. It may be this very result, when a write
+            // that failed ambiguously (a timeout) had reached Redis and was sent again (ninth
+            // security review P2): objects are dropped only when the stored result is
+            // another's; when it cannot be read, they are kept (a leak, not a loss).
+            let mut redis = ctx.redis.clone();
+            match results::read_bounded(&mut redis, &ctx.settings.names, &job.spec.job_id, MAX_STORED_RESULT_BYTES).await {
+                Ok(Some(stored)) if stored == result => info!("this attempt's result was stored by an earlier send of the same write"),
+                Ok(Some(_)) => {
+                    warn!("a terminal result was stored by another delivery of this job meanwhile; this attempt's result and objects are dropped");
+                    drop_attempt_objects(ctx, job, who).await;
+                }
+                other => warn!(read = ?other.map(|r| r.map(|r| r.status)), "the stored result cannot be compared with this attempt's; keeping this attempt's objects"),
+            }
             Outcome::Stored
         }
         Err(e) => {
