@@ -348,11 +348,30 @@ const TAR_LIMITS: [&str; 2] = ["--as=268435456", "--cpu=60"];
 /// The longest a packages `tar` may take, wall clock.
 const TAR_WALL: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// `tar` with `args`, under [`TAR_LIMITS`] (through `prlimit`).
-fn limited_tar(args: &[&str]) -> tokio::process::Command {
+/// `tar` with `args` on `<disk>/packages`, as `uid`, in the C locale, with nothing of the
+/// worker's environment, under [`TAR_LIMITS`] (through `prlimit`), killed if dropped. The
+/// caller sets its stdio.
+fn limited_tar(args: &[&str], disk: &Path, uid: u32) -> tokio::process::Command {
     let mut command = tokio::process::Command::new("prlimit");
-    command.args(TAR_LIMITS).arg("--").arg("tar").args(args);
     command
+        .args(TAR_LIMITS)
+        .arg("--")
+        .arg("tar")
+        .args(args)
+        .arg("--directory")
+        .arg(disk)
+        .arg(PACKAGES_MOUNT_POINT)
+        .env_clear()
+        .env("LC_ALL", "C")
+        .uid(uid)
+        .gid(uid)
+        .kill_on_drop(true);
+    command
+}
+
+/// The error of a `tar` that ran past [`TAR_WALL`] (`action`: create or extract).
+fn too_slow(action: &'static str) -> PackArchiveError {
+    PackArchiveError::Tar { action, message: format!("took longer than {}", humantime::format_duration(TAR_WALL)) }
 }
 
 /// Archives `<disk>/packages` (the job's disk, [`crate::stage::JobDir::disk`]) into `archive`
@@ -375,18 +394,10 @@ pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
         return Ok(false);
     }
     let tar_error = |message: String| PackArchiveError::Tar { action: "create", message };
-    let mut child = limited_tar(&["--create", "--file=-", "--sort=name", "--one-file-system", "--format=gnu"])
-        .arg("--directory")
-        .arg(disk)
-        .arg(PACKAGES_MOUNT_POINT)
-        .env_clear()
-        .env("LC_ALL", "C")
-        .uid(uid)
-        .gid(uid)
+    let mut child = limited_tar(&["--create", "--file=-", "--sort=name", "--one-file-system", "--format=gnu"], disk, uid)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .map_err(|e| tar_error(e.to_string()))?;
     let mut stdout = child.stdout.take().ok_or_else(|| tar_error("no stdout".into()))?;
@@ -404,7 +415,7 @@ pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
     loop {
         let Ok(read) = tokio::time::timeout_at(wall, stdout.read(&mut buf)).await else {
             let _ = child.kill().await;
-            return Err(tar_error(format!("took longer than {}", humantime::format_duration(TAR_WALL))));
+            return Err(too_slow("create"));
         };
         let n = read.map_err(file_error)?;
         if n == 0 {
@@ -420,7 +431,7 @@ pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
     out.flush().await.map_err(file_error)?;
     let Ok(status) = tokio::time::timeout_at(wall, child.wait()).await else {
         let _ = child.kill().await;
-        return Err(tar_error(format!("took longer than {}", humantime::format_duration(TAR_WALL))));
+        return Err(too_slow("create"));
     };
     let status = status.map_err(|e| tar_error(e.to_string()))?;
     let stderr = errors.await.unwrap_or_default();
@@ -444,18 +455,10 @@ pub async fn unpack(archive: &Path, disk: &Path, uid: u32) -> Result<(), PackArc
     use tokio::io::AsyncReadExt;
     let file = std::fs::File::open(archive).map_err(|source| PackArchiveError::File { path: archive.to_path_buf(), source })?;
     let tar_error = |message: String| PackArchiveError::Tar { action: "extract", message };
-    let mut child = limited_tar(&["--extract", "--file=-", "--no-same-owner", "--delay-directory-restore"])
-        .arg("--directory")
-        .arg(disk)
-        .arg(PACKAGES_MOUNT_POINT)
-        .env_clear()
-        .env("LC_ALL", "C")
-        .uid(uid)
-        .gid(uid)
+    let mut child = limited_tar(&["--extract", "--file=-", "--no-same-owner", "--delay-directory-restore"], disk, uid)
         .stdin(Stdio::from(file))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .map_err(|e| tar_error(e.to_string()))?;
     let ended = tokio::time::timeout(TAR_WALL, async {
@@ -468,7 +471,7 @@ pub async fn unpack(archive: &Path, disk: &Path, uid: u32) -> Result<(), PackArc
     .await;
     let Ok((status, stderr)) = ended else {
         let _ = child.kill().await;
-        return Err(tar_error(format!("took longer than {}", humantime::format_duration(TAR_WALL))));
+        return Err(too_slow("extract"));
     };
     let status = status.map_err(|e| tar_error(e.to_string()))?;
     if !status.success() {
