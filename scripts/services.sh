@@ -25,6 +25,8 @@
 #                           distribution port RABBITMQ_DIST_PORT, default AMQP port + 20000) keeps
 #                           every file there, listens on 127.0.0.1 only and ignores /etc/rabbitmq;
 #                           the dir must be reachable by the rabbitmq user
+#   SANDQ_RABBITMQ_MANAGEMENT_PORT  with SANDQ_RABBITMQ_DIR: that node's management API on
+#                           127.0.0.1:PORT (KEDA reads queue depth from it); unset: no plugin
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -99,6 +101,13 @@ if [ -n "${SANDQ_RABBITMQ_DIR:-}" ]; then
   mkdir -p "$rabbitmq_dir/mnesia" "$rabbitmq_dir/log"
   [ -f "$rabbitmq_dir/enabled_plugins" ] || echo '[].' > "$rabbitmq_dir/enabled_plugins"
   touch "$rabbitmq_dir/rabbitmq.conf" "$rabbitmq_dir/rabbitmq-env.conf"
+  # The management API on loopback, for KEDA's rabbitmq trigger (scripts/k8s-e2e.sh): it counts
+  # a queue's ready and unacknowledged messages, where AMQP gives only the ready ones.
+  if [ -n "${SANDQ_RABBITMQ_MANAGEMENT_PORT:-}" ]; then
+    echo '[rabbitmq_management].' > "$rabbitmq_dir/enabled_plugins"
+    grep -qs '^management.tcp.port' "$rabbitmq_dir/rabbitmq.conf" || printf 'management.tcp.port = %s\nmanagement.tcp.ip = 127.0.0.1\n' \
+      "$SANDQ_RABBITMQ_MANAGEMENT_PORT" >> "$rabbitmq_dir/rabbitmq.conf"
+  fi
   chown -R rabbitmq:rabbitmq "$rabbitmq_dir"
   su rabbitmq -s /bin/sh -c 'test -w "$0"' "$rabbitmq_dir/mnesia" \
     || { log "the rabbitmq user cannot write $rabbitmq_dir (a parent dir closed to it?)"; exit 1; }

@@ -56,6 +56,9 @@ fn main() -> anyhow::Result<()> {
     for (path, from, to) in sandq_worker::sandbox::host_limits::ensure(&settings)? {
         info!(path, from, to, "raised a host-wide limit the sandboxes share");
     }
+    if sandq_worker::sandbox::host_limits::ensure_sysfs_writable()? {
+        info!("remounted /sys read-write: its sysfs was read-only (a Kubernetes pod's), which sandboxes cannot mount their own beside");
+    }
     // Crash safety: containers and job dirs of a previous run of this worker id.
     let status = std::process::Command::new(&settings.container_helper)
         .arg("cleanup")
@@ -124,7 +127,13 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
     });
     tokio::spawn(sandq_worker::session::reaper(ctx.clone(), rx.clone()));
     tokio::spawn(sandq_worker::warm::refill(ctx.clone(), rx.clone()));
-    info!(worker_id = %ctx.settings.worker_id, rootfs = %ctx.settings.rootfs.display(), "worker started");
+    info!(
+        worker_id = %ctx.settings.worker_id,
+        rootfs = %ctx.settings.rootfs.display(),
+        userns_host_base = ctx.settings.id_map.map(|m| m.host_base),
+        userns_lease = ctx.settings.userns_lease.as_ref().map(|(k, _)| *k),
+        "worker started"
+    );
     sandq_worker::consume::run(ctx.clone(), rx).await;
     ctx.warm.drain().await;
     info!("worker stopped");

@@ -5,7 +5,8 @@
 //! `[skus.s]`, `[skus.m]`, `[skus.l]`, `[skus.xl]`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sandq_schemas::names::Names;
@@ -129,6 +130,13 @@ pub struct RawWorker {
     /// need disjoint ranges; a range that an `/etc/subuid` or `/etc/subgid` entry covers is
     /// refused (a host user could then act as a sandbox's ids).
     pub userns_host_base: Option<u32>,
+    /// A directory that every worker of a host shares (a `hostPath` on Kubernetes, where
+    /// several worker pods may run on one node and cannot be given distinct bases by hand).
+    /// When set, the worker takes the first free lease `userns-<k>.lock` there (an exclusive
+    /// `flock`, held for the worker's life and released by the kernel when it exits, however it
+    /// exits) and its ranges start at `userns_host_base + k * 64 * 65536`
+    /// ([`USERNS_LEASE_RANGES`]). Unset: the base is used as it is.
+    pub userns_lease_dir: Option<PathBuf>,
     /// Apply the seccomp allowlist (`oci-bundles/seccomp.json`); default true.
     pub seccomp: Option<bool>,
     /// Serve `network: "outbound"` jobs (bridge `sandq0`, NAT, firewall rules set up at start;
@@ -278,6 +286,9 @@ pub struct Settings {
     pub sandbox_uid: u32,
     /// User namespace mapping, if enabled.
     pub id_map: Option<crate::sandbox::spec::IdMap>,
+    /// The lease file whose `flock` reserves `id_map`'s ranges among the host's workers
+    /// (`worker.userns_lease_dir`), and its index; held as long as any clone of the settings.
+    pub userns_lease: Option<(usize, std::sync::Arc<std::fs::File>)>,
     /// Seccomp on.
     pub seccomp: bool,
     /// Outbound network mode served.
@@ -363,6 +374,37 @@ pub enum SettingsError {
 /// below its foreign range at 2,147,352,576 (<https://systemd.io/UIDS-GIDS/>): room for 4,094
 /// ranges of 65,536 ids.
 pub const DEFAULT_USERNS_HOST_BASE: u32 = 0x7000_0000;
+
+/// Ranges of 65,536 ids in one lease of `worker.userns_lease_dir`: the same for every worker,
+/// so that workers of different sizes sharing the dir never overlap (64 covers, say, 16 slots and
+/// 24 warm sandboxes); from the default base, 576 leases fit below `u32::MAX`.
+pub const USERNS_LEASE_RANGES: u64 = 64;
+
+/// Takes the first free lease `userns-<k>.lock` (`k < leases`) in `dir`, creating the dir and the
+/// file as needed: an exclusive, non-blocking `flock` (`File::try_lock`) that the kernel drops
+/// when the last descriptor of the file closes, so a killed worker's lease is free at once.
+///
+/// # Errors
+/// A message naming the dir: it cannot be made or opened, or all `leases` are taken.
+fn take_userns_lease(dir: &Path, leases: usize) -> Result<(usize, std::fs::File), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("worker.userns_lease_dir {}: {e}", dir.display()))?;
+    for k in 0..leases {
+        let path = dir.join(format!("userns-{k}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| format!("worker.userns_lease_dir: {}: {e}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => return Ok((k, file)),
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(e)) => return Err(format!("worker.userns_lease_dir: lock {}: {e}", path.display())),
+        }
+    }
+    Err(format!("worker.userns_lease_dir {}: all {leases} leases of user-namespace ids are held by other workers", dir.display()))
+}
 
 /// The first line of an `/etc/subuid` / `/etc/subgid` text (`name:first:count`) whose ids
 /// overlap `range`; malformed lines are ignored (the file is the shadow tools' to check).
@@ -512,16 +554,32 @@ impl RawConfig {
                 ))
             }
         };
-        let id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
+        let mut id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
             host_base: self.worker.userns_host_base.unwrap_or(DEFAULT_USERNS_HOST_BASE),
             size: 65_536,
         });
-        if let Some(map) = id_map {
+        let mut userns_lease = None;
+        if let Some(map) = id_map.as_mut() {
             // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
             // keeps its range while its job runs, and one is made meanwhile).
             let slots: usize =
                 skus.values().map(|s| s.slots).sum::<usize>() + 2 * self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
-            let end = u64::from(map.host_base) + slots as u64 * u64::from(map.size);
+            let span = slots as u64 * u64::from(map.size);
+            if let Some(dir) = &self.worker.userns_lease_dir {
+                if slots as u64 > USERNS_LEASE_RANGES {
+                    return bad(format!(
+                        "worker.userns_lease_dir: this worker needs {slots} id ranges, a lease holds {USERNS_LEASE_RANGES}: lower the slots or warm sandboxes"
+                    ));
+                }
+                let lease_span = USERNS_LEASE_RANGES * u64::from(map.size);
+                let leases = (u64::from(u32::MAX) - u64::from(map.host_base)) / lease_span;
+                let (k, file) = take_userns_lease(dir, leases as usize).map_err(SettingsError::Invalid)?;
+                map.host_base = u32::try_from(u64::from(map.host_base) + k as u64 * lease_span)
+                    .map_err(|_| SettingsError::Invalid(format!("worker.userns_lease_dir: lease {k} is past the id space")))?;
+                userns_lease = Some((k, std::sync::Arc::new(file)));
+            }
+            let map = *map;
+            let end = u64::from(map.host_base) + span;
             if end > u64::from(u32::MAX) {
                 return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
             }
@@ -559,6 +617,7 @@ impl RawConfig {
             container_helper,
             sandbox_uid,
             id_map,
+            userns_lease,
             seccomp: self.worker.seccomp.unwrap_or(true),
             outbound_network: self.worker.outbound_network.unwrap_or(true),
             nameservers,
@@ -644,5 +703,25 @@ mod tests {
         // The default sits above login.defs' SUB_UID_MAX (600,100,000) and systemd's container
         // ranges (up to 1,879,048,191), below its foreign range (2,147,352,576).
         assert!(base > 1_879_048_191 && base + 4094 * 65_536 <= 2_147_352_576);
+    }
+
+    #[test]
+    fn workers_sharing_a_lease_dir_take_distinct_leases_and_a_closed_one_is_free_again() {
+        let dir = std::env::temp_dir().join(format!("sandq-lease-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (a, file_a) = take_userns_lease(&dir, 3).unwrap();
+        let (b, _file_b) = take_userns_lease(&dir, 3).unwrap();
+        let (c, _file_c) = take_userns_lease(&dir, 3).unwrap();
+        assert_eq!((a, b, c), (0, 1, 2), "each lock is its own open file description, so each taker waits its turn");
+        let full = take_userns_lease(&dir, 3).unwrap_err();
+        assert!(full.contains("all 3 leases"), "{full}");
+        drop(file_a); // the kernel drops the flock with the last descriptor, as at a worker's exit
+        assert_eq!(take_userns_lease(&dir, 3).unwrap().0, 0);
+        // A planted symlink is not followed (O_NOFOLLOW): the lease is refused, not taken.
+        let dir2 = dir.join("planted");
+        std::fs::create_dir_all(&dir2).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir2.join("userns-0.lock")).unwrap();
+        assert!(take_userns_lease(&dir2, 1).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

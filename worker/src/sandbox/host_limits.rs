@@ -58,6 +58,9 @@ pub enum HostLimitError {
         /// The write's error.
         source: std::io::Error,
     },
+    /// `/sys` is a read-only sysfs and `mount -o remount,rw /sys` failed.
+    #[error("/sys is read-only and cannot be made writable ({0}): sandboxes cannot mount their own sysfs")]
+    Sysfs(String),
 }
 
 /// A limit raised at start: (the `/proc/sys` file, old value, new value).
@@ -86,6 +89,43 @@ pub fn ensure(settings: &Settings) -> Result<Vec<Raised>, HostLimitError> {
     Ok(raised)
 }
 
+/// Whether the mount at `/sys` in a `/proc/self/mountinfo` text is a sysfs whose superblock is
+/// read-only (the fields after ` - ` are the type, the source and the superblock's options).
+pub fn sysfs_read_only(mountinfo: &str) -> bool {
+    mountinfo.lines().filter(|line| line.split(' ').nth(4) == Some("/sys")).last().is_some_and(|line| {
+        let mut fields = line.split(" - ").nth(1).unwrap_or("").split(' ');
+        fields.next() == Some("sysfs") && fields.nth(1).is_some_and(|options| options.split(',').any(|o| o == "ro"))
+    })
+}
+
+/// Makes the worker's `/sys` writable when its sysfs superblock is read-only; returns whether it
+/// did.
+///
+/// Why: a sandbox in a user namespace may mount a new sysfs only if the kernel finds one as
+/// permissive already visible (`mount_too_revealing`, fs/namespace.c), and libcontainer creates
+/// the mount read-write before making it read-only. In a Kubernetes pod the sysfs of the pod's
+/// network namespace is first mounted by the pod's unprivileged pause container, read-only, and
+/// every container of the pod shares that superblock: every sandbox then failed with
+/// `failed to prepare rootfs` (EPERM from `fsmount`). A privileged worker container may remount
+/// it read-write; on a host `/sys` is writable already and nothing is done.
+///
+/// # Errors
+/// [`HostLimitError::Sysfs`] when the remount fails.
+pub fn ensure_sysfs_writable() -> Result<bool, HostLimitError> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| HostLimitError::Sysfs(e.to_string()))?;
+    if !sysfs_read_only(&mountinfo) {
+        return Ok(false);
+    }
+    let out = std::process::Command::new("mount")
+        .args(["-o", "remount,rw", "/sys"])
+        .output()
+        .map_err(|e| HostLimitError::Sysfs(format!("mount: {e}")))?;
+    if !out.status.success() {
+        return Err(HostLimitError::Sysfs(String::from_utf8_lossy(&out.stderr).trim().to_owned()));
+    }
+    Ok(true)
+}
+
 fn read(path: &str) -> Result<u64, HostLimitError> {
     let text = std::fs::read_to_string(Path::new(path)).map_err(|source| HostLimitError::Read { path: path.to_owned(), source })?;
     text.trim().parse().map_err(|e| HostLimitError::Read { path: path.to_owned(), source: std::io::Error::other(format!("{e}: {text:?}")) })
@@ -94,6 +134,18 @@ fn read(path: &str) -> Result<u64, HostLimitError> {
 #[cfg(test)]
 mod tests {
     use super::PTYS_PER_SANDBOX;
+
+    #[test]
+    fn a_read_only_sysfs_superblock_is_found_and_a_read_only_mount_alone_is_not() {
+        // A privileged container's mountinfo in a pod (containerd 1.6, cgroup v1), and a host's.
+        let pod = "475 196 0:117 / / rw,relatime - overlay overlay rw\n478 475 0:112 / /sys rw,nosuid,nodev,noexec,relatime - sysfs sysfs ro\n";
+        let host = "25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw\n";
+        let ro_mount = "25 30 0:23 / /sys ro,nosuid - sysfs sysfs rw\n";
+        assert!(super::sysfs_read_only(pod));
+        assert!(!super::sysfs_read_only(host));
+        assert!(!super::sysfs_read_only(ro_mount), "the superblock decides, not the mount's flags");
+        assert!(!super::sysfs_read_only("30 1 0:5 / / rw - ext4 /dev/vda ro\n"), "no /sys at all");
+    }
 
     #[test]
     fn the_templates_devpts_is_capped_at_ptys_per_sandbox() {

@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""The checks of scripts/k8s-e2e.sh, run from the host against the worker pods of the local
+cluster (k8s/overlays/local), through the services instance that script starts.
+
+1. The README's main job (examples/macro_summary.py on examples/macrodata.csv, SKU M): its STATS
+   line against the same statistics computed here with the csv module, and its chart.
+2. Hostile programs of ../shared/cases/hostile (fork bomb, memory hog, privileged operations,
+   network probe, environment leak, /proc view, kill everything) with the checks of
+   tests/hostile.rs, and after each the next ordinary job runs.
+3. Network modes from inside a pod: `none` reaches nothing; `outbound` reaches a server in a
+   network namespace this script makes (198.18.0.2, the benchmarking range the sandbox firewall
+   lets through) but not the node's services, the pod network or the worker's own pod.
+4. Clean-up: after the jobs, no container or loop device of theirs is left in any worker pod
+   (counted before and after, warm sandboxes included), and warm sandboxes served jobs.
+5. Autoscaling: a backlog of 40 s jobs on SKU S; KEDA scales the S pool from 1 to at least 3
+   pods; the backlog drains; the pool returns to 1. Every job succeeds with its own output (no
+   job lost, one terminal result each); reruns after a scale-down are counted. The replica
+   counts over time go to --report (CSV: seconds, S replicas, S ready, M replicas, S queue).
+Exit 0 only if every check passed; prints a line per check.
+"""
+import argparse
+import concurrent.futures
+import csv
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTILE = os.path.join(HERE, "..", "shared", "cases", "hostile")
+NODE_IP = "10.210.0.1"
+EXT_NETNS, EXT_IP = "sqk8s-ext", "198.18.0.2"
+failures = []
+
+
+def check(name, ok, detail=""):
+    print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail and not ok else ""), flush=True)
+    if not ok:
+        failures.append(name)
+    return ok
+
+
+class Cluster:
+    def __init__(self, args):
+        self.sandq, self.kubectl_bin = args.sandq, args.kubectl
+        self.out = tempfile.mkdtemp(prefix="sandq-k8s-e2e.")
+
+    def kubectl(self, *argv, check_rc=True):
+        p = subprocess.run([self.kubectl_bin, *argv], capture_output=True, text=True, timeout=120)
+        if check_rc and p.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(argv)}: {p.stderr}")
+        return p.stdout
+
+    def run(self, *argv, timeout=600):
+        """`sandq --json run ...`: the JobResult as a dict."""
+        p = subprocess.run([self.sandq, "--json", "run", "--out", self.out, *argv], capture_output=True, text=True, timeout=timeout)
+        try:
+            return json.loads(p.stdout)
+        except json.JSONDecodeError:
+            raise RuntimeError(f"sandq run {' '.join(argv)} printed no result: {p.stdout[:500]} {p.stderr[:2000]}")
+
+    def pods(self):
+        items = json.loads(self.kubectl("-n", "sandq", "get", "pods", "-o", "json"))["items"]
+        return {p["metadata"]["name"]: p for p in items}
+
+    def restarts(self):
+        return {n: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses", [])) for n, p in self.pods().items()}
+
+
+def macro_stats():
+    """examples/macro_summary.py's STATS, computed here without pandas."""
+    with open(os.path.join(HERE, "examples", "macrodata.csv")) as f:
+        rows = list(csv.DictReader(f))
+    gdp = [float(r["realgdp"]) for r in rows]
+    unemp = [float(r["unemp"]) for r in rows]
+    peak = unemp.index(max(unemp))
+    return {
+        "rows": len(rows),
+        "realgdp_mean": round(sum(gdp) / len(gdp), 6),
+        "realgdp_growth_pct": round(gdp[-1] / gdp[0] * 100 - 100, 6),
+        "unemp_max": max(unemp),
+        "unemp_max_period": f"{int(float(rows[peak]['year']))}Q{int(float(rows[peak]['quarter']))}",
+        "infl_mean": round(sum(float(r["infl"]) for r in rows) / len(rows), 6),
+    }
+
+
+def main_job(c):
+    r = c.run("--sku", "M", "--upload", os.path.join(HERE, "examples", "macrodata.csv"), os.path.join(HERE, "examples", "macro_summary.py"))
+    check("main job succeeded on an M pod", r["status"] == "succeeded" and (r.get("worker_id") or "").startswith("sandq-worker-m-"),
+          f"{r['status']} on {r.get('worker_id')}: {r['stderr']['text'][-500:]}")
+    line = next((l for l in r["stdout"]["text"].splitlines() if l.startswith("STATS ")), None)
+    got = json.loads(line[6:]) if line else None
+    want = macro_stats()
+    same = got is not None and all(abs(got[k] - v) < 1e-6 if isinstance(v, float) else got[k] == v for k, v in want.items())
+    check("main job's statistics match the csv module's", same, f"got {got}, want {want}")
+    png = os.path.join(c.out, r["job_id"], "macro.png")
+    ok = os.path.exists(png)
+    if ok:
+        head = open(png, "rb").read(24)
+        ok = head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (800, 400)
+    check("main job's chart is an 800x400 PNG", ok, png)
+
+
+def next_job_runs(c, after):
+    r = c.run("--sku", "S", "-c", "print(6 * 7)")
+    check(f"the next job after {after} runs", r["status"] == "succeeded" and r["stdout"]["text"] == "42\n", json.dumps(r)[:300])
+
+
+def hostile(c, secrets):
+    h = lambda name: os.path.join(HOSTILE, name)
+    before = c.restarts()
+    r = c.run("--sku", "S", "--timeout", "10s", h("fork_bomb.py"))
+    check("fork bomb ends within its timeout", r["status"] in ("timed_out", "failed"), r["status"])
+    next_job_runs(c, "the fork bomb")
+    r = c.run("--sku", "S", h("memory_hog.py"))
+    check("memory hog on S is oom_killed", r["status"] == "oom_killed", r["status"])
+    next_job_runs(c, "the memory hog")
+    r = c.run("--sku", "S", h("privileged_ops.py"))
+    lines = r["stdout"]["text"].splitlines()
+    check("privileged operations all fail in a pod's sandbox",
+          r["status"] == "succeeded" and len(lines) == 16 and not any("RETURNED" in l or l.endswith("-> 0") for l in lines), r["stdout"]["text"])
+    r = c.run("--sku", "S", h("network_probe.py"))
+    out = r["stdout"]["text"]
+    check("network probe (none) reaches nothing", r["status"] == "succeeded" and "CONNECTED" not in out and out.count("blocked") == 4, out)
+    r = c.run("--sku", "S", h("env_leak.py"))
+    leaked = [s for s in secrets if s and s in r["stdout"]["text"]]
+    check("no credential or service address in the sandbox's environment", r["status"] == "succeeded" and not leaked, str(leaked))
+    r = c.run("--sku", "S", h("proc_view.py"))
+    out = r["stdout"]["text"]
+    uid_map = next((l.split() for l in out.splitlines() if l.strip().startswith("0 ") and len(l.split()) == 3), None)
+    check("the sandbox sees its own processes only, with seccomp, no_new_privs and no capabilities",
+          r["status"] == "succeeded" and "pids: ['1']" in out and "Seccomp:\t2" in out and "NoNewPrivs:\t1" in out and "CapEff:\t0000000000000000" in out, out[:800])
+    check("the sandbox's root is an unprivileged node id (user namespace from a lease)",
+          uid_map is not None and int(uid_map[1]) >= 0x7000_0000 and uid_map[2] == "65536", str(uid_map))
+    r = c.run("--sku", "S", "--timeout", "20s", h("kill_everything.py"))
+    check("kill everything ends", r["status"] in ("succeeded", "failed", "timed_out"), r["status"])
+    next_job_runs(c, "kill everything")
+    after = c.restarts()
+    check("no worker container restarted during the hostile programs", all(after.get(n, 0) == k for n, k in before.items()), f"{before} -> {after}")
+
+
+def network(c):
+    token = uuid.uuid4().hex
+    www = tempfile.mkdtemp(prefix="sandq-k8s-www.")
+    with open(os.path.join(www, "token"), "w") as f:
+        f.write(token)
+    sh = lambda *a: subprocess.run(a, check=True, capture_output=True)
+    subprocess.run(["ip", "netns", "del", EXT_NETNS], capture_output=True)
+    subprocess.run(["ip", "link", "del", "sqk8sx0"], capture_output=True)
+    sh("ip", "netns", "add", EXT_NETNS)
+    sh("ip", "link", "add", "sqk8sx0", "type", "veth", "peer", "name", "sqk8sx1")
+    sh("ip", "link", "set", "sqk8sx1", "netns", EXT_NETNS)
+    sh("ip", "addr", "add", "198.18.0.1/30", "dev", "sqk8sx0")
+    sh("ip", "link", "set", "sqk8sx0", "up")
+    sh("ip", "netns", "exec", EXT_NETNS, "ip", "addr", "add", f"{EXT_IP}/30", "dev", "sqk8sx1")
+    sh("ip", "netns", "exec", EXT_NETNS, "ip", "link", "set", "sqk8sx1", "up")
+    sh("ip", "netns", "exec", EXT_NETNS, "ip", "link", "set", "lo", "up")
+    sh("ip", "netns", "exec", EXT_NETNS, "ip", "route", "add", "default", "via", "198.18.0.1")
+    server = subprocess.Popen(["ip", "netns", "exec", EXT_NETNS, "python3", "-m", "http.server", "8080", "--bind", EXT_IP, "--directory", www],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            if subprocess.run(["ip", "netns", "exec", EXT_NETNS, "python3", "-c", f"import socket; socket.create_connection(('{EXT_IP}', 8080), 0.2)"],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.2)
+        pod_ips = sorted({p["status"].get("podIP") for p in c.pods().values() if p["status"].get("podIP")})
+        targets = [(NODE_IP, 26001), (NODE_IP, 26000), (NODE_IP, 26003), (NODE_IP, 6443), ("10.211.0.1", 26001)] + [(ip, 9464) for ip in pod_ips]
+        probe = (
+            "import socket, urllib.request\n"
+            f"targets = {targets!r}\n"
+            "for host, port in targets:\n"
+            "    try:\n"
+            "        socket.create_connection((host, port), timeout=2).close(); print('CONNECTED', host, port)\n"
+            "    except OSError as e:\n"
+            "        print('blocked', host, port)\n"
+            "try:\n"
+            f"    print('TOKEN', urllib.request.urlopen('http://{EXT_IP}:8080/token', timeout=5).read().decode())\n"
+            "except OSError as e:\n"
+            "    print('NO TOKEN', e)\n"
+        )
+        for mode in ("none", "outbound"):
+            r = c.run("--sku", "S", "--network", mode, "--mode", "script", "-c", probe)
+            out = r["stdout"]["text"]
+            check(f"network {mode}: the node's services, the pod network and the worker pods are out of reach",
+                  r["status"] == "succeeded" and "CONNECTED" not in out and out.count("blocked") == len(targets), out)
+            if mode == "none":
+                check("network none: the outside server is out of reach", "NO TOKEN" in out, out)
+            else:
+                check("network outbound: the outside server answers through the pod", f"TOKEN {token}" in out, out)
+    finally:
+        server.kill()
+        subprocess.run(["ip", "netns", "del", EXT_NETNS], capture_output=True)
+        subprocess.run(["ip", "link", "del", "sqk8sx0"], capture_output=True)
+        shutil.rmtree(www, ignore_errors=True)
+
+
+def sandboxes(c):
+    """Per running worker pod: (libcontainer containers in its state dir, loop devices of the
+    node in use, jobs in flight, warm starts so far). Warm sandboxes are containers too, so
+    counts are compared before and after the jobs, not against zero."""
+    counts = {}
+    for name, pod in c.pods().items():
+        if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            continue
+        script = 'ls -d /run/sandq/"$SANDQ__WORKER__ID"/j-* 2>/dev/null | wc -l; losetup -a | wc -l'
+        out = c.kubectl("-n", "sandq", "exec", name, "-c", "worker", "--", "sh", "-c", script, check_rc=False).split()
+        metrics = urllib.request.urlopen(f"http://{pod['status']['podIP']}:9464/metrics", timeout=5).read().decode()
+        value = lambda prefix: sum(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith(prefix))
+        counts[name] = (int(out[0]), int(out[1]), value("sandq_jobs_in_flight"), value('sandq_warm_starts_total{sku="S",warm="true"}') + value('sandq_warm_starts_total{sku="M",warm="true"}'))
+    return counts
+
+
+def settled(c):
+    for _ in range(12):
+        time.sleep(5)
+        now = sandboxes(c)
+        if all(v[2] == 0 for v in now.values()):
+            return now
+    return now
+
+
+class Recorder(threading.Thread):
+    def __init__(self, c, path):
+        super().__init__(daemon=True)
+        self.c, self.path, self.rows, self.stop = c, path, [], threading.Event()
+        self.t0 = time.time()
+
+    def queue_depth(self, queue):
+        req = urllib.request.Request(f"http://127.0.0.1:26007/api/queues/%2f/{queue}")
+        req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
+        try:
+            return json.load(urllib.request.urlopen(req, timeout=3)).get("messages", 0)
+        except OSError:
+            return -1
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                deps = {d["metadata"]["name"]: d for d in json.loads(self.c.kubectl("-n", "sandq", "get", "deploy", "-o", "json"))["items"]}
+                s, m = deps.get("sandq-worker-s", {}), deps.get("sandq-worker-m", {})
+                row = (round(time.time() - self.t0), s.get("status", {}).get("replicas", 0), s.get("status", {}).get("readyReplicas", 0),
+                       m.get("status", {}).get("replicas", 0), self.queue_depth("sandq.jobs.S"))
+                self.rows.append(row)
+                print(f"  t={row[0]:4d}s S pods {row[1]} (ready {row[2]}), M pods {row[3]}, S queue {row[4]}", flush=True)
+            except Exception as e:  # a slow API call: keep sampling
+                print("  sample failed:", e, flush=True)
+            self.stop.wait(5)
+
+    def save(self):
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["seconds", "s_replicas", "s_ready", "m_replicas", "s_queue_messages"])
+            w.writerows(self.rows)
+
+
+def autoscale(c, report, jobs=16, seconds=40):
+    rec = Recorder(c, report)
+    rec.start()
+    time.sleep(6)
+    ids = {}
+    for i in range(jobs):
+        job_id = f"k8s-scale-{uuid.uuid4().hex[:12]}"
+        code = f"import time\ntime.sleep({seconds})\nprint('job {i}')"
+        p = subprocess.run([c.sandq, "submit", "--sku", "S", "--id", job_id, "--timeout", "120s", "--mode", "script", "-c", code],
+                           capture_output=True, text=True, timeout=60)
+        check_ok = p.returncode == 0
+        if not check_ok:
+            check(f"submit job {i}", False, p.stderr)
+        ids[job_id] = i
+    def wait(job_id):
+        p = subprocess.run([c.sandq, "--json", "wait", job_id, "--out", c.out], capture_output=True, text=True, timeout=1200)
+        return job_id, json.loads(p.stdout)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = dict(pool.map(wait, ids))
+    drained = time.time() - rec.t0
+    bad = {j: (r["status"], r["stdout"]["text"]) for j, r in results.items() if r["status"] != "succeeded" or r["stdout"]["text"] != f"job {ids[j]}\n"}
+    check(f"all {jobs} backlog jobs succeeded, each with its own output", not bad, str(bad))
+    reruns = {j: r["attempt"] for j, r in results.items() if r.get("attempt", 1) > 1}
+    workers = sorted({r.get("worker_id") for r in results.values()})
+    print(f"  backlog drained at t={drained:.0f}s on {len(workers)} worker pods; reruns after a pod stopped: {len(reruns)} {reruns}")
+    # Back to the minimum: at most 3 minutes after the drain.
+    deadline = time.time() + 180
+    while time.time() < deadline and (not rec.rows or rec.rows[-1][1] > 1 or rec.rows[-1][4] != 0):
+        time.sleep(5)
+    time.sleep(6)
+    rec.stop.set()
+    rec.join()
+    rec.save()
+    peak = max(r[1] for r in rec.rows)
+    check("KEDA scaled the S pool from 1 to at least 3 pods", rec.rows[0][1] == 1 and peak >= 3, f"first {rec.rows[0]}, peak {peak}")
+    check("the S pool returned to 1 pod after the drain", rec.rows[-1][1] == 1, str(rec.rows[-1]))
+    check("the S queue is empty", rec.queue_depth("sandq.jobs.S") == 0)
+    return results, rec.rows, reruns, workers
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sandq", required=True)
+    ap.add_argument("--kubectl", required=True)
+    ap.add_argument("--report", required=True)
+    ap.add_argument("--only", default="main,hostile,network,cleanup,autoscale")
+    args = ap.parse_args()
+    c = Cluster(args)
+    import tomllib
+    conf = tomllib.load(open(os.environ["SANDQ_CONFIG"], "rb"))
+    secrets = [conf["s3"]["access_key_id"], conf["s3"]["secret_access_key"], "amqp://", "redis://", "26001", "26000", NODE_IP]
+    steps = args.only.split(",")
+    t = time.time()
+    before = settled(c) if "cleanup" in steps else {}
+    if "main" in steps:
+        main_job(c)
+    if "hostile" in steps:
+        hostile(c, secrets)
+    if "network" in steps:
+        network(c)
+    if "cleanup" in steps:
+        after = settled(c)
+        grown = {n: (before.get(n), v) for n, v in after.items() if n in before and (v[0] > before[n][0] or v[1] > before[n][1])}
+        check("no job's container or loop device left in any worker pod", not grown, f"before {before}, after {after}")
+        check("warm sandboxes served jobs in the pods", sum(v[3] for v in after.values()) > 0, str(after))
+    print(f"  checks through the pods took {time.time() - t:.0f} s", flush=True)
+    if "autoscale" in steps:
+        autoscale(c, args.report)
+    shutil.rmtree(c.out, ignore_errors=True)
+    print(f"{'PASSED' if not failures else 'FAILED: ' + ', '.join(failures)}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
