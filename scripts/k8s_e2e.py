@@ -12,9 +12,10 @@ cluster (k8s/overlays/local), through the services instance that script starts.
    lets through) but not the node's services, the pod network or the worker's own pod.
 4. Clean-up: after the jobs, no container or loop device of theirs is left in any worker pod
    (counted before and after, warm sandboxes included), and warm sandboxes served jobs.
-5. Autoscaling: a backlog of 40 s jobs on SKU S; KEDA scales the S pool from 1 to at least 3
-   pods; the backlog drains; the pool returns to 1. Every job succeeds with its own output (no
-   job lost, one terminal result each); reruns after a scale-down are counted. The replica
+5. Autoscaling: a backlog of 16 jobs on SKU S (20 s and 75 s ones); KEDA scales the S pool from
+   1 to at least 3 pods; the backlog drains while pods are stopped under running jobs; the pool
+   returns to 1. Every job succeeds with its own output and exactly one terminal write (its
+   done list, as tests/rabbitmq_cluster.rs checks); reruns after a scale-down are counted. The replica
    counts over time go to --report (CSV: seconds, S replicas, S ready, M replicas, S queue).
 Exit 0 only if every check passed; prints a line per check.
 """
@@ -262,13 +263,23 @@ class Recorder(threading.Thread):
             w.writerows(self.rows)
 
 
-def autoscale(c, report, jobs=16, seconds=40):
+def terminal_writes(job_id):
+    """The job's done list (`<ns>:job:{<id>}:done`, docs/protocol.md): the terminal
+    compare-and-set pushes one entry with the one write that wins."""
+    out = subprocess.run(["redis-cli", "-p", "26000", "LLEN", f"sandq:job:{{{job_id}}}:done"], capture_output=True, text=True, timeout=10)
+    return int(out.stdout.strip() or -1)
+
+
+def autoscale(c, report, jobs=16):
     rec = Recorder(c, report)
     rec.start()
     time.sleep(6)
     ids = {}
     for i in range(jobs):
         job_id = f"k8s-scale-{uuid.uuid4().hex[:12]}"
+        # Short and long jobs: when the short ones are done the queue count falls below the
+        # pods' slots while long ones still run, so the scale-down stops pods with jobs on them.
+        seconds = 20 if i % 2 == 0 else 75
         code = f"import time\ntime.sleep({seconds})\nprint('job {i}')"
         p = subprocess.run([c.sandq, "submit", "--sku", "S", "--id", job_id, "--timeout", "120s", "--mode", "script", "-c", code],
                            capture_output=True, text=True, timeout=60)
@@ -284,6 +295,8 @@ def autoscale(c, report, jobs=16, seconds=40):
     drained = time.time() - rec.t0
     bad = {j: (r["status"], r["stdout"]["text"]) for j, r in results.items() if r["status"] != "succeeded" or r["stdout"]["text"] != f"job {ids[j]}\n"}
     check(f"all {jobs} backlog jobs succeeded, each with its own output", not bad, str(bad))
+    writes = {j: terminal_writes(j) for j in results}
+    check("each backlog job has exactly one terminal write", all(n == 1 for n in writes.values()), str(writes))
     reruns = {j: r["attempt"] for j, r in results.items() if r.get("attempt", 1) > 1}
     workers = sorted({r.get("worker_id") for r in results.values()})
     print(f"  backlog drained at t={drained:.0f}s on {len(workers)} worker pods; reruns after a pod stopped: {len(reruns)} {reruns}")
@@ -295,11 +308,35 @@ def autoscale(c, report, jobs=16, seconds=40):
     rec.stop.set()
     rec.join()
     rec.save()
+    plot(c, rec.path)
     peak = max(r[1] for r in rec.rows)
     check("KEDA scaled the S pool from 1 to at least 3 pods", rec.rows[0][1] == 1 and peak >= 3, f"first {rec.rows[0]}, peak {peak}")
     check("the S pool returned to 1 pod after the drain", rec.rows[-1][1] == 1, str(rec.rows[-1]))
     check("the S queue is empty", rec.queue_depth("sandq.jobs.S") == 0)
     return results, rec.rows, reruns, workers
+
+
+PLOT = """
+import pandas as pd, matplotlib.pyplot as plt
+d = pd.read_csv("replicas.csv")
+fig, ax = plt.subplots(figsize=(8, 3.5), dpi=100)
+ax.step(d.seconds, d.s_replicas, where="post", label="S pool: pods")
+ax.step(d.seconds, d.s_ready, where="post", label="S pool: ready", linestyle=":")
+ax.step(d.seconds, d.m_replicas, where="post", label="M pool: pods", alpha=0.6)
+ax.set_xlabel("seconds"); ax.set_ylabel("pods"); ax.set_ylim(0, 5)
+ax2 = ax.twinx(); ax2.plot(d.seconds, d.s_queue_messages, color="grey", alpha=0.5, label="S queue (ready + unacked)")
+ax2.set_ylabel("messages")
+fig.legend(loc="upper right", fontsize=8); fig.tight_layout(); fig.savefig("replicas.png")
+"""
+
+
+def plot(c, csv_path):
+    """The replica counts as a PNG, drawn by a job on the cluster itself (matplotlib is in the
+    sandbox image, not on this host)."""
+    r = c.run("--sku", "S", "--mode", "script", "--upload", f"{csv_path}:replicas.csv", "-c", PLOT)
+    png = os.path.join(c.out, r["job_id"], "replicas.png")
+    if check("the replica plot was drawn by a job in the cluster", r["status"] == "succeeded" and os.path.exists(png), r["stderr"]["text"][-500:]):
+        shutil.copy(png, os.path.splitext(csv_path)[0] + ".png")
 
 
 def main():
