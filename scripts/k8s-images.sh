@@ -52,8 +52,16 @@ oci_archive() {
     tar -C "$layout/oci" -cf "$archive.partial" .
     mv "$archive.partial" "$archive"
     rm -rf "$layout"
+    # The image's own layers are in the archive now; the shared Debian layer stays.
+    for layer in "$@"; do if [[ "$layer" == "$images/$name-"* ]]; then rm -f "$layer"; fi; done
     log "built $archive ($(du -h "$archive" | cut -f1))"
   fi
+  # Only the newest archive of each image stays (the worker's key changes with every build).
+  local old
+  for old in "$images/$name"-*.oci.tar "$images/$name"-*.layer.tar; do
+    [ -e "$old" ] || continue
+    case "$old" in "$archive"|"$images/$name-$tag".*) ;; *) rm -f "$old" ;; esac
+  done
   local ref=sandq.local/$name:$tag
   if ! ctr images ls -q | grep -qxF "$ref"; then
     # The layout names the image by its tag alone (org.opencontainers.image.ref.name); the
@@ -70,7 +78,7 @@ oci_archive() {
 # --- pause ---------------------------------------------------------------------------------------
 if wanted pause; then
 pause_layer=$images/pause-$K8S_VERSION.layer.tar
-if [ ! -f "$pause_layer" ]; then
+if [ ! -f "$pause_layer" ] && [ ! -f "$images/pause-$K8S_VERSION.oci.tar" ]; then
   tar -C "$k8s_out/pause" --owner=0 --group=0 --numeric-owner -cf "$pause_layer.partial" pause
   mv "$pause_layer.partial" "$pause_layer"
 fi
@@ -79,8 +87,9 @@ fi
 
 # --- the Debian layer the worker and rootfs images share -----------------------------------------
 base_packages="tini iproute2 iptables e2fsprogs util-linux mount tar ca-certificates libseccomp2 procps kmod"
-base_key=$(echo "bookworm minbase $base_packages $(sha256sum "$0" | cut -c1-16)" | sha256sum | cut -c1-16)
+base_key=$(echo "bookworm minbase $base_packages" | sha256sum | cut -c1-16)
 base_layer=$images/debian-$base_key.layer.tar
+for old in "$images"/debian-*.layer.tar; do [ "$old" = "$base_layer" ] || rm -f "$old"; done
 if { wanted worker || wanted rootfs; } && [ ! -f "$base_layer" ]; then
   log "mmdebstrap: Debian 12 minbase with $base_packages"
   rm -rf "$base_layer.partial"
@@ -98,7 +107,7 @@ if [ -z "${SANDQ_RELEASE_BIN:-}" ]; then
 fi
 worker_key=$(cat "$bin/sandq-worker" "$bin/sandq-container" "$base_layer" | sha256sum | cut -c1-16)
 worker_layer=$images/worker-$worker_key.layer.tar
-if [ ! -f "$worker_layer" ]; then
+if [ ! -f "$worker_layer" ] && [ ! -f "$images/worker-$worker_key.oci.tar" ]; then
   stage=$(mktemp -d "$images/.stage.XXXXXX")
   # Without their debug info (the release profile keeps it for profiling: 10x the size).
   install -D -s -m 755 "$bin/sandq-worker" "$stage/usr/local/bin/sandq-worker"
@@ -118,7 +127,7 @@ if wanted rootfs; then
 rootfs=$("$here/oci-bundles/build-rootfs.sh" | tail -n 1)
 rootfs_key=$(basename "$(dirname "$rootfs")")
 rootfs_layer=$images/rootfs-$rootfs_key.layer.tar
-if [ ! -f "$rootfs_layer" ]; then
+if [ ! -f "$rootfs_layer" ] && [ ! -f "$images/rootfs-$rootfs_key.oci.tar" ]; then
   log "packing the sandbox image $rootfs_key"
   # The image names its build: the init container copies it to <cache>/rootfs/<key>.
   stage=$(mktemp -d "$images/.stage.XXXXXX")
@@ -134,7 +143,7 @@ fi
 # --- KEDA ----------------------------------------------------------------------------------------
 if wanted keda; then
 keda_layer=$images/keda-$KEDA_VERSION.layer.tar
-if [ ! -f "$keda_layer" ]; then
+if [ ! -f "$keda_layer" ] && [ ! -f "$images/keda-$KEDA_VERSION.oci.tar" ]; then
   tar -C "$keda_out/bin" --owner=0 --group=0 --numeric-owner -cf "$keda_layer.partial" keda keda-adapter
   mv "$keda_layer.partial" "$keda_layer"
 fi

@@ -263,6 +263,9 @@ class Recorder(threading.Thread):
             w.writerows(self.rows)
 
 
+TERMINAL = {"succeeded", "failed", "timed_out", "oom_killed", "rejected", "cancelled", "expired", "internal_error"}
+
+
 def terminal_writes(job_id):
     """The job's done list (`<ns>:job:{<id>}:done`, docs/protocol.md): the terminal
     compare-and-set pushes one entry with the one write that wins."""
@@ -288,8 +291,15 @@ def autoscale(c, report, jobs=16):
             check(f"submit job {i}", False, p.stderr)
         ids[job_id] = i
     def wait(job_id):
-        p = subprocess.run([c.sandq, "--json", "wait", job_id, "--out", c.out], capture_output=True, text=True, timeout=1200)
-        return job_id, json.loads(p.stdout)
+        # Polled with `sandq status`, not `sandq wait`: a wait pops the done list (BLPOP), which
+        # is what counts the terminal writes below.
+        deadline = time.time() + 1200
+        while True:
+            p = subprocess.run([c.sandq, "--json", "status", job_id], capture_output=True, text=True, timeout=60)
+            result = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+            if result.get("status") in TERMINAL or time.time() > deadline:
+                return job_id, result
+            time.sleep(3)
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         results = dict(pool.map(wait, ids))
     drained = time.time() - rec.t0
@@ -326,7 +336,7 @@ ax.step(d.seconds, d.m_replicas, where="post", label="M pool: pods", alpha=0.6)
 ax.set_xlabel("seconds"); ax.set_ylabel("pods"); ax.set_ylim(0, 5)
 ax2 = ax.twinx(); ax2.plot(d.seconds, d.s_queue_messages, color="grey", alpha=0.5, label="S queue (ready + unacked)")
 ax2.set_ylabel("messages")
-fig.legend(loc="upper right", fontsize=8); fig.tight_layout(); fig.savefig("replicas.png")
+fig.legend(loc="center right", fontsize=8, bbox_to_anchor=(0.88, 0.6)); fig.tight_layout(); fig.savefig("replicas.png")
 """
 
 
