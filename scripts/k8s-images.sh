@@ -63,11 +63,11 @@ oci_archive() {
     case "$old" in "$archive"|"$images/$name-$tag".*) ;; *) rm -f "$old" ;; esac
   done
   local ref=sandq.local/$name:$tag
-  if ! ctr images ls -q | grep -qxF "$ref"; then
+  if ! ctr images ls -q | grep -xF "$ref" >/dev/null; then
     # The layout names the image by its tag alone (org.opencontainers.image.ref.name); the
     # base name makes it a full reference.
     ctr images import --base-name "sandq.local/$name" --digests=false "$archive" >&2
-    ctr images ls -q | grep -qxF "$ref" || { log "containerd did not name the image $ref"; exit 1; }
+    ctr images ls -q | grep -xF "$ref" >/dev/null || { log "containerd did not name the image $ref"; exit 1; }
     log "imported $ref"
   fi
   # k8s/overlays/local names the newest build `local`.
