@@ -140,6 +140,8 @@ def hostile(c, secrets):
           r["status"] == "succeeded" and "pids: ['1']" in out and "Seccomp:\t2" in out and "NoNewPrivs:\t1" in out and "CapEff:\t0000000000000000" in out, out[:800])
     check("the sandbox's root is an unprivileged node id (user namespace from a lease)",
           uid_map is not None and int(uid_map[1]) >= 0x7000_0000 and uid_map[2] == "65536", str(uid_map))
+    r = c.run("--sku", "S", "--mode", "script", "-c", "import os; print(sorted(os.listdir('/sys/class/net')), os.access('/sys/kernel', os.W_OK))")
+    check("the sandbox's own sysfs shows its own network devices only, read-only", r["stdout"]["text"] == "['lo'] False\n", r["stdout"]["text"])
     r = c.run("--sku", "S", "--timeout", "20s", h("kill_everything.py"))
     check("kill everything ends", r["status"] in ("succeeded", "failed", "timed_out"), r["status"])
     next_job_runs(c, "kill everything")
