@@ -709,19 +709,19 @@ mod tests {
     fn workers_sharing_a_lease_dir_take_distinct_leases_and_a_closed_one_is_free_again() {
         let dir = std::env::temp_dir().join(format!("sandq-lease-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (a, file_a) = take_userns_lease(&dir, 3).unwrap();
-        let (b, _file_b) = take_userns_lease(&dir, 3).unwrap();
-        let (c, _file_c) = take_userns_lease(&dir, 3).unwrap();
+        let (a, file_a) = take_userns_lease(&dir, 3).expect("lease dir");
+        let (b, _file_b) = take_userns_lease(&dir, 3).expect("lease dir");
+        let (c, _file_c) = take_userns_lease(&dir, 3).expect("lease dir");
         assert_eq!((a, b, c), (0, 1, 2), "each lock is its own open file description, so each taker waits its turn");
-        let full = take_userns_lease(&dir, 3).unwrap_err();
+        let full = take_userns_lease(&dir, 3).expect_err("all leases taken");
         assert!(full.contains("all 3 leases"), "{full}");
         drop(file_a); // the kernel drops the flock with the last descriptor, as at a worker's exit
-        assert_eq!(take_userns_lease(&dir, 3).unwrap().0, 0);
+        assert_eq!(take_userns_lease(&dir, 3).expect("lease dir").0, 0);
         // A planted symlink is not followed (O_NOFOLLOW): the lease is refused, not taken.
         let dir2 = dir.join("planted");
-        std::fs::create_dir_all(&dir2).unwrap();
-        std::os::unix::fs::symlink("/etc/hostname", dir2.join("userns-0.lock")).unwrap();
+        std::fs::create_dir_all(&dir2).expect("lease dir");
+        std::os::unix::fs::symlink("/etc/hostname", dir2.join("userns-0.lock")).expect("lease dir");
         assert!(take_userns_lease(&dir2, 1).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).expect("lease dir");
     }
 }

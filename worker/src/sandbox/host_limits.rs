@@ -92,7 +92,7 @@ pub fn ensure(settings: &Settings) -> Result<Vec<Raised>, HostLimitError> {
 /// Whether the mount at `/sys` in a `/proc/self/mountinfo` text is a sysfs whose superblock is
 /// read-only (the fields after ` - ` are the type, the source and the superblock's options).
 pub fn sysfs_read_only(mountinfo: &str) -> bool {
-    mountinfo.lines().filter(|line| line.split(' ').nth(4) == Some("/sys")).last().is_some_and(|line| {
+    mountinfo.lines().rfind(|line| line.split(' ').nth(4) == Some("/sys")).is_some_and(|line| {
         let mut fields = line.split(" - ").nth(1).unwrap_or("").split(' ');
         fields.next() == Some("sysfs") && fields.nth(1).is_some_and(|options| options.split(',').any(|o| o == "ro"))
     })
