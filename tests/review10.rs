@@ -123,6 +123,66 @@ async fn a_client_written_terminal_record_is_not_read_back_by_a_refused_write() 
     assert!(grown < 32 << 20, "a {} MB client-written record grew the worker's peak memory by {} MiB", forged.len() / 1_000_000, grown >> 20);
 }
 
+/// N1, the dead-letter path: a dead letter's handling read a job's record of up to 1 MiB and
+/// decoded it whole (about 24 MiB for a traceback of empty strings), for each dead letter. It
+/// now decodes only the fields it uses; the rest is skipped without being allocated.
+#[tokio::test]
+async fn a_dead_letter_decodes_only_the_fields_it_uses_of_a_client_record() {
+    let world = Isolated::new().await;
+    let id = format!("{}-w", world.namespace);
+    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let mut client = world.client().await;
+    let first = sandq_tests::run(&mut client, &python_job("print(1)", Sku::S)).await;
+    assert_eq!(first.status, JobStatus::Succeeded);
+    let (peak_before, _) = sandq_tests::process_usage(worker.id());
+    let names = Names::new(world.namespace.clone());
+    let mut redis = plain_redis(&world).await;
+    // Queued records of about 1 MB (under the 1 MiB read), a million empty strings each, written
+    // as a client writes its own `queued` record; then a dead letter for each.
+    // Without `submitted_at_ms`, the result's `queued_at_ms` can only come from the record.
+    let specs: Vec<_> = (0..4)
+        .map(|_| {
+            let mut spec = python_job("print(1)", Sku::S);
+            spec.submitted_at_ms = None;
+            spec
+        })
+        .collect();
+    for spec in &specs {
+        let mut record = JobResult::new(spec.job_id.clone(), JobStatus::Queued);
+        record.queued_at_ms = Some(1_796_047_054_196);
+        record.error = Some(sandq_schemas::ErrorInfo { name: "E".into(), value: "v".into(), traceback: Vec::new() });
+        let encoded = sandq_schemas::encode(&record).expect("encode");
+        let forged = splice(&encoded, b"traceback\x90", &[b"traceback".as_slice(), &array_of(1_000_000, &[0xa0])].concat());
+        assert!(forged.len() < 1 << 20, "{} bytes", forged.len());
+        let written: i64 = redis::Script::new(sandq_submitter::results::CAS_SCRIPT)
+            .key(names.job_key(&spec.job_id))
+            .key(names.done_key(&spec.job_id))
+            .arg("queued")
+            .arg(&forged)
+            .arg(600)
+            .invoke_async(&mut redis)
+            .await
+            .expect("write");
+        assert_eq!(written, 1);
+        forge_dead_letter(&world.config, &sandq_schemas::encode(spec).expect("encode"), &spec.job_id, "expired").await;
+    }
+    let mut results = Vec::new();
+    for spec in &specs {
+        results.push(wait(&mut client, &spec.job_id).await);
+    }
+    let (peak_after, _) = sandq_tests::process_usage(worker.id());
+    stop(worker);
+    world.delete_queues().await;
+    for result in &results {
+        assert_eq!(result.status, JobStatus::Expired, "{result:?}");
+        // Read from the record's head: its queued time.
+        assert_eq!(result.queued_at_ms, Some(1_796_047_054_196), "{result:?}");
+    }
+    let grown = peak_after.saturating_sub(peak_before);
+    println!("N1 (dead letters): worker peak {} -> {} MiB with four 1 MB client records", peak_before >> 20, peak_after >> 20);
+    assert!(grown < 12 << 20, "four 1 MB client records grew the worker's peak memory by {} MiB", grown >> 20);
+}
+
 /// N1's compare (ninth review P2's behaviour kept): the stored record is this attempt's when its
 /// bytes are those of the refused result, another's when they differ under a terminal status,
 /// and unknown otherwise (the objects are then kept). Checked against Redis directly.
