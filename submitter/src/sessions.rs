@@ -382,11 +382,23 @@ pub async fn reap(
 }
 
 /// Moves `name`'s index score to `at` (ms) if it is still indexed and `at` is later than its
-/// score (`ZADD XX GT`: a job saving the session meanwhile set a later expiry, which stays).
+/// score (a job saving the session meanwhile set a later expiry, which stays; `ZADD XX GT` in
+/// Redis 6.2 and later, a script here so that older servers serve it too).
 async fn reschedule(redis: &mut RedisConn, names: &Names, name: &str, at: u64) -> Result<(), SessionError> {
-    let _: i64 = redis::cmd("ZADD").arg(names.sessions_index()).arg("XX").arg("GT").arg(at).arg(name).query_async(redis).await?;
+    let _: i64 = redis::Script::new(LATER_SCRIPT).key(names.sessions_index()).arg(name).arg(at).invoke_async(redis).await?;
     Ok(())
 }
+
+/// KEYS[1] = the sessions index, ARGV = member, score: sets the member's score when the member
+/// is indexed with a lower one; returns 1 when moved.
+const LATER_SCRIPT: &str = r"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  return 1
+end
+return 0
+";
 
 /// KEYS[1] = a session's lock, ARGV = holder, lease in ms: renews the lease and returns 1 when
 /// the lock holds `holder`, else 0. The value is compared in Redis, never sent.
