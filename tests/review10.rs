@@ -329,13 +329,21 @@ async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
     assert!(sandq_submitter::results::write(&mut conn, &names, &queued, Duration::from_secs(600)).await.expect("queued"));
     forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
     let result = wait(&mut client, &legit.job_id).await;
-    // Every dead letter was settled: none is waiting to be retried.
+    // The job path: a delivery of a job whose status is those bytes was retried 6 times with
+    // backoff ("cannot read the job's state"), then dead-lettered into the loop above. The
+    // status is not `queued`, so the job is not started: its delivery is acked at once.
+    RawPublisher::new(&world.config).await.publish(&sandq_schemas::encode(&poisoned[0]).expect("encode"), Sku::S, Some(&poisoned[0].job_id)).await;
+    let acked = poll_until(Duration::from_secs(60), || {
+        sandq_tests::isolated_worker_log(&id).lines().any(|l| l.contains(&poisoned[0].job_id) && l.contains("acking this one without a result"))
+    });
     let drained = sandq_tests::dead_letter_count(&world.config, 0, Duration::from_secs(5)).await;
     let log = sandq_tests::isolated_worker_log(&id);
     stop(worker);
     world.delete_queues().await;
     assert_eq!(result.status, JobStatus::Expired, "{result:?}");
     assert_eq!(drained, 0, "dead letters left in the queue");
+    assert!(acked, "the job's delivery was not acked");
+    assert!(!log.contains("cannot read the job's state"), "the job's state was an error");
     let retried: Vec<&str> = log.lines().filter(|l| l.contains("dead letter") && l.contains("retrying")).take(3).collect();
     assert!(retried.is_empty(), "a dead letter was retried:\n{}", retried.join("\n"));
     for spec in &poisoned {
