@@ -48,6 +48,142 @@ pub fn bytes<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<Opt
     serde_bytes::deserialize::<Option<Vec<u8>>, D>(d).map_err(|e| named(field, e))
 }
 
+/// Most `args` a JobSpec decodes: [`crate::Limits`]' `max_args` (1,024). Counted while the
+/// list is read, so that 13 MB of one-byte empty strings are refused before they become 13
+/// million 24-byte `String`s (tenth security review N2: 13 MB took a worker from 27 MB to
+/// 345 MB before validation refused it).
+pub const MAX_ARGS: usize = 1024;
+
+/// Most `inputs` a JobSpec decodes: [`crate::Limits`]' `max_inputs` (1,000).
+pub const MAX_INPUTS: usize = 1000;
+
+/// Most `env` entries a JobSpec decodes: [`crate::Limits`]' `max_env` (128).
+pub const MAX_ENV: usize = 128;
+
+/// The error of a list or map of `found` elements (or more, when `found` is `None`: counted
+/// while reading) past its `max`.
+fn too_many<E: de::Error>(field: &'static str, found: Option<usize>, max: usize) -> E {
+    match found {
+        Some(n) => E::custom(format!("{field}: {n} elements, more than the {max} a job may have")),
+        None => E::custom(format!("{field}: more than the {max} elements a job may have")),
+    }
+}
+
+/// A list of at most `max` elements, or nil (an empty list); errors prefixed with the field's
+/// name. The list's length is checked before any element is read, and the elements are
+/// counted as they are read: at most `max` are ever held.
+pub fn capped_seq<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D, field: &'static str, max: usize) -> Result<Vec<T>, D::Error> {
+    d.deserialize_option(CappedSeq { field, max, _t: PhantomData }).map_err(|e| named(field, e))
+}
+
+/// A map of at most `max` entries, or nil (an empty map), as [`capped_seq`]; a key sent twice
+/// counts twice.
+pub fn capped_map<'de, D: Deserializer<'de>, K: Deserialize<'de> + Ord, V: Deserialize<'de>>(
+    d: D,
+    field: &'static str,
+    max: usize,
+) -> Result<std::collections::BTreeMap<K, V>, D::Error> {
+    d.deserialize_option(CappedMap { field, max, _kv: PhantomData }).map_err(|e| named(field, e))
+}
+
+struct CappedSeq<T> {
+    field: &'static str,
+    max: usize,
+    _t: PhantomData<T>,
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for CappedSeq<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let hint = seq.size_hint();
+        if let Some(n) = hint.filter(|n| *n > self.max) {
+            return Err(too_many(self.field, Some(n), self.max));
+        }
+        let mut out = Vec::with_capacity(hint.unwrap_or(0).min(self.max));
+        while let Some(item) = seq.next_element()? {
+            if out.len() == self.max {
+                return Err(too_many(self.field, None, self.max));
+            }
+            out.push(item);
+        }
+        Ok(out)
+    }
+}
+
+struct CappedMap<K, V> {
+    field: &'static str,
+    max: usize,
+    _kv: PhantomData<(K, V)>,
+}
+
+impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Visitor<'de> for CappedMap<K, V> {
+    type Value = std::collections::BTreeMap<K, V>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(std::collections::BTreeMap::new())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(std::collections::BTreeMap::new())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        if let Some(n) = map.size_hint().filter(|n| *n > self.max) {
+            return Err(too_many(self.field, Some(n), self.max));
+        }
+        let mut out = std::collections::BTreeMap::new();
+        let mut read = 0usize;
+        while let Some((k, v)) = map.next_entry()? {
+            if read == self.max {
+                return Err(too_many(self.field, None, self.max));
+            }
+            read += 1;
+            out.insert(k, v);
+        }
+        Ok(out)
+    }
+}
+
+/// `args`: at most [`MAX_ARGS`] strings.
+fn args_list<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<Vec<String>, D::Error> {
+    capped_seq(d, field, MAX_ARGS)
+}
+
+/// `inputs`: at most [`MAX_INPUTS`] entries.
+fn inputs_list<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<Vec<crate::InputFile>, D::Error> {
+    capped_seq(d, field, MAX_INPUTS)
+}
+
+/// `env`: at most [`MAX_ENV`] entries.
+fn env_map<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    capped_map(d, field, MAX_ENV)
+}
+
 /// An unsigned integer type a field can hold.
 pub trait Unsigned: TryFrom<u64> + Copy {
     /// The type's largest value, as a `u64`.
@@ -181,7 +317,7 @@ pub mod job {
 
     use serde::Deserializer;
 
-    use super::{bytes, int, nil_default, opt_int, plain};
+    use super::{args_list, bytes, env_map, inputs_list, int, nil_default, opt_int, plain};
     use crate::{InputFile, NetworkMode, RunMode, Runtime, Sku};
 
     fields! {
@@ -191,10 +327,10 @@ pub mod job {
         runtime => "runtime": Runtime = plain;
         code => "code": Option<String> = plain;
         entrypoint => "entrypoint": Option<String> = plain;
-        args => "args": Vec<String> = nil_default;
-        inputs => "inputs": Vec<InputFile> = nil_default;
+        args => "args": Vec<String> = args_list;
+        inputs => "inputs": Vec<InputFile> = inputs_list;
         stdin => "stdin": Option<Vec<u8>> = bytes;
-        env => "env": BTreeMap<String, String> = nil_default;
+        env => "env": BTreeMap<String, String> = env_map;
         timeout => "timeout": Option<String> = plain;
         result_ttl => "result_ttl": Option<String> = plain;
         network => "network": NetworkMode = nil_default;
@@ -360,6 +496,42 @@ mod tests {
         ]);
         let err = decode_spec(vec![("inputs", Value::Array(vec![input]))]).expect_err("size");
         assert_eq!(err, "malformed message: inputs[].size: expected an integer, found the float 2.5, which is not integral");
+    }
+
+    /// Tenth review N2: lists and maps past the job limits are refused while they are read,
+    /// before their elements become strings; at the limits they decode.
+    #[test]
+    fn lists_and_maps_past_the_limits_are_refused_while_decoding() {
+        use super::{MAX_ARGS, MAX_ENV, MAX_INPUTS};
+        let args = |n: usize| Value::Array(vec![Value::from(""); n]);
+        assert_eq!(decode_spec(vec![("args", args(MAX_ARGS))]).expect("at the limit").args.len(), 1024);
+        let err = decode_spec(vec![("args", args(MAX_ARGS + 1))]).expect_err("past the limit");
+        assert_eq!(err, "malformed message: args: 1025 elements, more than the 1024 a job may have");
+        let env = |n: usize| Value::Map((0..n).map(|i| (Value::from(format!("V{i}")), Value::from("x"))).collect());
+        assert_eq!(decode_spec(vec![("env", env(MAX_ENV))]).expect("at the limit").env.len(), 128);
+        let err = decode_spec(vec![("env", env(MAX_ENV + 1))]).expect_err("past the limit");
+        assert_eq!(err, "malformed message: env: 129 elements, more than the 128 a job may have");
+        let input = Value::Map(vec![
+            ("key".into(), "k".into()),
+            ("path".into(), "p".into()),
+            ("size".into(), Value::from(1)),
+            ("sha256".into(), "s".into()),
+        ]);
+        let err = decode_spec(vec![("inputs", Value::Array(vec![input; MAX_INPUTS + 1]))]).expect_err("past the limit");
+        assert_eq!(err, "malformed message: inputs: 1001 elements, more than the 1000 a job may have");
+        // The header's count is checked before any element is read: an array 32 header
+        // claiming 13 million elements, followed by only one, is refused for its count.
+        let mut body = spec_with(vec![]);
+        body[0] += 1; // one more entry in the fixmap
+        body.extend_from_slice(&[0xa4, b'a', b'r', b'g', b's', 0xdd]);
+        body.extend_from_slice(&13_000_000u32.to_be_bytes());
+        body.push(0xa0);
+        let err = crate::decode::<JobSpec>(&body).expect_err("claimed count").to_string();
+        assert_eq!(err, "malformed message: args: 13000000 elements, more than the 1024 a job may have");
+        // A list given as nil is still an empty list, and another type is named.
+        assert!(decode_spec(vec![("args", Value::Nil)]).expect("nil").args.is_empty());
+        let err = decode_spec(vec![("env", Value::from(3))]).expect_err("not a map");
+        assert_eq!(err, "malformed message: env: invalid type: integer `3`, expected a map");
     }
 
     #[test]

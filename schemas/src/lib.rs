@@ -68,7 +68,10 @@ pub fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, EncodeError> {
     Ok(rmp_serde::to_vec_named(value)?)
 }
 
-/// Decodes a wire type from MessagePack (a map: [`DecodeError::NotAMap`] otherwise).
+/// Decodes a wire type from MessagePack (a map: [`DecodeError::NotAMap`] otherwise), nested at
+/// most [`MAX_DEPTH`] deep. The lists and maps of a [`JobSpec`] are bounded while they are
+/// decoded ([`de::MAX_ARGS`], [`de::MAX_INPUTS`], [`de::MAX_ENV`]), so a body decodes to at
+/// most its own size plus a fixed amount (tenth security review N2).
 ///
 /// # Errors
 /// [`DecodeError::NotAMap`] when the bytes do not start with a map; [`DecodeError::Malformed`] if the bytes are not MessagePack or lack a required field, or a
@@ -77,7 +80,21 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeE
     if !is_map(bytes) {
         return Err(DecodeError::NotAMap);
     }
-    Ok(rmp_serde::from_slice(bytes)?)
+    Ok(from_slice(bytes)?)
+}
+
+/// The deepest nesting of MessagePack containers any decode of this crate follows (a JobSpec
+/// is at most 3 deep: the message, `inputs`, an input; a JobResult about 5). rmp-serde's own
+/// default is 1,024, and serde's recursion over a body of 600 nested one-byte arrays
+/// (1,084 bytes) overflowed a debug build's 2 MiB tokio stack (tenth security review N8).
+pub const MAX_DEPTH: usize = 32;
+
+/// `rmp_serde::from_slice` with the nesting bounded to [`MAX_DEPTH`]: every decode of
+/// untrusted bytes in sandq goes through here.
+fn from_slice<'de, T: serde::Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, rmp_serde::decode::Error> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+    de.set_max_depth(MAX_DEPTH);
+    T::deserialize(&mut de)
 }
 
 /// Reads only the `job_id` field of a message that may be malformed otherwise, so that a
@@ -91,7 +108,7 @@ pub fn peek_job_id(bytes: &[u8]) -> Option<String> {
     if !is_map(bytes) {
         return None;
     }
-    let peeked: JobIdOnly = rmp_serde::from_slice(bytes).ok()?;
+    let peeked: JobIdOnly = from_slice(bytes).ok()?;
     validate::check_job_id(&peeked.job_id).ok()?;
     Some(peeked.job_id)
 }
@@ -145,6 +162,36 @@ mod tests {
         let hostile = rmp_serde::to_vec_named(&std::collections::BTreeMap::from([("job_id", "../x")])).expect("encode");
         assert_eq!(peek_job_id(&hostile), None);
         assert_eq!(peek_job_id(b"\xc1garbage"), None);
+    }
+
+    /// `{"job_id": "deep-1", "x": [[[...]]]}` with `levels` nested one-element arrays.
+    fn nested(levels: usize) -> Vec<u8> {
+        let mut bytes = vec![0x82, 0xa6];
+        bytes.extend_from_slice(b"job_id");
+        bytes.push(0xa6);
+        bytes.extend_from_slice(b"deep-1");
+        bytes.extend_from_slice(&[0xa1, b'x']);
+        bytes.extend(std::iter::repeat_n(0x91, levels));
+        bytes.push(0xc0);
+        bytes
+    }
+
+    /// Tenth review N8: 600 nested arrays in an ignored field (1,084 bytes) overflowed a debug
+    /// build's 2 MiB thread stack; past [`MAX_DEPTH`] the body is refused, and the job id is not
+    /// peeked out of it. Run on a thread of a 2 MiB stack, as tokio's workers have.
+    #[test]
+    fn nesting_past_the_depth_limit_is_refused() {
+        let thread = std::thread::Builder::new().stack_size(2 << 20).spawn(|| {
+            for levels in [600, 5_000] {
+                let err = decode::<JobSpec>(&nested(levels)).expect_err("too deep").to_string();
+                assert!(err.contains("depth limit exceeded"), "{levels}: {err}");
+                assert_eq!(peek_job_id(&nested(levels)), None, "{levels}");
+            }
+            // The map itself is one level: MAX_DEPTH - 2 arrays plus their nil still decode.
+            assert_eq!(peek_job_id(&nested(MAX_DEPTH - 2)).as_deref(), Some("deep-1"));
+            assert_eq!(peek_job_id(&nested(MAX_DEPTH + 1)), None);
+        });
+        thread.expect("spawn").join().expect("the decoder stayed within a 2 MiB stack");
     }
 
     proptest::proptest! {

@@ -23,13 +23,14 @@ pub struct Limits {
     pub max_code_bytes: usize,
     /// Largest `stdin`, bytes: 8 MiB.
     pub max_stdin_bytes: usize,
-    /// Most input files: 1,000.
+    /// Most input files: 1,000 (a body with more is refused while it is decoded, whatever this
+    /// says: [`crate::de::MAX_INPUTS`]).
     pub max_inputs: usize,
     /// Largest total size of the input files, bytes: 1 GiB.
     pub max_input_bytes: u64,
-    /// Most `env` entries: 128; most `args`: 1,024.
+    /// Most `env` entries: 128 (more are refused while decoding: [`crate::de::MAX_ENV`]).
     pub max_env: usize,
-    /// Most `args`: 1,024.
+    /// Most `args`: 1,024 (more are refused while decoding: [`crate::de::MAX_ARGS`]).
     pub max_args: usize,
     /// Whether `network: "outbound"` is served (the worker's `outbound_network`).
     pub outbound_network: bool,
@@ -44,10 +45,10 @@ impl Default for Limits {
             max_result_ttl: Duration::from_secs(7 * 24 * 3600),
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 8 << 20,
-            max_inputs: 1000,
+            max_inputs: crate::de::MAX_INPUTS,
             max_input_bytes: 1 << 30,
-            max_env: 128,
-            max_args: 1024,
+            max_env: crate::de::MAX_ENV,
+            max_args: crate::de::MAX_ARGS,
             outbound_network: true,
         }
     }

@@ -147,20 +147,72 @@ pub async fn read_bounded(
     job_id: &str,
     max_bytes: u64,
 ) -> Result<Option<JobResult>, ResultError> {
-    let (status, bytes, record): (Option<String>, u64, Option<Vec<u8>>) =
-        redis::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(max_bytes).invoke_async(redis).await?;
-    if bytes > max_bytes {
-        let status = status.as_deref().and_then(parse_status);
-        return Err(ResultError::TooLarge { job_id: job_id.to_owned(), bytes, status });
-    }
+    let record = read_bounded_bytes(redis, names, job_id, max_bytes).await?;
     record
         .map(|b| sandq_schemas::decode(&b).map_err(|source| ResultError::Decode { job_id: job_id.to_owned(), source }))
         .transpose()
 }
 
-/// Reads only a job's status, from its record's `status` field (at most 32 bytes read; the
-/// record itself is neither sent nor decoded, whatever its size); `None` when the job is
-/// unknown or the field is missing or not a status.
+/// [`read_bounded`], decoding only the fields a worker needs of a record it did not write
+/// (`job_id`, `status`, `sku`, `attempt`, `queued_at_ms`, `started_at_ms`): every other field
+/// is skipped without being allocated, so a record of `max_bytes` costs about `max_bytes`,
+/// whatever it holds (tenth security review N1: a 1 MiB traceback of empty strings decoded
+/// to 24 MiB). The other fields of the returned result are their defaults.
+///
+/// # Errors
+/// As [`read_bounded`].
+pub async fn read_head(
+    redis: &mut RedisConn,
+    names: &Names,
+    job_id: &str,
+    max_bytes: u64,
+) -> Result<Option<JobResult>, ResultError> {
+    let Some(record) = read_bounded_bytes(redis, names, job_id, max_bytes).await? else { return Ok(None) };
+    let head: RecordHead =
+        sandq_schemas::decode(&record).map_err(|source| ResultError::Decode { job_id: job_id.to_owned(), source })?;
+    let mut result = JobResult::new(head.job_id, head.status);
+    result.sku = head.sku;
+    result.attempt = head.attempt;
+    result.queued_at_ms = head.queued_at_ms;
+    result.started_at_ms = head.started_at_ms;
+    Ok(Some(result))
+}
+
+/// The fields of a record [`read_head`] decodes (decoded as [`JobResult`] decodes them).
+#[derive(serde::Deserialize)]
+struct RecordHead {
+    job_id: String,
+    status: JobStatus,
+    #[serde(default)]
+    sku: Option<sandq_schemas::Sku>,
+    #[serde(default, deserialize_with = "sandq_schemas::de::result::attempt")]
+    attempt: u32,
+    #[serde(default, deserialize_with = "sandq_schemas::de::result::queued_at_ms")]
+    queued_at_ms: Option<u64>,
+    #[serde(default, deserialize_with = "sandq_schemas::de::result::started_at_ms")]
+    started_at_ms: Option<u64>,
+}
+
+/// The record's bytes, when at most `max_bytes` (see [`read_bounded`]).
+async fn read_bounded_bytes(
+    redis: &mut RedisConn,
+    names: &Names,
+    job_id: &str,
+    max_bytes: u64,
+) -> Result<Option<Vec<u8>>, ResultError> {
+    let (status, bytes, record): (Option<Vec<u8>>, u64, Option<Vec<u8>>) =
+        redis::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(max_bytes).invoke_async(redis).await?;
+    if bytes > max_bytes {
+        let status = status.as_deref().and_then(parse_status);
+        return Err(ResultError::TooLarge { job_id: job_id.to_owned(), bytes, status });
+    }
+    Ok(record)
+}
+
+/// Reads only a job's status, from its record's `status` field (at most 32 bytes read, as
+/// bytes; the record itself is neither sent nor decoded, whatever its size); `None` when the
+/// job is unknown or the field is missing or not a status (bytes that are not UTF-8 included:
+/// they are "no known status", not an error: tenth security review N3).
 ///
 /// # Errors
 /// [`ResultError::Redis`].
@@ -169,15 +221,17 @@ pub async fn status(
     names: &Names,
     job_id: &str,
 ) -> Result<Option<JobStatus>, ResultError> {
-    let (status, _, _): (Option<String>, u64, Option<Vec<u8>>) =
+    let (status, _, _): (Option<Vec<u8>>, u64, Option<Vec<u8>>) =
         redis::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(0).invoke_async(redis).await?;
     Ok(status.as_deref().and_then(parse_status))
 }
 
-/// The status a wire name names.
-fn parse_status(name: &str) -> Option<JobStatus> {
+/// The status a wire name names (`None` for any other bytes).
+fn parse_status(name: &[u8]) -> Option<JobStatus> {
     use JobStatus::*;
-    [Queued, Running, Succeeded, Failed, TimedOut, OomKilled, Rejected, Cancelled, Expired, InternalError].into_iter().find(|s| s.as_str() == name)
+    [Queued, Running, Succeeded, Failed, TimedOut, OomKilled, Rejected, Cancelled, Expired, InternalError]
+        .into_iter()
+        .find(|s| s.as_str().as_bytes() == name)
 }
 
 /// KEYS[1] = job key, ARGV[1] = the most record bytes to send. Returns {status field (false
@@ -194,6 +248,54 @@ if n <= tonumber(ARGV[1]) then
   record = redis.call('HGET', KEYS[1], 'result')
 end
 return {status, n, record}
+";
+
+/// What a job's record holds, compared with a result whose write was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Exactly the bytes of that result (an earlier send of the same write reached Redis).
+    Same,
+    /// Other bytes, under a terminal status (one of the eight names): another attempt's result
+    /// (or a client's, written over the worker's `running`).
+    Other,
+    /// No record, or no status of the eight terminal names: it cannot be told.
+    Unknown,
+}
+
+/// Compares the stored record of `result`'s job with `result`'s encoding, inside Redis: the
+/// stored record is never sent nor decoded, and it is read (copied inside Redis) only when its
+/// length is that of `result`'s bytes (tenth security review N1: the refused write's check read
+/// and decoded up to 256 MiB of a record a client may have written, 24 times its size).
+///
+/// # Errors
+/// [`ResultError::Encode`] or [`ResultError::Redis`].
+pub async fn compare_stored(redis: &mut RedisConn, names: &Names, result: &JobResult) -> Result<Stored, ResultError> {
+    let bytes = sandq_schemas::encode(result)?;
+    let found: i64 = redis::Script::new(COMPARE_SCRIPT).key(names.job_key(&result.job_id)).arg(bytes).invoke_async(redis).await?;
+    Ok(match found {
+        1 => Stored::Same,
+        0 => Stored::Other,
+        _ => Stored::Unknown,
+    })
+}
+
+/// KEYS[1] = job key, ARGV[1] = a result's bytes. Returns 1 when the stored `result` field is
+/// those bytes, 0 when it is other bytes under a terminal status, -1 otherwise (no record, or
+/// a status that is not terminal). The field is fetched only when its length matches.
+const COMPARE_SCRIPT: &str = r"
+local status = false
+if redis.call('HSTRLEN', KEYS[1], 'status') <= 32 then
+  status = redis.call('HGET', KEYS[1], 'status')
+end
+local terminal = false
+for _, name in ipairs({'succeeded', 'failed', 'timed_out', 'oom_killed', 'rejected', 'cancelled', 'expired', 'internal_error'}) do
+  if status == name then terminal = true end
+end
+if redis.call('HSTRLEN', KEYS[1], 'result') == string.len(ARGV[1]) and redis.call('HGET', KEYS[1], 'result') == ARGV[1] then
+  return 1
+end
+if terminal then return 0 end
+return -1
 ";
 
 /// Asks for a job to be cancelled: sets its cancel key (`<ns>:job:{<id>}:cancel`) for `ttl`. A

@@ -269,7 +269,7 @@ pub async fn list(
     names: &Names,
     max: usize,
 ) -> Result<Vec<Listed>, SessionError> {
-    let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+    let members: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
         .arg(names.sessions_index())
         .arg(0)
         .arg(max.saturating_sub(1) as i64)
@@ -277,7 +277,12 @@ pub async fn list(
         .query_async(redis)
         .await?;
     let mut listed = Vec::new();
-    for (name, score) in members {
+    for (member, score) in members {
+        // Bytes, and only valid names: a client can write the index (tenth security review N4).
+        let Some(name) = std::str::from_utf8(&member).ok().filter(|n| sandq_schemas::validate::check_session_name(n).is_ok()) else {
+            continue;
+        };
+        let name = name.to_owned();
         // A session whose manifest cannot be read is listed without its files.
         let manifest = match load(s3, bucket, names, &name).await {
             Ok(m) => m,
@@ -299,13 +304,22 @@ pub async fn list(
     Ok(listed)
 }
 
+/// How much later a due session the reaper cannot handle now is looked at again (its lock is
+/// held, or deleting it failed): its index score moves to `now + REAP_RETRY` (never earlier
+/// than it is), so that it leaves the head of the index, whose first 100 entries are all a
+/// call reads (tenth security review N4: 100 such names pinned that window for ever).
+pub const REAP_RETRY: Duration = Duration::from_secs(60);
+
 /// Deletes the sessions whose expiry has passed (at most 100 per call); returns their names.
 /// Each is locked while it is deleted, and skipped when in use or when its manifest says it
-/// was used again since the index was read. A session whose deletion fails is logged and
-/// skipped (tried again on the next call). A malformed manifest counts as expired.
+/// was used again since the index was read. A member of the index that is not a valid session
+/// name (`check_session_name`; bytes that are not UTF-8 included) is removed from the index
+/// and never used as an S3 prefix. A session that is locked, or whose deletion fails, is
+/// logged and moved [`REAP_RETRY`] later in the index (tried again then). A malformed manifest
+/// counts as expired.
 ///
 /// # Errors
-/// [`SessionError::Redis`] when the index or a lock cannot be read.
+/// [`SessionError::Redis`] when the index cannot be read or a lock released.
 pub async fn reap(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
@@ -314,10 +328,21 @@ pub async fn reap(
     now_ms: u64,
     reaper_id: &str,
 ) -> Result<Vec<String>, SessionError> {
-    let due: Vec<String> = redis::Script::new(DUE_SESSIONS_SCRIPT).key(names.sessions_index()).arg(now_ms).invoke_async(redis).await?;
+    // Bytes: one member that is not UTF-8 failed the whole call, every period (tenth review N4).
+    let due: Vec<Vec<u8>> = redis::Script::new(DUE_SESSIONS_SCRIPT).key(names.sessions_index()).arg(now_ms).invoke_async(redis).await?;
     let mut reaped = Vec::new();
-    for name in due {
-        if lock(redis, names, &name, reaper_id, Duration::from_secs(300), Duration::ZERO).await.is_err() {
+    let retry_at = now_ms.saturating_add(REAP_RETRY.as_millis() as u64);
+    for member in due {
+        let Some(name) = std::str::from_utf8(&member).ok().filter(|n| sandq_schemas::validate::check_session_name(n).is_ok()) else {
+            // Not a session's (a client can write the index): dropped, never an S3 prefix.
+            tracing::warn!(member = %String::from_utf8_lossy(&member), "removing an invalid name from the sessions index");
+            let _: i64 = redis::cmd("ZREM").arg(names.sessions_index()).arg(&member).query_async(redis).await?;
+            continue;
+        };
+        let name = name.to_owned();
+        if let Err(e) = lock(redis, names, &name, reaper_id, Duration::from_secs(300), Duration::ZERO).await {
+            tracing::info!(session = name, error = %e, "session due but locked; looking again later");
+            reschedule(redis, names, &name, retry_at).await?;
             continue;
         }
         let outcome: Result<bool, SessionError> = async {
@@ -344,13 +369,36 @@ pub async fn reap(
         match outcome {
             Ok(true) => reaped.push(name),
             Ok(false) => {}
-            // One session that cannot be deleted (a malformed manifest, an S3 error) must not
-            // stop the others: it is logged and tried again next period.
-            Err(e) => tracing::warn!(session = name, error = %e, "cannot reap session"),
+            // One session that cannot be deleted (an S3 error, a key of another type) must not
+            // stop the others: it is logged, and moved later so that it does not hold the
+            // head of the index.
+            Err(e) => {
+                tracing::warn!(session = name, error = %e, "cannot reap session; trying again later");
+                reschedule(redis, names, &name, retry_at).await?;
+            }
         }
     }
     Ok(reaped)
 }
+
+/// Moves `name`'s index score to `at` (ms) if it is still indexed and `at` is later than its
+/// score (a job saving the session meanwhile set a later expiry, which stays; `ZADD XX GT` in
+/// Redis 6.2 and later, a script here so that older servers serve it too).
+async fn reschedule(redis: &mut RedisConn, names: &Names, name: &str, at: u64) -> Result<(), SessionError> {
+    let _: i64 = redis::Script::new(LATER_SCRIPT).key(names.sessions_index()).arg(name).arg(at).invoke_async(redis).await?;
+    Ok(())
+}
+
+/// KEYS[1] = the sessions index, ARGV = member, score: sets the member's score when the member
+/// is indexed with a lower one; returns 1 when moved.
+const LATER_SCRIPT: &str = r"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  return 1
+end
+return 0
+";
 
 /// KEYS[1] = a session's lock, ARGV = holder, lease in ms: renews the lease and returns 1 when
 /// the lock holds `holder`, else 0. The value is compared in Redis, never sent.

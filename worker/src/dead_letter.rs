@@ -40,10 +40,12 @@ use tracing::{info, warn};
 use crate::job::Context;
 
 
-/// The largest job record a dead letter's handling decodes, bytes. The records it needs are
+/// The largest job record a dead letter's handling reads, bytes. The records it needs are
 /// `queued` (a client's, small unless forged) or `running` (a worker's: a few hundred bytes);
 /// a terminal record of any size is recognised by its `status` field alone (eighth security
-/// review R1: a record is read only after its size is checked in Redis).
+/// review R1: a record is read only after its size is checked in Redis). Only the fields it
+/// uses are decoded ([`results::read_head`]), so a record costs about its size (tenth review
+/// N1: a whole decode of 1 MiB of empty strings took 24 MiB).
 const MAX_RECORD_BYTES: u64 = 1 << 20;
 
 /// Dead-lettered messages handled at once by one worker.
@@ -117,7 +119,9 @@ pub fn death(headers: Option<&FieldTable>) -> Death {
         _ => None,
     });
     let field = |name: &str| entry.as_ref().and_then(|t| t.inner().get(name)).and_then(text);
-    let raw_reason = field("reason").unwrap_or_default();
+    // Clipped: anyone allowed to publish to the dead-letter exchange writes `x-death`, and the
+    // reason is logged and stored (tenth security review N7).
+    let raw_reason = crate::job::clip_reason(&field("reason").unwrap_or_default());
     let reason = match raw_reason.as_str() {
         "expired" => DeathReason::Expired,
         "delivery_limit" => DeathReason::DeliveryLimit,
@@ -235,7 +239,7 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     };
     let mut redis = ctx.redis.clone();
     let names = &settings.names;
-    let current = match results::read_bounded(&mut redis, names, &job_id, MAX_RECORD_BYTES).await {
+    let current = match results::read_head(&mut redis, names, &job_id, MAX_RECORD_BYTES).await {
         Ok(current) => current,
         Err(results::ResultError::TooLarge { status: Some(status), .. }) if status.is_terminal() => {
             crate::metrics::dead_letter(death.reason.as_str(), "already_final");
@@ -342,11 +346,30 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     }
 }
 
-/// True for a Redis error worth a retry: everything but a key of another type (`WRONGTYPE`,
-/// which no retry changes). A restarting or failing-over Redis (`LOADING`, `READONLY`,
-/// `TRYAGAIN`, `OOM`...) is retried (sixth review S5).
+/// True for a Redis error worth a retry: Redis away or failing over (an I/O error, a dropped
+/// or refused connection, a timeout, no node or primary found) or an error the server
+/// returned (`LOADING`, `READONLY`, `TRYAGAIN`, `OOM`...: sixth review S5), but for a key of
+/// another type (`WRONGTYPE`, which no retry changes). Anything else (a reply of an
+/// unexpected type or bytes that do not parse, a client-side error) comes from what is stored,
+/// and no retry changes it either: retrying held every dead letter behind it, for ever (tenth
+/// security review N3).
 fn transient(e: &redis::RedisError) -> bool {
-    e.code() != Some("WRONGTYPE")
+    use redis::ErrorKind;
+    if e.code() == Some("WRONGTYPE") {
+        return false;
+    }
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(_)
+                | ErrorKind::Extension
+                | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::NoValidReplicasFoundBySentinel
+        )
 }
 
 /// How long after a running job's start its attempt may still store a result: the longest
@@ -377,7 +400,7 @@ async fn recheck_lost(ctx: Context, key: (String, u32), until: u64) {
     let (job_id, attempt) = key;
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
-    let Ok(Some(current)) = results::read_bounded(&mut redis, names, &job_id, MAX_RECORD_BYTES).await else { return };
+    let Ok(Some(current)) = results::read_head(&mut redis, names, &job_id, MAX_RECORD_BYTES).await else { return };
     if current.status != JobStatus::Running || current.attempt != attempt {
         return;
     }
@@ -427,6 +450,19 @@ mod tests {
         assert_eq!(death(None).reason, DeathReason::Other);
         assert_eq!(deliveries(Some(&headers("delivery_limit", Some(5))), 9), 5);
         assert_eq!(deliveries(Some(&headers("delivery_limit", None)), 6), 6);
+    }
+
+    /// Tenth review N3: only Redis being away or refusing is retried; an error of what is
+    /// stored is not.
+    #[test]
+    fn only_connection_and_server_errors_are_transient() {
+        let io: redis::RedisError = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset").into();
+        assert!(transient(&io));
+        let timeout: redis::RedisError = std::io::Error::new(std::io::ErrorKind::TimedOut, "slow").into();
+        assert!(transient(&timeout));
+        // What a reply of bytes that are not UTF-8 gives, read as a String.
+        let utf8 = redis::from_redis_value::<String>(redis::Value::BulkString(vec![0xff])).expect_err("not UTF-8");
+        assert!(!transient(&redis::RedisError::from(utf8)), "a stored value's type or bytes: permanent");
     }
 
     #[test]

@@ -115,11 +115,6 @@ impl Drop for Held<'_> {
 /// before its program started (while its inputs were staged).
 const CANCELLED_BEFORE_PROGRAM: &str = "cancelled before its program started";
 
-/// The largest stored result read back to compare with a refused write, bytes: a worker's
-/// result holds at most its inline outputs (`worker.max_outputs_bytes`, 32 MiB by default) and
-/// logs' heads; past this the objects are kept.
-const MAX_STORED_RESULT_BYTES: u64 = 256 << 20;
-
 /// How often a running job's cancel key is checked (a cancelled job dies within about this).
 pub const CANCEL_POLL: Duration = Duration::from_millis(250);
 
@@ -141,7 +136,28 @@ pub async fn process(ctx: &Context, delivery: &Delivery, queue: sandq_schemas::S
     process_valid(ctx, job, attempt, slot).instrument(span).await
 }
 
+/// Most bytes of a reason logged or stored (a `rejected` or `internal_error` result's
+/// `reason`): serde's errors echo the value they refuse ("unknown variant `AAAA...`"), and a
+/// 12 MB `runtime` was logged and stored whole for each message (tenth security review N7).
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// `reason` cut to at most [`MAX_REASON_BYTES`] on a character boundary, followed by a marker
+/// giving its whole length (`... [clipped: 12000000 bytes in all]`) when it was cut.
+#[must_use]
+pub fn clip_reason(reason: &str) -> String {
+    if reason.len() <= MAX_REASON_BYTES {
+        return reason.to_owned();
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\u{2026} [clipped: {} bytes in all]", &reason[..end], reason.len())
+}
+
 async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) -> Outcome {
+    let reason = clip_reason(reason);
+    let reason = reason.as_str();
     // A body over the size limit is not parsed at all (peeking parses the whole message):
     // its job id can only come from `message_id`.
     let parsable = delivery.data.len() <= validate::max_body_bytes(&ctx.settings.limits);
@@ -328,6 +344,7 @@ async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<Jo
             return Outcome::Infrastructure { attempt, final_result_stored: false };
         }
         Err(Failure::Rejected(reason)) => {
+            let reason = clip_reason(&reason);
             warn!(reason, "rejected job");
             let mut result = publish::base(job, who, JobStatus::Rejected);
             result.reason = Some(reason);
@@ -340,6 +357,7 @@ async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<Jo
             return Outcome::Interrupted;
         }
         Err(Failure::Infrastructure(reason)) => {
+            let reason = clip_reason(&reason);
             error!(reason, "job failed on infrastructure");
             drop_attempt_objects(ctx, job, who).await;
             if attempt < ctx.settings.max_attempts {
@@ -361,15 +379,17 @@ async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<Jo
             // Refused: a terminal result is stored. It may be this very result, when a write
             // that failed ambiguously (a timeout) had reached Redis and was sent again (ninth
             // security review P2): objects are dropped only when the stored result is
-            // another's; when it cannot be read, they are kept (a leak, not a loss).
+            // another's; when it cannot be told, they are kept (a leak, not a loss). Compared
+            // in Redis, byte for byte: the stored record may be a client's, of any size (tenth
+            // security review N1), and is neither read back nor decoded here.
             let mut redis = ctx.redis.clone();
-            match results::read_bounded(&mut redis, &ctx.settings.names, &job.spec.job_id, MAX_STORED_RESULT_BYTES).await {
-                Ok(Some(stored)) if stored == result => info!("this attempt's result was stored by an earlier send of the same write"),
-                Ok(Some(_)) => {
+            match results::compare_stored(&mut redis, &ctx.settings.names, &result).await {
+                Ok(results::Stored::Same) => info!("this attempt's result was stored by an earlier send of the same write"),
+                Ok(results::Stored::Other) => {
                     warn!("a terminal result was stored by another delivery of this job meanwhile; this attempt's result and objects are dropped");
                     drop_attempt_objects(ctx, job, who).await;
                 }
-                other => warn!(read = ?other.map(|r| r.map(|r| r.status)), "the stored result cannot be compared with this attempt's; keeping this attempt's objects"),
+                other => warn!(compared = ?other, "the stored result cannot be compared with this attempt's; keeping this attempt's objects"),
             }
             Outcome::Stored
         }
@@ -726,6 +746,21 @@ async fn store_logs(ctx: &Context, job: &ValidJob, who: &Attempt, output: &run::
 mod tests {
     use super::InFlight;
     use std::time::Duration;
+
+    /// Tenth review N7: a reason is cut to 1 KiB on a character boundary, with a marker.
+    #[test]
+    fn long_reasons_are_clipped_on_a_character_boundary() {
+        use super::{clip_reason, MAX_REASON_BYTES};
+        assert_eq!(clip_reason("short"), "short");
+        let exact = "a".repeat(MAX_REASON_BYTES);
+        assert_eq!(clip_reason(&exact), exact, "at the limit it is whole");
+        let long = format!("unknown variant `{}`", "A".repeat(12_000_000));
+        let clipped = clip_reason(&long);
+        assert_eq!(clipped, format!("unknown variant `{}\u{2026} [clipped: 12000018 bytes in all]", "A".repeat(1024 - 17)));
+        // 'é' is 2 bytes: 1023 'a's then 'é' puts a boundary at 1023, not 1024.
+        let split = format!("{}é{}", "a".repeat(1023), "b".repeat(10));
+        assert_eq!(clip_reason(&split), format!("{}\u{2026} [clipped: 1035 bytes in all]", "a".repeat(1023)));
+    }
 
     #[tokio::test]
     async fn a_second_attempt_of_a_job_waits_for_the_first() {
