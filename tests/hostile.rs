@@ -618,8 +618,10 @@ def listing(path):
 print("diskstats", repr(open("/proc/diskstats").read()))
 print("partitions", repr(open("/proc/partitions").read()))
 print("uevent_seqnum", repr(open("/sys/kernel/uevent_seqnum").read()))
-for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi"]:
+for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure"]:
     print(path, listing(path))
+for path in DISK_DIRS:
+    print("disk", listing(path))
 mountinfo = open("/proc/self/mountinfo").read()
 print("mountinfo names the data dir:", DATA_DIR in mountinfo)
 print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountinfo)
@@ -627,16 +629,28 @@ print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountin
     let code = code
         .replace("os.environ.get(\"WORKER_ID\", \"?\")", &format!("{:?}", worker_id()))
         .replace("DATA_DIR", &format!("{:?}", sandq_tests::worker_data_dir().display().to_string()));
+    // The host's disks under their real paths (tenth review N6), found here from the host's
+    // /sys/block: the sandbox must see each as an empty dir.
+    let disks: Vec<String> = std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+        .filter_map(|e| std::fs::canonicalize(e.path()).ok())
+        .filter(|p| !p.starts_with("/sys/devices/virtual"))
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!disks.is_empty(), "this host shows no disk in /sys/block: the check below would check nothing");
+    let code = code.replace("DISK_DIRS", &format!("{disks:?}"));
     let mut spec = python_job(&code, Sku::S);
     spec.network = sandq_schemas::NetworkMode::Outbound;
     let result = run(&mut client, &spec).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
-    assert_eq!(
-        result.stdout.text,
+    let expected = format!(
         "diskstats ''\npartitions ''\nuevent_seqnum ''\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
-         /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n\
-         mountinfo names the data dir: False\nmountinfo names the worker: False\n"
+         /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n{}\
+         mountinfo names the data dir: False\nmountinfo names the worker: False\n",
+        "disk []\n".repeat(disks.len())
     );
+    assert_eq!(result.stdout.text, expected);
 }
 
 /// F7: a body whose SKU is not its queue's is rejected, with a reason, and never runs.

@@ -205,6 +205,10 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
         let profile: LinuxSeccomp = serde_json::from_str(SECCOMP)?;
         linux.set_seccomp(Some(profile));
     }
+    // The host's disks under their real sysfs paths (tenth review N6): `/sys/block` and its
+    // aliases are masked in the template, but each link leads to a directory under
+    // `/sys/devices` whose `stat` shows the disk's reads and writes, other jobs' included.
+    linux.masked_paths_mut().get_or_insert_with(Vec::new).extend(block_device_dirs().iter().cloned());
     if let Some(map) = job.id_map {
         let mapping: LinuxIdMapping = oci_spec::runtime::LinuxIdMappingBuilder::default()
             .container_id(0u32)
@@ -219,6 +223,27 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
         linux.namespaces_mut().get_or_insert_with(Vec::new).push(user);
     }
     Ok(spec)
+}
+
+/// The real sysfs directories of the host's block devices that are not virtual (those are under
+/// `/sys/devices/virtual/block`, masked whole in the template): the targets of the links in
+/// `/sys/block`, read once (a disk added later is not masked until the worker restarts).
+pub fn block_device_dirs() -> &'static [String] {
+    static DIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    DIRS.get_or_init(|| {
+        let mut dirs: Vec<String> = std::fs::read_dir("/sys/block")
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| std::fs::canonicalize(e.path()).ok())
+                    .filter(|p| p.starts_with("/sys/devices") && !p.starts_with("/sys/devices/virtual"))
+                    .filter_map(|p| p.to_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        dirs.sort();
+        dirs
+    })
 }
 
 /// Writes `spec` as `<bundle>/config.json`.
