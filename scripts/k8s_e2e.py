@@ -17,6 +17,9 @@ cluster (k8s/overlays/local), through the services instance that script starts.
    returns to 1. Every job succeeds with its own output and exactly one terminal write (its
    done list, as tests/rabbitmq_cluster.rs checks); reruns after a scale-down are counted. The replica
    counts over time go to --report (CSV: seconds, S replicas, S ready, M replicas, S queue).
+6. A scale-down under running jobs: 6 jobs of 45 s on three S pods, then KEDA paused at one
+   replica; the stopped pods' jobs are handed back and rerun (attempt 2) on the remaining pod,
+   each succeeds once with its own output.
 Exit 0 only if every check passed; prints a line per check.
 """
 import argparse
@@ -351,12 +354,64 @@ def plot(c, csv_path):
         shutil.copy(png, os.path.splitext(csv_path)[0] + ".png")
 
 
+def statuses(c, ids):
+    out = {}
+    for job_id in ids:
+        p = subprocess.run([c.sandq, "--json", "status", job_id], capture_output=True, text=True, timeout=60)
+        out[job_id] = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+    return out
+
+
+def scale_down_under_load(c, jobs=6, seconds=45):
+    """A scale-down under running jobs, made by KEDA: 6 jobs of 45 s run two per pod on three S
+    pods; the ScaledObject is then paused at 1 replica (`autoscaling.keda.sh/paused-replicas`),
+    so two pods are stopped with their jobs running. Each stopping worker waits its 30 s grace,
+    kills what still runs and hands it back to the queue; the remaining pod reruns them."""
+    ids = {}
+    for i in range(jobs):
+        job_id = f"k8s-down-{uuid.uuid4().hex[:12]}"
+        code = f"import time\ntime.sleep({seconds})\nprint('job {i}')"
+        p = subprocess.run([c.sandq, "submit", "--sku", "S", "--id", job_id, "--timeout", "120s", "--mode", "script", "-c", code],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            check(f"submit job {i}", False, p.stderr)
+        ids[job_id] = i
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        now = statuses(c, ids)
+        if all(r.get("status") == "running" for r in now.values()):
+            break
+        time.sleep(3)
+    on = sorted({r.get("worker_id") for r in now.values()})
+    check(f"all {jobs} jobs running on {len(on)} pods before the scale-down", all(r.get("status") == "running" for r in now.values()) and len(on) >= 2,
+          str({j: (r.get("status"), r.get("worker_id")) for j, r in now.items()}))
+    c.kubectl("-n", "sandq", "annotate", "scaledobject", "sandq-worker-s", "autoscaling.keda.sh/paused-replicas=1", "--overwrite")
+    t0 = time.time()
+    try:
+        deadline = time.time() + 420
+        while time.time() < deadline:
+            results = statuses(c, ids)
+            if all(r.get("status") in TERMINAL for r in results.values()):
+                break
+            time.sleep(5)
+        took = time.time() - t0
+    finally:
+        c.kubectl("-n", "sandq", "annotate", "scaledobject", "sandq-worker-s", "autoscaling.keda.sh/paused-replicas-")
+    bad = {j: (r.get("status"), r.get("stdout", {}).get("text")) for j, r in results.items() if r.get("status") != "succeeded" or r["stdout"]["text"] != f"job {ids[j]}\n"}
+    check(f"all {jobs} jobs succeeded with their own output after the scale-down under them", not bad, str(bad))
+    writes = {j: terminal_writes(j) for j in results}
+    check("each has exactly one terminal write", all(n == 1 for n in writes.values()), str(writes))
+    reruns = {j: (r.get("attempt"), r.get("worker_id")) for j, r in results.items() if (r.get("attempt") or 1) > 1}
+    check("the jobs of the stopped pods were requeued and rerun (attempt 2)", len(reruns) >= 2, str(reruns))
+    print(f"  scale-down under load: {len(reruns)} of {jobs} jobs rerun, all done {took:.0f} s after the pause: {reruns}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sandq", required=True)
     ap.add_argument("--kubectl", required=True)
     ap.add_argument("--report", required=True)
-    ap.add_argument("--only", default="main,hostile,network,cleanup,autoscale")
+    ap.add_argument("--only", default="main,hostile,network,cleanup,autoscale,scaledown")
     args = ap.parse_args()
     c = Cluster(args)
     import tomllib
@@ -379,6 +434,8 @@ def main():
     print(f"  checks through the pods took {time.time() - t:.0f} s", flush=True)
     if "autoscale" in steps:
         autoscale(c, args.report)
+    if "scaledown" in steps:
+        scale_down_under_load(c)
     shutil.rmtree(c.out, ignore_errors=True)
     print(f"{'PASSED' if not failures else 'FAILED: ' + ', '.join(failures)}")
     sys.exit(1 if failures else 0)

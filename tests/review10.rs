@@ -352,6 +352,50 @@ async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
     }
 }
 
+/// Eleventh review R11-1: a dead letter naming a `running` record whose `started_at_ms` is a
+/// client's u64::MAX overflowed the deferred check's deadline (a panic that ended the worker's
+/// dead-letter consumer for good), and a start decades ahead held a deferred check, and its
+/// place in the bounded list, for decades. Both now count from now at the latest: the worker
+/// lives, keeps its dead-letter consumer (a legitimate dead letter behind them gets its result),
+/// and neither panics.
+#[tokio::test]
+async fn a_client_written_start_time_neither_panics_nor_pins_the_dead_letter_consumer() {
+    let world = Isolated::new().await;
+    let id = format!("{}-w", world.namespace);
+    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let mut client = world.client().await;
+    let names = Names::new(world.namespace.clone());
+    let mut conn = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
+    let far = sandq_submitter::client::now_ms() + 50 * 365 * 24 * 3600 * 1000;
+    for started in [u64::MAX, u64::MAX - 1, far] {
+        let spec = python_job("print(1)", Sku::S);
+        let mut running = JobResult::new(spec.job_id.clone(), JobStatus::Running);
+        running.sku = Some(Sku::S);
+        running.attempt = 1;
+        running.started_at_ms = Some(started);
+        assert!(sandq_submitter::results::write(&mut conn, &names, &running, Duration::from_secs(600)).await.expect("running"));
+        forge_dead_letter(&world.config, &sandq_schemas::encode(&spec).expect("encode"), &spec.job_id, "expired").await;
+    }
+    // Behind them, a queued job no worker took: its dead letter must still get a result.
+    let legit = python_job("print(1)", Sku::S);
+    let mut queued = JobResult::new(legit.job_id.clone(), JobStatus::Queued);
+    queued.sku = Some(Sku::S);
+    assert!(sandq_submitter::results::write(&mut conn, &names, &queued, Duration::from_secs(600)).await.expect("queued"));
+    forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
+    let result = wait(&mut client, &legit.job_id).await;
+    let log = sandq_tests::isolated_worker_log(&id);
+    let alive = worker.id();
+    let running = std::path::Path::new(&format!("/proc/{alive}")).exists();
+    stop(worker);
+    world.delete_queues().await;
+    assert_eq!(result.status, JobStatus::Expired, "{result:?}");
+    assert!(running, "the worker died");
+    assert!(!log.contains("panicked"), "a panic:\n{log}");
+    // Deferred until the start (clamped to now) plus the attempt's lifetime: minutes, not decades.
+    let deferred = log.lines().filter(|l| l.contains("checking again once its attempt must have ended")).count();
+    assert_eq!(deferred, 3, "{log}");
+}
+
 /// N4: the reaper read the due names of the sessions index as strings (one member that is not
 /// UTF-8 failed every call, on every worker), and left a due name it could not handle (its lock
 /// held) at the head of the index, where 100 of them pinned its window of 100 for ever. Invalid

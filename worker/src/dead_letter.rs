@@ -24,9 +24,10 @@
 //! as the worker drops such messages (security re-review N6). Every message is acked once its
 //! result is stored (or found stored); a Redis failure puts it back after a pause.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -35,7 +36,7 @@ use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
 use sandq_submitter::client::now_ms;
 use sandq_submitter::results;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::job::Context;
 
@@ -128,7 +129,9 @@ pub fn death(headers: Option<&FieldTable>) -> Death {
         "rejected" => DeathReason::Rejected,
         _ => DeathReason::Other,
     };
-    Death { reason, raw_reason, queue: field("queue") }
+    // The queue name is logged too (eleventh review R11-3: 120 KB names grew the log by 600 KB
+    // each); a real one is at most 255 bytes, so a clipped name is never a queue of ours.
+    Death { reason, raw_reason, queue: field("queue").map(|q| crate::job::clip_reason(&q)) }
 }
 
 /// How many times the message was delivered before the broker gave up: an `x-delivery-count`
@@ -205,7 +208,15 @@ pub async fn run(ctx: Context, channel: Channel, mut shutdown: watch::Receiver<b
         };
         // Through ack::settle, which takes lapin's "not sent" (the channel closed) for the
         // error it is: the consumer is then reopened (eighth review note).
-        if handle(&ctx, &delivery).await {
+        // A panic while handling one message (a defect reachable by a client-written record:
+        // eleventh review R11-1) drops that message instead of ending this consumer, which
+        // would otherwise leave the worker without one until it restarts.
+        let handled = AssertUnwindSafe(handle(&ctx, &delivery)).catch_unwind().await.unwrap_or_else(|_| {
+            crate::metrics::dead_letter("other", "panic");
+            error!(message_id = ?delivery.properties.message_id(), "handling a dead letter panicked; dropping it");
+            true
+        });
+        if handled {
             crate::ack::settle(&delivery.acker, crate::ack::Disposition::Ack).await?;
         } else {
             tokio::select! {
@@ -282,7 +293,11 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
             return true;
         }
         if death.reason != DeathReason::DeliveryLimit {
-            let alive_until = run.started_at_ms.unwrap_or(0) + attempt_lifetime(settings).as_millis() as u64;
+            // The record's times are a client's to write: a start in the future counts as now,
+            // and nothing overflows (eleventh review R11-1: u64::MAX panicked; a start 50 years
+            // ahead held a deferred check, and its place in the list, for 50 years).
+            let lifetime = attempt_lifetime(settings).as_millis() as u64;
+            let alive_until = run.started_at_ms.unwrap_or(0).min(now_ms()).saturating_add(lifetime);
             if now_ms() < alive_until {
                 let key = (job_id.clone(), run.attempt);
                 // None: full; Some(false): a check of this attempt is pending already.
@@ -303,7 +318,9 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     }
     // `x-delivery-limit` returns, plus the delivery that was never returned.
     let count = deliveries(headers, u64::from(settings.services.amqp.delivery_limit) + 1);
-    let header_keys: Vec<String> = headers.map(|h| h.inner().keys().map(|k| k.as_str().to_owned()).collect()).unwrap_or_default();
+    let header_keys: Vec<String> = headers
+        .map(|h| h.inner().keys().take(32).map(|k| crate::job::clip_reason(k.as_str())).collect())
+        .unwrap_or_default();
     tracing::debug!(%job_id, ?header_keys, deliveries = count, "dead-lettered message");
     let Some((status, reason)) =
         verdict(&death, current.as_ref(), cancelled, spec.is_some(), count, settings.services.queues.unserved_ttl)
