@@ -4,7 +4,7 @@ cluster (k8s/overlays/local), through the services instance that script starts.
 
 1. The README's main job (examples/macro_summary.py on examples/macrodata.csv, SKU M): its STATS
    line against the same statistics computed here with the csv module, and its chart.
-2. Hostile programs of ../shared/cases/hostile (fork bomb, memory hog, privileged operations,
+2. Hostile programs of tests/hostile (the copies of ../shared/cases/hostile) (fork bomb, memory hog, privileged operations,
    network probe, environment leak, /proc view, kill everything) with the checks of
    tests/hostile.rs, and after each the next ordinary job runs.
 3. Network modes from inside a pod: `none` reaches nothing; `outbound` reaches a server in a
@@ -38,7 +38,7 @@ import urllib.request
 import uuid
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOSTILE = os.path.join(HERE, "..", "shared", "cases", "hostile")
+HOSTILE = os.path.join(HERE, "tests", "hostile")  # the repository's copies of ../shared/cases/hostile
 NODE_IP = "10.210.0.1"
 EXT_NETNS, EXT_IP = "sqk8s-ext", "198.18.0.2"
 failures = []
@@ -130,7 +130,10 @@ def hostile(c, secrets):
     lines = r["stdout"]["text"].splitlines()
     check("privileged operations all fail in a pod's sandbox",
           r["status"] == "succeeded" and len(lines) == 16 and not any("RETURNED" in l or l.endswith("-> 0") for l in lines), r["stdout"]["text"])
-    r = c.run("--sku", "S", h("network_probe.py"))
+    ports = os.path.join(c.out, "ports")
+    with open(ports, "w") as f:
+        f.write("26001 26000 26003")  # this run's AMQP, Redis and S3 ports, on the node's loopback
+    r = c.run("--sku", "S", "--stdin", ports, h("network_probe.py"))
     out = r["stdout"]["text"]
     check("network probe (none) reaches nothing", r["status"] == "succeeded" and "CONNECTED" not in out and out.count("blocked") == 4, out)
     r = c.run("--sku", "S", h("env_leak.py"))
