@@ -603,8 +603,9 @@ async fn an_output_flood_costs_the_worker_little_cpu() {
     assert!(extra < 1.0, "the flood cost the worker {extra} s of CPU more than the baseline ({worker_cpu:?})");
 }
 
-/// F6, I5, N6 and R11-2: nothing in the sandbox shows other jobs' disk activity (block device
-/// counters, I/O pressure, the disk's interrupt counts) or the host's layout.
+/// F6, I5, N6, R11-2 and R12-3: nothing in the sandbox shows other jobs' disk activity (block
+/// device counters, I/O pressure, the disk's interrupt counts, the host's file and inode counts)
+/// or the host's layout.
 #[tokio::test]
 async fn host_disk_activity_and_paths_are_not_visible() {
     let _serial = SERIAL.lock().await;
@@ -620,7 +621,8 @@ print("diskstats", repr(open("/proc/diskstats").read()))
 print("partitions", repr(open("/proc/partitions").read()))
 print("uevent_seqnum", repr(open("/sys/kernel/uevent_seqnum").read()))
 print("interrupts", repr(open("/proc/interrupts").read()), "softirqs", repr(open("/proc/softirqs").read()))
-for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure", "/proc/irq", "/sys/kernel/irq"]:
+print("fs counters", [open("/proc/sys/fs/" + name).read() for name in ["file-nr", "inode-nr", "inode-state", "dentry-state"]])
+for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure", "/proc/irq", "/sys/kernel/irq", "/proc/sys/fs/quota"]:
     print(path, listing(path))
 for path in DISK_DIRS:
     print("disk", listing(path))
@@ -647,8 +649,8 @@ print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountin
     let result = run(&mut client, &spec).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
     let expected = format!(
-        "diskstats ''\npartitions ''\nuevent_seqnum ''\ninterrupts '' softirqs ''\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
-         /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n/proc/irq []\n/sys/kernel/irq []\n{}\
+        "diskstats ''\npartitions ''\nuevent_seqnum ''\ninterrupts '' softirqs ''\nfs counters ['', '', '', '']\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
+         /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n/proc/irq []\n/sys/kernel/irq []\n/proc/sys/fs/quota []\n{}\
          mountinfo names the data dir: False\nmountinfo names the worker: False\n",
         "disk []\n".repeat(disks.len())
     );
