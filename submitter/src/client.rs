@@ -4,6 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// Publishes of one job that the broker may nack before [`Client::submit`] gives up: nacks come
+/// while a quorum queue elects a leader (its node stopping, `tests/rabbitmq_cluster.rs`), which
+/// takes seconds; with pauses of 0.2 s doubling to 2 s, 8 tries wait ~9 s in all.
+pub const NACK_ATTEMPTS: usize = 8;
+
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
 use lapin::types::{AMQPValue, FieldTable};
@@ -158,7 +163,8 @@ impl Client {
     /// records the job as `queued` in Redis. The job is submitted only if this returns `Ok`.
     /// A publish that fails (connection lost, no confirm within `amqp.confirm_timeout`, a nack)
     /// is repeated on the next broker address, at most once per address plus once (so twice
-    /// with one address); the job may then be queued twice, which its id makes harmless.
+    /// with one address), and a nack up to [`NACK_ATTEMPTS`] times with a pause; the job may
+    /// then be queued twice, which its id makes harmless.
     ///
     /// # Errors
     /// [`ClientError::Invalid`] before publishing; [`ClientError::NotAccepted`] when the broker
@@ -180,7 +186,14 @@ impl Client {
         let confirm = loop {
             attempt += 1;
             let failure = match tokio::time::timeout(self.config.amqp.confirm_timeout, self.publish(spec, &body)).await {
-                Ok(Ok(Confirmation::Nack(_))) if attempt < attempts => "the broker nacked it".to_owned(),
+                // A nack is what every node answers while a quorum queue elects a new leader (its
+                // node stopping): that passes within seconds, so nacks get NACK_ATTEMPTS tries
+                // with a growing pause between them (0.2 s doubling to 2 s, ~9 s in all).
+                Ok(Ok(Confirmation::Nack(_))) if attempt < attempts.max(NACK_ATTEMPTS) => {
+                    let pause = Duration::from_millis(200 << (attempt - 1).min(4)).min(Duration::from_secs(2));
+                    tokio::time::sleep(pause).await;
+                    "the broker nacked it".to_owned()
+                }
                 Ok(Ok(confirm)) => break confirm,
                 Ok(Err(ClientError::Broker(e))) if attempt < attempts => e.to_string(),
                 Ok(Err(e)) => return Err(e),
