@@ -253,29 +253,6 @@ async fn a_job_cancelled_while_its_inputs_are_staged_never_runs() {
     world.delete_queues().await;
 }
 
-/// Publishes `body` to the namespace's dead-letter exchange with an `x-death` header naming
-/// `reason` (as the broker writes it, and as anyone allowed to publish there can).
-async fn forge_dead_letter(config: &sandq_submitter::config::ServiceConfig, body: &[u8], message_id: &str, reason: &str) {
-    use lapin::types::{AMQPValue, FieldArray, FieldTable};
-    let names = sandq_schemas::names::Names::new(config.namespace.clone());
-    let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
-    let channel = connection.create_channel().await.expect("channel");
-    channel.confirm_select(Default::default()).await.expect("confirms");
-    let mut death = FieldTable::default();
-    death.insert("reason".into(), AMQPValue::LongString(reason.into()));
-    death.insert("queue".into(), AMQPValue::LongString(names.jobs_queue(Sku::S).into()));
-    death.insert("count".into(), AMQPValue::LongLongInt(1));
-    let mut headers = FieldTable::default();
-    headers.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)])));
-    let properties = lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
-    channel
-        .basic_publish(names.dead_letter_exchange().into(), "".into(), Default::default(), body, properties)
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
-}
-
 /// Fifth review P1 and P3: a dead letter forged for a running job (any publisher to the
 /// dead-letter exchange can write `x-death`; so can a client's own duplicate that expired)
 /// does not end it: the job finishes with its own result. A dead letter naming a job whose
@@ -292,21 +269,21 @@ async fn forged_and_unreadable_dead_letters_do_not_end_a_running_job_or_block_th
     wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(60)).await;
     let body = sandq_schemas::encode(&spec).expect("encode");
     for reason in ["expired", "delivery_limit", "rejected"] {
-        forge_dead_letter(&world.config, &body, &spec.job_id, reason).await;
+        sandq_tests::forge_dead_letter(&world.config, &body, &spec.job_id, reason).await;
     }
     // A record of another type under a job's key: unreadable, not a Redis outage.
     let bad = uuid::Uuid::new_v4().to_string();
     let names = sandq_schemas::names::Names::new(world.config.namespace.clone());
     let mut redis = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
     let () = redis::cmd("SET").arg(names.job_key(&bad)).arg("not a hash").query_async(&mut redis).await.expect("set");
-    forge_dead_letter(&world.config, b"garbage", &bad, "expired").await;
+    sandq_tests::forge_dead_letter(&world.config, b"garbage", &bad, "expired").await;
     // Behind it, a queued job's real-looking dead letter is handled at once.
     let queued = python_job("print('never')", Sku::L);
     let mut record = sandq_schemas::JobResult::new(queued.job_id.clone(), JobStatus::Queued);
     record.queued_at_ms = Some(sandq_submitter::client::now_ms());
     sandq_submitter::results::write(&mut redis, &names, &record, Duration::from_secs(600)).await.expect("queued");
     let started = std::time::Instant::now();
-    forge_dead_letter(&world.config, &sandq_schemas::encode(&queued).expect("encode"), &queued.job_id, "expired").await;
+    sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&queued).expect("encode"), &queued.job_id, "expired").await;
     let expired = wait(&mut client, &queued.job_id).await;
     assert_eq!(expired.status, JobStatus::Expired, "{expired:?}");
     assert!(started.elapsed() < Duration::from_secs(3), "the unreadable dead letter held the next one {:?}", started.elapsed());

@@ -749,3 +749,27 @@ impl RedisSentinels {
         self.sentinels.iter().find_map(|s| redis_cli(*s, &["sentinel", "get-master-addr-by-name", "mymaster"]).lines().nth(1)?.trim().parse().ok())
     }
 }
+
+/// Publishes `body` to the dead-letter exchange as the broker would dead-letter it from the S
+/// queue: `message_id` and one `x-death` entry with `reason` (anyone allowed to publish there can
+/// forge this; the dead-letter tests check the worker does not trust it).
+pub async fn forge_dead_letter(config: &sandq_submitter::config::ServiceConfig, body: &[u8], message_id: &str, reason: &str) {
+    use lapin::types::{AMQPValue, FieldArray, FieldTable};
+    let names = sandq_schemas::names::Names::new(config.namespace.clone());
+    let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    channel.confirm_select(Default::default()).await.expect("confirms");
+    let mut death = FieldTable::default();
+    death.insert("reason".into(), AMQPValue::LongString(reason.into()));
+    death.insert("queue".into(), AMQPValue::LongString(names.jobs_queue(Sku::S).into()));
+    death.insert("count".into(), AMQPValue::LongLongInt(1));
+    let mut headers = FieldTable::default();
+    headers.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)])));
+    let properties = lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
+    channel
+        .basic_publish(names.dead_letter_exchange().into(), "".into(), Default::default(), body, properties)
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+}

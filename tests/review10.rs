@@ -164,7 +164,7 @@ async fn a_dead_letter_decodes_only_the_fields_it_uses_of_a_client_record() {
             .await
             .expect("write");
         assert_eq!(written, 1);
-        forge_dead_letter(&world.config, &sandq_schemas::encode(spec).expect("encode"), &spec.job_id, "expired").await;
+        sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(spec).expect("encode"), &spec.job_id, "expired").await;
     }
     let mut results = Vec::new();
     for spec in &specs {
@@ -267,7 +267,7 @@ async fn a_deeply_nested_body_is_rejected_and_the_worker_lives() {
     // And the same body as a dead letter, for a job of its own.
     let dead = python_job("print(1)", Sku::S);
     let dead_body = with_field_x(&sandq_schemas::encode(&dead).expect("encode"), &deep);
-    forge_dead_letter(&world.config, &dead_body, &dead.job_id, "expired").await;
+    sandq_tests::forge_dead_letter(&world.config, &dead_body, &dead.job_id, "expired").await;
     let dead_result = wait(&mut client, &dead.job_id).await;
     let exited = worker.try_wait().expect("try_wait");
     if exited.is_none() {
@@ -279,29 +279,6 @@ async fn a_deeply_nested_body_is_rejected_and_the_worker_lives() {
     assert!(result.reason.as_deref().is_some_and(|r| r.contains("depth limit exceeded")), "{result:?}");
     // The dead letter's body is not a job: it gets the dead-letter result by its message id.
     assert_eq!(dead_result.status, JobStatus::Expired, "{dead_result:?}");
-}
-
-/// Publishes `body` to the namespace's dead-letter exchange with an `x-death` header naming
-/// `reason` (as the broker writes it, and as anyone allowed to publish there can).
-async fn forge_dead_letter(config: &sandq_submitter::config::ServiceConfig, body: &[u8], message_id: &str, reason: &str) {
-    use lapin::types::{AMQPValue, FieldArray, FieldTable};
-    let names = Names::new(config.namespace.clone());
-    let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
-    let channel = connection.create_channel().await.expect("channel");
-    channel.confirm_select(Default::default()).await.expect("confirms");
-    let mut death = FieldTable::default();
-    death.insert("reason".into(), AMQPValue::LongString(reason.into()));
-    death.insert("queue".into(), AMQPValue::LongString(names.jobs_queue(Sku::S).into()));
-    death.insert("count".into(), AMQPValue::LongLongInt(1));
-    let mut headers = FieldTable::default();
-    headers.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)])));
-    let properties = lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
-    channel
-        .basic_publish(names.dead_letter_exchange().into(), "".into(), Default::default(), body, properties)
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
 }
 
 /// N3: a 1-byte status that is not UTF-8 (`HSET ... status "\xff"`) made reading the status a
@@ -319,7 +296,7 @@ async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
     let poisoned: Vec<_> = (0..4).map(|_| python_job("print(1)", Sku::S)).collect();
     for spec in &poisoned {
         let () = redis::cmd("HSET").arg(names.job_key(&spec.job_id)).arg("status").arg(b"\xff".as_slice()).query_async(&mut redis).await.expect("hset");
-        forge_dead_letter(&world.config, &sandq_schemas::encode(spec).expect("encode"), &spec.job_id, "expired").await;
+        sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(spec).expect("encode"), &spec.job_id, "expired").await;
     }
     // A legitimate dead letter behind them: a queued job no worker took.
     let legit = python_job("print(1)", Sku::S);
@@ -327,7 +304,7 @@ async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
     queued.sku = Some(Sku::S);
     let mut conn = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
     assert!(sandq_submitter::results::write(&mut conn, &names, &queued, Duration::from_secs(600)).await.expect("queued"));
-    forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
+    sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
     let result = wait(&mut client, &legit.job_id).await;
     // The job path: a delivery of a job whose status is those bytes was retried 6 times with
     // backoff ("cannot read the job's state"), then dead-lettered into the loop above. The
@@ -374,14 +351,14 @@ async fn a_client_written_start_time_neither_panics_nor_pins_the_dead_letter_con
         running.attempt = 1;
         running.started_at_ms = Some(started);
         assert!(sandq_submitter::results::write(&mut conn, &names, &running, Duration::from_secs(600)).await.expect("running"));
-        forge_dead_letter(&world.config, &sandq_schemas::encode(&spec).expect("encode"), &spec.job_id, "expired").await;
+        sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&spec).expect("encode"), &spec.job_id, "expired").await;
     }
     // Behind them, a queued job no worker took: its dead letter must still get a result.
     let legit = python_job("print(1)", Sku::S);
     let mut queued = JobResult::new(legit.job_id.clone(), JobStatus::Queued);
     queued.sku = Some(Sku::S);
     assert!(sandq_submitter::results::write(&mut conn, &names, &queued, Duration::from_secs(600)).await.expect("queued"));
-    forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
+    sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
     let result = wait(&mut client, &legit.job_id).await;
     let log = sandq_tests::isolated_worker_log(&id);
     let alive = worker.id();
