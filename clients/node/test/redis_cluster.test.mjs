@@ -7,6 +7,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -28,6 +29,20 @@ function cli(p, ...args) {
   } catch {
     return "";
   }
+}
+
+// A function from a slot to the port of the primary that serves it, read from each primary's own
+// line (`myself`) of CLUSTER NODES: fields 9.. are its slot ranges.
+function slotOwners() {
+  const ranges = [];
+  for (const p of ports) {
+    const mine = cli(p, "cluster", "nodes").split("\n").find((line) => line.split(" ")[2]?.includes("myself"));
+    for (const part of mine.trim().split(" ").slice(8)) {
+      const [low, high] = part.split("-").map(Number);
+      ranges.push([low, high ?? low, p]);
+    }
+  }
+  return (slot) => ranges.find(([low, high]) => low <= slot && slot <= high)[2];
 }
 
 async function waitFor(check, limitMs, what) {
@@ -70,13 +85,24 @@ after(async () => {
 });
 
 test("jobs and a cancel through a Redis Cluster", async () => {
+  const key = (id) => `sandq-test-sdk-node-cluster:job:{${id}}`;
+  const ownerOf = slotOwners();
+  const owner = (id) => ownerOf(Number(cli(ports[0], "cluster", "keyslot", key(id)).trim()));
+  // Two job ids per primary, picked by the slot Redis itself computes (CLUSTER KEYSLOT), so the
+  // spread is certain: random ids all fell on one primary 1 time in 243 (CI, 2026-11-30).
   const ids = [];
-  for (let i = 0; i < 6; i++) ids.push(await client.submit({ code: `print(${i} * ${i})`, sku: "S" }));
+  for (const p of ports) {
+    for (let n = 0; n < 2; ) {
+      const candidate = `sdk-node-cluster-${randomBytes(6).toString("hex")}`;
+      if (owner(candidate) === p) { ids.push(candidate); n++; }
+    }
+  }
+  for (const [i, id] of ids.entries()) assert.equal(await client.submit({ code: `print(${i} * ${i})`, sku: "S", job_id: id }), id);
   const results = await Promise.all(ids.map((id) => client.wait(id, WAIT)));
   assert.deepEqual(results.map((r) => [r.status, r.stdout.text]), ids.map((_, i) => ["succeeded", `${i * i}\n`]));
-  // Each job's hash is on the primary of its slot: more than one primary holds them.
-  const holders = ports.filter((p) => ids.some((id) => cli(p, "exists", `sandq-test-sdk-node-cluster:job:{${id}}`).trim() === "1"));
-  assert.ok(holders.length > 1, `hashes on ${holders}`);
+  // Each job's hash is on the primary that owns its slot, and on no other: two on each primary.
+  const holders = ids.map((id) => ports.filter((p) => cli(p, "exists", key(id)).trim() === "1"));
+  assert.deepEqual(holders, ids.map((id) => [owner(id)]));
   const id = await client.submit({ code: "import time\nprint('up', flush=True)\ntime.sleep(120)", sku: "S", timeout: "5m" });
   await waitFor(async () => (await client.status(id))?.status === "running", 120_000, "never ran");
   assert.equal(await client.cancel(id), true);

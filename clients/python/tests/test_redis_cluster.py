@@ -29,6 +29,21 @@ def cli(port: int, *args: str) -> str:
     return done.stdout
 
 
+def slot_owners(ports: list[int]):
+    """A function from a slot (CLUSTER KEYSLOT's output) to the port of the primary that serves it,
+    read from each primary's own line (`myself`) of CLUSTER NODES: fields 9.. are its slot ranges."""
+    ranges = []
+    for port in ports:
+        mine = next(line for line in cli(port, "cluster", "nodes").splitlines() if "myself" in line.split()[2])
+        for part in mine.split()[8:]:
+            low, _, high = part.partition("-")
+            ranges.append((int(low), int(high or low), port))
+
+    def owner_of(slot: str) -> int:
+        return next(port for low, high, port in ranges if low <= int(slot) <= high)
+    return owner_of
+
+
 def wait_for(check, limit: float, what: str) -> None:
     started = time.monotonic()
     while not check():
@@ -94,12 +109,27 @@ def cluster_worker(cluster_config: sandq.Config):
 def test_jobs_and_a_cancel_through_a_redis_cluster(cluster_config: sandq.Config, cluster_worker) -> None:
     with sandq.Client(cluster_config) as client:
         assert isinstance(client.redis, redis.cluster.RedisCluster)
-        ids = [client.submit(f"print({i} * {i})", sku="S") for i in range(6)]
+        ports = [int(url.rsplit(":", 1)[1].strip("/")) for url in cluster_config.redis_nodes]
+        owner_of = slot_owners(ports)
+        # Two job ids per primary, picked by the slot Redis itself computes (CLUSTER KEYSLOT), so
+        # the spread is certain: random ids all fell on one primary 1 time in 243 (CI, 2026-11-30).
+        ids: list[str] = []
+        for port in ports:
+            mine: list[str] = []
+            while len(mine) < 2:
+                candidate = f"sdk-cluster-{os.urandom(6).hex()}"
+                if owner_of(cli(ports[0], "cluster", "keyslot", client.names.job(candidate))) == port:
+                    mine.append(candidate)
+            ids += mine
+        for i, job_id in enumerate(ids):
+            assert client.submit(f"print({i} * {i})", sku="S", job_id=job_id) == job_id
         results = [client.wait(job_id, WAIT) for job_id in ids]
         assert [(r.status, r.stdout.text) for r in results] == [("succeeded", f"{i * i}\n") for i in range(6)]
-        # The jobs' hashes are spread over the three primaries (the point of a cluster).
-        owners = {client.redis.get_node_from_key(client.names.job(job_id)).port for job_id in ids}
-        assert len(owners) > 1, owners
+        # Each job's hash is on the primary that owns its slot, and on no other: the three
+        # primaries hold two each (the point of a cluster).
+        holders = {job_id: [p for p in ports if cli(p, "exists", client.names.job(job_id)).strip() == "1"] for job_id in ids}
+        expected = {job_id: [owner_of(cli(ports[0], "cluster", "keyslot", client.names.job(job_id)))] for job_id in ids}
+        assert holders == expected
         job_id = client.submit("import time\nprint('up', flush=True)\ntime.sleep(120)", sku="S", timeout="5m")
         wait_for(lambda: (s := client.status(job_id)) is not None and s.status == "running", 120, "never ran")
         assert client.cancel(job_id)
