@@ -754,6 +754,12 @@ impl RedisSentinels {
 /// queue: `message_id` and one `x-death` entry with `reason` (anyone allowed to publish there can
 /// forge this; the dead-letter tests check the worker does not trust it).
 pub async fn forge_dead_letter(config: &sandq_submitter::config::ServiceConfig, body: &[u8], message_id: &str, reason: &str) {
+    forge_dead_letters(config, &[(body.to_vec(), message_id.to_owned())], reason).await;
+}
+
+/// [`forge_dead_letter`] for many `(body, message_id)` at once, on one channel, in order;
+/// returns once the broker confirmed them all.
+pub async fn forge_dead_letters(config: &sandq_submitter::config::ServiceConfig, messages: &[(Vec<u8>, String)], reason: &str) {
     use lapin::types::{AMQPValue, FieldArray, FieldTable};
     let names = sandq_schemas::names::Names::new(config.namespace.clone());
     let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
@@ -765,11 +771,19 @@ pub async fn forge_dead_letter(config: &sandq_submitter::config::ServiceConfig, 
     death.insert("count".into(), AMQPValue::LongLongInt(1));
     let mut headers = FieldTable::default();
     headers.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)])));
-    let properties = lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
-    channel
-        .basic_publish(names.dead_letter_exchange().into(), "".into(), Default::default(), body, properties)
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
+    for chunk in messages.chunks(500) {
+        let mut confirms = Vec::with_capacity(chunk.len());
+        for (body, message_id) in chunk {
+            let properties = lapin::BasicProperties::default().with_message_id(message_id.as_str().into()).with_headers(headers.clone());
+            confirms.push(
+                channel
+                    .basic_publish(names.dead_letter_exchange().into(), "".into(), Default::default(), body, properties)
+                    .await
+                    .expect("publish"),
+            );
+        }
+        for confirm in confirms {
+            assert!(confirm.await.expect("confirm").is_ack(), "the broker refused a forged dead letter");
+        }
+    }
 }

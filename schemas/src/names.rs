@@ -106,6 +106,25 @@ impl Names {
         format!("{}:sessions", self.namespace)
     }
 
+    /// Redis sorted set `<ns>:deferred`: the dead-letter consumer's deferred checks of running
+    /// jobs, member `<attempt>:<job_id>`, score the time (Unix epoch ms) the check is due.
+    /// Any worker's sweeper takes the due ones (the worker's `dead_letter` module).
+    pub fn deferred_checks(&self) -> String {
+        format!("{}:deferred", self.namespace)
+    }
+
+    /// Redis string `<ns>:sessions:rebuilt`: when (Unix epoch ms) a worker last started
+    /// rebuilding [`Self::sessions_index`] from the manifests in S3; workers take turns by it
+    /// (at most one rebuild an hour, or a minute after the index was found of another type).
+    pub fn sessions_rebuilt_key(&self) -> String {
+        format!("{}:sessions:rebuilt", self.namespace)
+    }
+
+    /// S3 prefix under which each session has its own prefix: `sessions/<ns>/`.
+    pub fn sessions_prefix(&self) -> String {
+        format!("sessions/{}/", self.namespace)
+    }
+
     /// Redis string `<ns>:session:{<name>}:lock`: the attempt id of the job using the session
     /// (`SET NX PX`, a 30 s lease renewed every 10 s); one job of a session runs at a time.
     pub fn session_lock_key(&self, session: &str) -> String {
@@ -126,7 +145,7 @@ impl Names {
 
     /// S3 prefix of a session's objects: `sessions/<ns>/<name>/`.
     pub fn session_prefix(&self, session: &str) -> String {
-        format!("sessions/{}/{}/", self.namespace, session)
+        format!("{}{}/", self.sessions_prefix(), session)
     }
 
     /// S3 key of a session's manifest (JSON: path -> sha256, size): `sessions/<ns>/<name>/manifest.json`.

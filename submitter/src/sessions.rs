@@ -4,6 +4,7 @@
 //! S3     sessions/<ns>/<name>/manifest.json       Manifest (JSON): path -> sha256, size; expiry
 //!        sessions/<ns>/<name>/blobs/<sha256>      file contents, content-addressed
 //! Redis  <ns>:sessions                            sorted set: name -> expires_at_ms
+//!        <ns>:sessions:rebuilt                    when a worker last rebuilt it from S3 (ms)
 //!        <ns>:session:{<name>}:lock               id of the job using the session (SET NX PX)
 //! ```
 //!
@@ -111,10 +112,27 @@ pub async fn load(s3: &aws_sdk_s3::Client, bucket: &str, names: &Names, name: &s
     }
 }
 
-/// Writes a session's manifest and its expiry in the index.
+/// What [`store`] did with the sessions index after the manifest was stored.
+#[derive(Debug)]
+pub enum IndexUpdate {
+    /// The session's expiry is in the index.
+    Done,
+    /// The index could not be updated (for example a client made `<ns>:sessions` a key of
+    /// another type: `WRONGTYPE`). The session is stored all the same: the manifest is its
+    /// state, and the reaper's rebuild ([`rebuild_index`]) indexes it again from S3.
+    Failed(redis::RedisError),
+}
+
+/// Writes a session's manifest, then its expiry in the index.
+///
+/// The manifest is the session's state; the index only tells the reaper when to look. So a
+/// failed index update is returned as [`IndexUpdate::Failed`], never as an error: the job that
+/// saved the session has succeeded, and retrying it would run its program again on files it
+/// already changed (twelfth security review R12-2: a client's `SET <ns>:sessions x` made every
+/// session job run three times and end `internal_error`).
 ///
 /// # Errors
-/// [`SessionError::Storage`] or [`SessionError::Redis`].
+/// [`SessionError::Storage`] or [`SessionError::Manifest`] (the manifest was not stored).
 pub async fn store(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
@@ -122,17 +140,24 @@ pub async fn store(
     names: &Names,
     name: &str,
     manifest: &Manifest,
-) -> Result<(), SessionError> {
+) -> Result<IndexUpdate, SessionError> {
     let bytes = serde_json::to_vec(manifest).map_err(|e| SessionError::Manifest { name: name.to_owned(), message: e.to_string() })?;
     storage::put_bytes(s3, bucket, &names.session_manifest_key(name), bytes, "application/json").await?;
-    let _: () = redis::cmd("ZADD").arg(names.sessions_index()).arg(manifest.expires_at_ms).arg(name).query_async(redis).await?;
-    Ok(())
+    let indexed: Result<(), redis::RedisError> =
+        redis::cmd("ZADD").arg(names.sessions_index()).arg(manifest.expires_at_ms).arg(name).query_async(redis).await;
+    Ok(match indexed {
+        Ok(()) => IndexUpdate::Done,
+        Err(e) => IndexUpdate::Failed(e),
+    })
 }
 
-/// Deletes every object of a session and its index entry; returns the objects deleted.
+/// Deletes every object of a session, then its index entry; returns the objects deleted.
+/// Removing the index entry is advisory (logged when it fails): a member whose session is gone
+/// is dropped by the reaper when its score comes due, and a deployment may deny clients write
+/// access to the index (docs/operations.md "Redis ACL").
 ///
 /// # Errors
-/// [`SessionError::Storage`] or [`SessionError::Redis`].
+/// [`SessionError::Storage`].
 pub async fn delete(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
@@ -144,7 +169,10 @@ pub async fn delete(
     // half way (the rest is deleted by the next delete or reap of the same name).
     storage::delete_keys(s3, bucket, &[names.session_manifest_key(name)]).await?;
     let deleted = storage::delete_prefix(s3, bucket, &names.session_prefix(name)).await?;
-    let _: () = redis::cmd("ZREM").arg(names.sessions_index()).arg(name).query_async(redis).await?;
+    let removed: Result<i64, redis::RedisError> = redis::cmd("ZREM").arg(names.sessions_index()).arg(name).query_async(redis).await;
+    if let Err(e) = removed {
+        tracing::warn!(session = name, error = %e, "session deleted; its index entry stays until the reaper drops it");
+    }
     Ok(deleted)
 }
 
@@ -310,13 +338,24 @@ pub async fn list(
 /// call reads (tenth security review N4: 100 such names pinned that window for ever).
 pub const REAP_RETRY: Duration = Duration::from_secs(60);
 
+/// What one [`reap`] call did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// The sessions deleted.
+    pub deleted: Vec<String>,
+    /// The index was a key of another type (a client wrote it) and was removed: it holds no
+    /// session now, so the caller should [`rebuild_index`] soon.
+    pub index_reset: bool,
+}
+
 /// Deletes the sessions whose expiry has passed (at most 100 per call); returns their names.
 /// Each is locked while it is deleted, and skipped when in use or when its manifest says it
 /// was used again since the index was read. A member of the index that is not a valid session
 /// name (`check_session_name`; bytes that are not UTF-8 included) is removed from the index
 /// and never used as an S3 prefix. A session that is locked, or whose deletion fails, is
 /// logged and moved [`REAP_RETRY`] later in the index (tried again then). A malformed manifest
-/// counts as expired.
+/// counts as expired. An index that is a key of another type (a client wrote it: twelfth
+/// security review R12-2) is deleted first and reported in [`Reaped::index_reset`].
 ///
 /// # Errors
 /// [`SessionError::Redis`] when the index cannot be read or a lock released.
@@ -327,7 +366,11 @@ pub async fn reap(
     names: &Names,
     now_ms: u64,
     reaper_id: &str,
-) -> Result<Vec<String>, SessionError> {
+) -> Result<Reaped, SessionError> {
+    let reset: i64 = redis::Script::new(RESET_FOREIGN_INDEX_SCRIPT).key(names.sessions_index()).invoke_async(redis).await?;
+    if reset == 1 {
+        tracing::warn!(key = names.sessions_index(), "the sessions index was a key of another type; deleted it (to be rebuilt from S3)");
+    }
     // Bytes: one member that is not UTF-8 failed the whole call, every period (tenth review N4).
     let due: Vec<Vec<u8>> = redis::Script::new(DUE_SESSIONS_SCRIPT).key(names.sessions_index()).arg(now_ms).invoke_async(redis).await?;
     let mut reaped = Vec::new();
@@ -378,8 +421,98 @@ pub async fn reap(
             }
         }
     }
-    Ok(reaped)
+    Ok(Reaped { deleted: reaped, index_reset: reset == 1 })
 }
+
+/// Most sessions one [`rebuild_index`] call looks at.
+pub const REBUILD_MAX_SESSIONS: usize = 100_000;
+
+/// How soon after another rebuild one may start when the index was found of another type
+/// ([`Reaped::index_reset`]), unless the worker's periodic rebuild (`sessions.rebuild_interval`,
+/// default 1 h) is shorter: a client resetting the index over and over costs at most one
+/// rebuild a minute across all workers.
+pub const REBUILD_AFTER_RESET: Duration = Duration::from_secs(60);
+
+/// How long a rebuild turn's start time is kept in Redis: longer than any sane rebuild period.
+const REBUILD_TURN_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// Whether this caller takes the next rebuild of the sessions index: true when no worker
+/// started one within `gap` (kept in [`Names::sessions_rebuilt_key`] as a start time in ms;
+/// a value that is not a time, or one in the future, counts as none: a client may write it).
+///
+/// # Errors
+/// [`SessionError::Redis`].
+pub async fn take_rebuild_turn(redis: &mut RedisConn, names: &Names, now_ms: u64, gap: Duration) -> Result<bool, SessionError> {
+    let taken: i64 = redis::Script::new(REBUILD_TURN_SCRIPT)
+        .key(names.sessions_rebuilt_key())
+        .arg(now_ms)
+        .arg(gap.as_millis() as u64)
+        .arg(REBUILD_TURN_KEPT.as_millis() as u64)
+        .invoke_async(redis)
+        .await?;
+    Ok(taken == 1)
+}
+
+/// Indexes every session that has a prefix in S3 (at most [`REBUILD_MAX_SESSIONS`]), by its
+/// manifest's expiry; returns how many sessions it looked at. A member already indexed keeps
+/// a later score (a job saving the session meanwhile). A prefix with no readable manifest (a
+/// deletion that stopped half way, a session whose first save is under way) is indexed as due
+/// now, so the reaper deletes it when nobody holds its lock. Names that are not valid session
+/// names are skipped.
+///
+/// # Errors
+/// [`SessionError::Storage`] when S3 cannot be listed or a manifest read fails for a reason
+/// other than its content; [`SessionError::Redis`].
+pub async fn rebuild_index(s3: &aws_sdk_s3::Client, bucket: &str, redis: &mut RedisConn, names: &Names, now_ms: u64) -> Result<usize, SessionError> {
+    let dirs = storage::list_dirs(s3, bucket, &names.sessions_prefix(), REBUILD_MAX_SESSIONS).await?;
+    let mut seen = 0;
+    for name in dirs.iter().filter(|n| sandq_schemas::validate::check_session_name(n).is_ok()) {
+        let expires_at_ms = match load(s3, bucket, names, name).await {
+            Ok(Some(m)) => m.expires_at_ms,
+            Ok(None) | Err(SessionError::Manifest { .. } | SessionError::Storage(TransferError::Size { .. })) => now_ms,
+            Err(e) => return Err(e),
+        };
+        let _: i64 = redis::Script::new(ADD_OR_LATER_SCRIPT).key(names.sessions_index()).arg(name).arg(expires_at_ms).invoke_async(redis).await?;
+        seen += 1;
+    }
+    Ok(seen)
+}
+
+/// KEYS[1] = the sessions index: deletes it and returns 1 when it is a key of another type
+/// than a sorted set (a client wrote it), else 0.
+const RESET_FOREIGN_INDEX_SCRIPT: &str = r"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'zset' and t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+";
+
+/// KEYS[1] = the rebuild turn key, ARGV = now (ms), gap (ms), expiry (ms): takes the turn
+/// (stores now, returns 1) when the stored start is missing, not a number, of another type, in
+/// the future, or at least `gap` ago; else 0.
+const REBUILD_TURN_SCRIPT: &str = r"
+local ok, v = pcall(redis.call, 'GET', KEYS[1])
+local last = ok and tonumber(v) or nil
+local now = tonumber(ARGV[1])
+if last == nil or last > now or now - last >= tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// KEYS[1] = the sessions index, ARGV = member, score: adds the member, or raises its score
+/// to `score` when it is indexed with a lower one; returns 1 when it changed anything.
+const ADD_OR_LATER_SCRIPT: &str = r"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  return 1
+end
+return 0
+";
 
 /// Moves `name`'s index score to `at` (ms) if it is still indexed and `at` is later than its
 /// score (a job saving the session meanwhile set a later expiry, which stays; `ZADD XX GT` in

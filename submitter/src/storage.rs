@@ -331,6 +331,41 @@ pub async fn list(s3: &Client, bucket: &str, prefix: &str, max: usize) -> Result
     }
 }
 
+/// The "directories" directly under `prefix` (S3 common prefixes for the delimiter `/`), without
+/// `prefix` and the trailing `/`, in key order, at most `max`: `a/x/1`, `a/y/2` under `a/`
+/// give `x`, `y`.
+///
+/// # Errors
+/// [`TransferError::Request`].
+pub async fn list_dirs(s3: &Client, bucket: &str, prefix: &str, max: usize) -> Result<Vec<String>, TransferError> {
+    let mut dirs = Vec::new();
+    let mut token = None;
+    loop {
+        let page = s3
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(prefix)
+            .delimiter("/")
+            .set_continuation_token(token)
+            .send()
+            .await
+            .map_err(|e| request_error(prefix, e))?;
+        dirs.extend(
+            page.common_prefixes()
+                .iter()
+                .filter_map(|p| p.prefix()?.strip_prefix(prefix)?.strip_suffix('/').map(str::to_owned)),
+        );
+        if dirs.len() >= max {
+            dirs.truncate(max);
+            return Ok(dirs);
+        }
+        match page.next_continuation_token() {
+            Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
+            _ => return Ok(dirs),
+        }
+    }
+}
+
 /// Deletes every object under `prefix`; returns how many.
 ///
 /// # Errors

@@ -17,8 +17,12 @@
 //! runs: fifth review P1): a `delivery_limit` counts only when the job's record shows that
 //! many attempts (`ignored` otherwise), and for any other reason the job is checked again once
 //! any attempt must have ended, `limits.max_timeout` plus 30 minutes after its start
-//! (`deferred`; one check per job and attempt, at most 10,000 pending, `deferred_full` past
-//! that), and given `internal_error` if it is still `running` with the same attempt. A record Redis holds as
+//! (`deferred`), and given `internal_error` if it is still `running` with the same attempt.
+//! Deferred checks are kept in Redis ([`Names::deferred_checks`]: one per job and attempt, by
+//! due time) and taken by whichever worker's [`sweeper`] comes first, so a check outlives the
+//! worker that deferred it and no count of forged records can crowd a real one out (twelfth
+//! security review R12-1: an in-process list of 10,000 was filled by 11,000 forged records,
+//! and a really lost job's dead letter was then dropped). A record Redis holds as
 //! another type or shape is not retried (`unreadable`: fifth review P3). A message naming a job that
 //! is `running` whose body is not a valid job (forged, or broken) is dropped without a result,
 //! as the worker drops such messages (security re-review N6). Every message is acked once its
@@ -299,20 +303,22 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
             let lifetime = attempt_lifetime(settings).as_millis() as u64;
             let alive_until = run.started_at_ms.unwrap_or(0).min(now_ms()).saturating_add(lifetime);
             if now_ms() < alive_until {
-                let key = (job_id.clone(), run.attempt);
-                // None: full; Some(false): a check of this attempt is pending already.
-                let new = DEFERRED.lock().ok().and_then(|mut d| (d.contains(&key) || d.len() < MAX_DEFERRED).then(|| d.insert(key.clone())));
-                let Some(new) = new else {
-                    crate::metrics::dead_letter(death.reason.as_str(), "deferred_full");
-                    warn!(%job_id, "dead letter for a running job: too many deferred checks; dropping it");
-                    return true;
+                return match defer(&mut redis, names, &job_id, run.attempt, alive_until).await {
+                    Ok(new) => {
+                        crate::metrics::dead_letter(death.reason.as_str(), "deferred");
+                        info!(%job_id, attempt = run.attempt, new, due_at_ms = alive_until, "dead letter for a running job: checking again once its attempt must have ended");
+                        true
+                    }
+                    Err(e) if transient(&e) => {
+                        warn!(%job_id, error = %e, "dead letter: cannot defer the check of a running job; retrying");
+                        false
+                    }
+                    Err(e) => {
+                        crate::metrics::dead_letter(death.reason.as_str(), "unreadable");
+                        warn!(%job_id, error = %e, "dead letter: cannot defer the check of a running job; dropping the message");
+                        true
+                    }
                 };
-                crate::metrics::dead_letter(death.reason.as_str(), "deferred");
-                info!(%job_id, attempt = run.attempt, new, "dead letter for a running job: checking again once its attempt must have ended");
-                if new {
-                    tokio::spawn(recheck_lost(ctx.clone(), key, alive_until));
-                }
-                return true;
             }
         }
     }
@@ -397,31 +403,154 @@ fn attempt_lifetime(settings: &crate::settings::Settings) -> Duration {
     settings.limits.max_timeout + Duration::from_secs(30 * 60)
 }
 
-/// Deferred checks pending in this worker, one per (job id, attempt) (sixth review S3: one
-/// task per forged message grew without bound); at most [`MAX_DEFERRED`].
-static DEFERRED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<(String, u32)>>> =
-    std::sync::LazyLock::new(Default::default);
+/// How often each worker's [`sweeper`] looks for due deferred checks.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
-/// Most deferred checks a worker keeps; past it a dead letter for a running job is dropped
-/// (counted `deferred_full`).
-const MAX_DEFERRED: usize = 10_000;
+/// Due checks one sweep call takes at once.
+const SWEEP_BATCH: usize = 100;
 
-/// At `until` (Unix ms), gives a job still `running` the same attempt an `internal_error`: its
-/// worker was lost. In-process: a worker restarting meanwhile forgets it (the job then stays
-/// `running`, as before the dead-letter consumer existed).
-async fn recheck_lost(ctx: Context, key: (String, u32), until: u64) {
-    tokio::time::sleep(Duration::from_millis(until.saturating_sub(now_ms()))).await;
-    if let Ok(mut deferred) = DEFERRED.lock() {
-        deferred.remove(&key);
+/// How long a check a sweeper took stays its own: a sweeper that dies with it leaves it due
+/// again this long later, for another worker.
+const SWEEP_LEASE: Duration = Duration::from_secs(300);
+
+/// Longest member of the deferred set: an attempt number (10 digits), `:`, and a job id (at
+/// most 64 bytes, `validate::check_job_id`), with room to spare. Longer ones are a client's and are
+/// removed unread.
+const MAX_MEMBER_BYTES: usize = 96;
+
+/// The deferred-set member of `job_id`'s `attempt`: `<attempt>:<job_id>`.
+fn deferral_member(job_id: &str, attempt: u32) -> String {
+    format!("{attempt}:{job_id}")
+}
+
+/// The job id and attempt of a deferred-set member; `None` for anything a worker would not
+/// have written (a client may write the set).
+fn parse_deferral(member: &[u8]) -> Option<(String, u32)> {
+    let (attempt, job_id) = std::str::from_utf8(member).ok()?.split_once(':')?;
+    let attempt = attempt.parse::<u32>().ok()?;
+    sandq_schemas::validate::check_job_id(job_id).ok()?;
+    (deferral_member(job_id, attempt).as_bytes() == member).then(|| (job_id.to_owned(), attempt))
+}
+
+/// Adds the check of `job_id`'s `attempt`, due at `due_ms` (Unix ms), to the deferred set,
+/// unless one is pending already (which keeps its time); true when added.
+///
+/// # Errors
+/// Redis' error.
+async fn defer(redis: &mut sandq_submitter::redis_conn::RedisConn, names: &sandq_schemas::names::Names, job_id: &str, attempt: u32, due_ms: u64) -> Result<bool, redis::RedisError> {
+    let added: i64 = redis::Script::new(DEFER_SCRIPT).key(names.deferred_checks()).arg(due_ms).arg(deferral_member(job_id, attempt)).invoke_async(redis).await?;
+    Ok(added == 1)
+}
+
+/// KEYS[1] = the deferred set, ARGV = due (ms), member: a key of another type there (a
+/// client's) is deleted first; then `ZADD NX`. Returns 1 when added.
+const DEFER_SCRIPT: &str = r"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'zset' and t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+return redis.call('ZADD', KEYS[1], 'NX', ARGV[1], ARGV[2])
+";
+
+/// KEYS[1] = the deferred set, ARGV = now (ms), lease end (ms), batch: takes up to `batch`
+/// members due by now, moving each to the lease end (so no other sweeper takes it meanwhile),
+/// and returns them; members longer than any a worker writes are removed instead; a key of
+/// another type is deleted.
+const CLAIM_SCRIPT: &str = r"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'zset' then
+  if t ~= 'none' then redis.call('DEL', KEYS[1]) end
+  return {}
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, m in ipairs(due) do
+  if #m <= tonumber(ARGV[4]) then
+    redis.call('ZADD', KEYS[1], ARGV[2], m)
+    out[#out + 1] = m
+  else
+    redis.call('ZREM', KEYS[1], m)
+  end
+end
+return out
+";
+
+/// Every [`SWEEP_EVERY`] until `shutdown`, takes the due deferred checks (any worker's) and
+/// gives each job still `running` the same attempt an `internal_error`: its worker was lost.
+/// A check whose Redis calls fail stays in the set and comes due again after [`SWEEP_LEASE`].
+pub async fn sweeper(ctx: Context, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(SWEEP_EVERY) => {}
+            _ = shutdown.changed() => return,
+        }
+        if let Err(e) = sweep(&ctx).await {
+            warn!(error = %e, "cannot sweep the deferred dead-letter checks; trying again");
+        }
     }
-    let (job_id, attempt) = key;
+}
+
+/// Takes and handles due checks until none is left; returns how many it handled.
+///
+/// # Errors
+/// Redis' error when the set cannot be read.
+async fn sweep(ctx: &Context) -> Result<usize, redis::RedisError> {
+    let mut redis = ctx.redis.clone();
+    let key = ctx.settings.names.deferred_checks();
+    let mut handled = 0;
+    loop {
+        let now = now_ms();
+        let due: Vec<Vec<u8>> = redis::Script::new(CLAIM_SCRIPT)
+            .key(&key)
+            .arg(now)
+            .arg(now.saturating_add(SWEEP_LEASE.as_millis() as u64))
+            .arg(SWEEP_BATCH)
+            .arg(MAX_MEMBER_BYTES)
+            .invoke_async(&mut redis)
+            .await?;
+        let batch = due.len();
+        for member in due {
+            if let Some((job_id, attempt)) = parse_deferral(&member) {
+                if let Err(e) = recheck_lost(ctx, &job_id, attempt).await {
+                    if let results::ResultError::Redis(e) = &e {
+                        if transient(e) {
+                            // Left claimed: due again once the lease ends.
+                            warn!(%job_id, error = %e, "deferred dead-letter check failed; trying again later");
+                            continue;
+                        }
+                    }
+                    warn!(%job_id, error = %e, "deferred dead-letter check: the job's record is unreadable; dropping the check");
+                }
+            } else {
+                warn!(member = %String::from_utf8_lossy(&member), "removing a deferred check no worker wrote");
+            }
+            let _: i64 = redis::cmd("ZREM").arg(&key).arg(&member).query_async(&mut redis).await?;
+            handled += 1;
+        }
+        if batch < SWEEP_BATCH {
+            return Ok(handled);
+        }
+    }
+}
+
+/// Gives `job_id` an `internal_error` if it is still `running` its `attempt`: its worker was
+/// lost (no result past the longest time an attempt may take).
+///
+/// # Errors
+/// [`results::ResultError`] when the record cannot be read or the result stored.
+async fn recheck_lost(ctx: &Context, job_id: &str, attempt: u32) -> Result<(), results::ResultError> {
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
-    let Ok(Some(current)) = results::read_head(&mut redis, names, &job_id, MAX_RECORD_BYTES).await else { return };
+    let current = match results::read_head(&mut redis, names, job_id, MAX_RECORD_BYTES).await {
+        Ok(Some(current)) => current,
+        Ok(None) => return Ok(()),
+        Err(results::ResultError::TooLarge { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
     if current.status != JobStatus::Running || current.attempt != attempt {
-        return;
+        return Ok(());
     }
-    let mut result = JobResult::new(job_id.clone(), JobStatus::InternalError);
+    let mut result = JobResult::new(job_id.to_owned(), JobStatus::InternalError);
     result.reason = Some("its worker was lost while running it (no result past its timeout), and no worker took it again".into());
     result.sku = current.sku;
     result.queued_at_ms = current.queued_at_ms;
@@ -429,9 +558,9 @@ async fn recheck_lost(ctx: Context, key: (String, u32), until: u64) {
     result.started_at_ms = current.started_at_ms;
     result.worker_id = Some(ctx.settings.worker_id.clone());
     result.finished_at_ms = Some(now_ms());
-    if let Ok(written) = crate::publish::publish(&mut redis, names, &result, ctx.settings.limits.default_result_ttl).await {
-        warn!(%job_id, written, "dead-lettered running job given its terminal result");
-    }
+    let written = crate::publish::publish(&mut redis, names, &result, ctx.settings.limits.default_result_ttl).await?;
+    warn!(%job_id, written, "dead-lettered running job given its terminal result");
+    Ok(())
 }
 
 #[cfg(test)]
@@ -455,6 +584,15 @@ mod tests {
             h.insert("x-delivery-count".into(), AMQPValue::LongLongInt(n));
         }
         h
+    }
+
+    /// Only what [`deferral_member`] writes is read back (a client may write the set).
+    #[test]
+    fn deferral_members_round_trip_and_nothing_else_parses() {
+        assert_eq!(parse_deferral(deferral_member("job-1", 3).as_bytes()), Some(("job-1".to_owned(), 3)));
+        for bad in [&b"3"[..], b":job", b"x:job", b"03:job", b"+3:job", b"3:", b"3:bad id", b"\xff:job", b"4294967296:job"] {
+            assert_eq!(parse_deferral(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]

@@ -126,6 +126,7 @@ async fn async_main(settings: sandq_worker::settings::Settings, exit_on_stdin_eo
         std::process::exit(2);
     });
     tokio::spawn(sandq_worker::session::reaper(ctx.clone(), rx.clone()));
+    tokio::spawn(sandq_worker::dead_letter::sweeper(ctx.clone(), rx.clone()));
     tokio::spawn(sandq_worker::warm::refill(ctx.clone(), rx.clone()));
     info!(
         worker_id = %ctx.settings.worker_id,

@@ -13,7 +13,8 @@
 //! | `sandq_redeliveries_total` | counter: deliveries the broker marked redelivered | |
 //! | `sandq_infrastructure_errors_total` | counter | `kind`: [`ErrorKind`] |
 //! | `sandq_collect_read_bytes_total` | counter: bytes of `/work` files read (hashed) by collection | |
-//! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `ignored`, `deferred`, `deferred_full`, `unreadable`) |
+//! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `ignored`, `deferred`, `unreadable`, `panic`) |
+//! | `sandq_session_index_events_total` | counter: the sessions index (`<ns>:sessions`) | `event` (`update_failed`: a saved session's expiry not indexed; `reset`: the index was a key of another type, deleted; `rebuilt`: indexed again from S3) |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
 //!
@@ -153,6 +154,7 @@ pub struct Metrics {
     infrastructure_errors: Family<Labels1, Counter>,
     collect_read: Counter,
     dead_letters: Family<Labels2, Counter>,
+    session_index: Family<Labels1, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -209,6 +211,15 @@ impl Metrics {
             "Dead-lettered messages this worker handled, by the broker's reason and what was done",
             dead_letters.clone(),
         );
+        let session_index = Family::<Labels1, Counter>::default();
+        registry.register(
+            "sandq_session_index_events",
+            "Events of the sessions index: update_failed (a saved session not indexed), reset (a key of another type deleted), rebuilt (indexed again from S3)",
+            session_index.clone(),
+        );
+        for event in SESSION_INDEX_EVENTS {
+            let _ = session_index.get_or_create(&[("event", event)]);
+        }
         for stage in Stage::ALL {
             let _ = stage_duration.get_or_create(&[("stage", stage.as_str())]);
         }
@@ -230,6 +241,7 @@ impl Metrics {
             infrastructure_errors,
             collect_read,
             dead_letters,
+            session_index,
         }
     }
 
@@ -304,6 +316,14 @@ pub fn infrastructure_error(kind: ErrorKind) {
 /// and the `action` taken (`result_written`, `already_final`, `no_job_id`).
 pub fn dead_letter(reason: &'static str, action: &'static str) {
     METRICS.dead_letters.get_or_create(&[("reason", reason), ("action", action)]).inc();
+}
+
+/// The `event` values of `sandq_session_index_events_total`.
+pub const SESSION_INDEX_EVENTS: [&str; 3] = ["update_failed", "reset", "rebuilt"];
+
+/// An event of the sessions index: one of [`SESSION_INDEX_EVENTS`].
+pub fn session_index(event: &'static str) {
+    METRICS.session_index.get_or_create(&[("event", event)]).inc();
 }
 
 /// What is known of the job being processed.

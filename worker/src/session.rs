@@ -375,7 +375,11 @@ pub async fn save(
     if !sessions::renew(&mut redis, names, name, &opened.holder, LOCK_LEASE).await? {
         return Err(SessionError::Busy { name: name.to_owned() });
     }
-    sessions::store(&ctx.s3, bucket, &mut redis, names, name, &manifest).await?;
+    if let sessions::IndexUpdate::Failed(e) = sessions::store(&ctx.s3, bucket, &mut redis, names, name, &manifest).await? {
+        // Advisory: the manifest is stored; the reaper's rebuild indexes the session again.
+        tracing::warn!(session = name, error = %e, "session saved, but its expiry is not indexed (the reaper's rebuild will)");
+        crate::metrics::session_index("update_failed");
+    }
     // After the manifest: a blob is deleted only once no manifest refers to it.
     let unreferenced: Vec<String> =
         old_blobs.iter().filter(|sha| !new_blobs.contains(**sha)).map(|sha| names.session_blob_key(name, sha)).collect();
@@ -438,16 +442,48 @@ pub async fn close(ctx: &Context, name: &str, holder: &str) {
 pub async fn reaper(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let settings = &ctx.settings;
     let reaper_id = format!("reaper-{}", settings.worker_id);
+    // The index was found of another type and not rebuilt since: a rebuild is due a minute
+    // after the last one, not an hour.
+    let mut rebuild_pending = false;
     loop {
         tokio::select! {
             () = tokio::time::sleep(settings.session_reap_interval) => {}
             _ = shutdown.changed() => return,
         }
         let mut redis = ctx.redis.clone();
-        match sessions::reap(&ctx.s3, &settings.services.s3.bucket, &mut redis, &settings.names, now_ms(), &reaper_id).await {
-            Ok(reaped) if !reaped.is_empty() => tracing::info!(sessions = ?reaped, "deleted expired sessions"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "session reaper failed; retrying next period"),
+        let bucket = &settings.services.s3.bucket;
+        let index_reset = match sessions::reap(&ctx.s3, bucket, &mut redis, &settings.names, now_ms(), &reaper_id).await {
+            Ok(reaped) => {
+                if !reaped.deleted.is_empty() {
+                    tracing::info!(sessions = ?reaped.deleted, "deleted expired sessions");
+                }
+                if reaped.index_reset {
+                    crate::metrics::session_index("reset");
+                }
+                reaped.index_reset
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "session reaper failed; retrying next period");
+                false
+            }
+        };
+        // The index is a hint a client can write or that an update can miss: it is rebuilt from
+        // the manifests in S3 every `sessions.rebuild_interval` (1 h) across the workers, and
+        // within a minute of being found of another type (twelfth security review R12-2).
+        rebuild_pending |= index_reset;
+        let every = settings.session_rebuild_interval;
+        let gap = if rebuild_pending { sessions::REBUILD_AFTER_RESET.min(every) } else { every };
+        match sessions::take_rebuild_turn(&mut redis, &settings.names, now_ms(), gap).await {
+            Ok(true) => match sessions::rebuild_index(&ctx.s3, bucket, &mut redis, &settings.names, now_ms()).await {
+                Ok(seen) => {
+                    rebuild_pending = false;
+                    crate::metrics::session_index("rebuilt");
+                    tracing::info!(sessions = seen, "sessions index rebuilt from S3");
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot rebuild the sessions index; trying again next period"),
+            },
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot take a turn at rebuilding the sessions index"),
         }
     }
 }

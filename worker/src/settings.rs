@@ -88,6 +88,12 @@ pub struct RawSessions {
     /// How often this worker deletes expired sessions; default `60s`.
     #[serde(default, with = "humantime_serde")]
     pub reap_interval: Option<Duration>,
+    /// How often the sessions index is rebuilt from the manifests in S3, across all workers
+    /// (one of them takes each turn); default `1h`. A session missing from the index (a client
+    /// removed it, or its update failed) is deleted at most this long after it expired. The
+    /// rebuild after the index was found of another type waits a minute, or this if shorter.
+    #[serde(default, with = "humantime_serde")]
+    pub rebuild_interval: Option<Duration>,
     /// Largest notebook state (the pickled variables a notebook job leaves for the next job of
     /// its session), bytes; variables past it are left out and listed. Default 64 MiB. The
     /// outputs tmpfs grows by twice this for session notebook jobs (the state restored and the
@@ -319,6 +325,8 @@ pub struct Settings {
     pub session_lock_wait: Duration,
     /// Session reaper period.
     pub session_reap_interval: Duration,
+    /// Period of the sessions index rebuild from S3 (cluster-wide).
+    pub session_rebuild_interval: Duration,
     /// Largest notebook state of a session, bytes.
     pub max_state_bytes: u64,
     /// Longest time the runner spends saving a notebook state.
@@ -633,6 +641,7 @@ impl RawConfig {
             session_idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
             session_lock_wait: self.sessions.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
             session_reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
+            session_rebuild_interval: self.sessions.rebuild_interval.unwrap_or(Duration::from_secs(3600)).max(Duration::from_secs(1)),
             max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
             max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
             warm_per_sku: self.warm.per_sku.unwrap_or(1),
