@@ -837,3 +837,47 @@ async fn archiving_a_sessions_packages_is_bounded() {
     assert_eq!(after.stdout.text, "False\n", "the session kept packages it could not archive");
     assert!(worker_alive());
 }
+
+/// Tenth review N5: a session job can leave the `tar` limits' worth of small files in
+/// `/sandq/packages`, and every later job of the session unpacks and repacks them on the host.
+/// That `tar` now runs in a cgroup of its own with the job's SKU CPU quota (it can take no more
+/// CPU than the job could, and the job's capacity is held meanwhile), whose usage the worker
+/// logs: both the archive after the first job and the extract before the second are seen there,
+/// and the files come back.
+#[tokio::test]
+async fn a_sessions_packages_tar_runs_in_a_cgroup_of_the_jobs_size() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let session = format!("pkgcg-{}", uuid::Uuid::new_v4().simple());
+    let code = concat!(
+        "import os\n",
+        "d = '/sandq/packages/python/lib/python3.13/site-packages/many'\n",
+        "os.makedirs(d)\n",
+        "for i in range(20000):\n",
+        "    open(d + '/f%05d' % i, 'w').write(str(i))\n",
+        "print(len(os.listdir(d)))\n",
+    );
+    let mut spec = python_job(code, Sku::S);
+    spec.mode = Some(sandq_schemas::RunMode::Script);
+    spec.session = Some(session.clone());
+    spec.timeout = Some("5m".into());
+    let first = run(&mut client, &spec).await;
+    assert_eq!((first.status, first.stdout.text.as_str()), (JobStatus::Succeeded, "20000\n"), "{}", first.stderr.text);
+    let mut next = python_job("import os\nd = '/sandq/packages/python/lib/python3.13/site-packages/many'\nprint(len(os.listdir(d)), open(d + '/f12345').read())\n", Sku::S);
+    next.session = Some(session.clone());
+    let second = run(&mut client, &next).await;
+    assert_eq!((second.status, second.stdout.text.as_str()), (JobStatus::Succeeded, "20000 12345\n"), "{}", second.stderr.text);
+    let log = sandq_tests::worker_log();
+    let usage = |job_id: &str, action: &str| {
+        log.lines()
+            .filter(|l| l.contains(job_id) && l.contains("session packages tar, in its own cgroup") && l.contains(&format!("action=\"{action}\"")))
+            .find_map(|l| l.split("cpu_ms=").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
+    };
+    let created = usage(&first.job_id, "create");
+    let extracted = usage(&second.job_id, "extract");
+    client.remove_session(&session, std::time::Duration::from_secs(10)).await.expect("rm");
+    // 20,000 files cost tar some CPU; the cgroup saw it (the counter is read after tar exited).
+    assert!(created.is_some_and(|ms| ms > 0), "no confined archive of {} in the log (cpu_ms {created:?})", first.job_id);
+    assert!(extracted.is_some_and(|ms| ms > 0), "no confined extract for {} in the log (cpu_ms {extracted:?})", second.job_id);
+    assert!(worker_alive());
+}

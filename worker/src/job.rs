@@ -586,6 +586,7 @@ async fn execute_in(
         ca_bundle: settings.packages.ca_bundle.as_deref().filter(|_| job.spec.network == sandq_schemas::NetworkMode::Outbound),
         python_site: &settings.packages.python_site,
         packages: packages.as_ref(),
+        cpus: sku.limits.cpus,
         state: state.as_ref(),
         // Every Python notebook job gets room for a session state: the same tmpfs as a warm
         // sandbox's, session or not.
@@ -697,7 +698,7 @@ async fn execute_in(
                         None => None,
                     };
                     let count = notebook.then_some(cell.execution_count);
-                    let packages = session::left_packages(ctx, &dir, sandbox_uid).await;
+                    let packages = session::left_packages(ctx, &dir, sandbox_uid, sku.limits.cpus).await;
                     session::save(ctx, job, opened, &collected.files, collected.skipped_total, count, session::Left { state: left, packages })
                         .await
                         .map_err(|e| Failure::Infrastructure(e.to_string()))?

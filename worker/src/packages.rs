@@ -23,6 +23,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use crate::sandbox::cgroup::SideCgroup;
+
 /// Where the sandbox sees its packages directory (the job dir's `disk/packages`).
 pub const SANDBOX_PACKAGES: &str = "/sandq/packages";
 
@@ -337,36 +339,78 @@ pub fn holds_files(dir: &Path) -> bool {
 const MAX_TAR_STDERR: u64 = 4 << 10;
 
 /// Limits `tar` runs under when it archives or extracts a job's packages (ninth security
-/// review P1): it runs after the job's cgroup is gone, so it is bounded here rather than
-/// charged to the job. GNU tar holds a directory's names in memory while it descends (a tree
-/// of 4 x 1.1 M hard links took it to 1.4 GB); 256 MiB of address space and 60 s of CPU are
-/// far above what real packages need (88 MiB in 4,193 files took under 1.5 s), and past them
-/// the packages are not saved (the session keeps its previous ones) rather than the worker
-/// paying. Applied with util-linux `prlimit`, then wall-clock bounded by [`TAR_WALL`].
+/// review P1): it runs after the job's sandbox is gone (or before it starts), so it is bounded
+/// here. GNU tar holds a directory's names in memory while it descends (a tree of 4 x 1.1 M
+/// hard links took it to 1.4 GB); 256 MiB of address space and 60 s of CPU are far above what
+/// real packages need (88 MiB in 4,193 files took under 1.5 s), and past them the packages are
+/// not saved (the session keeps its previous ones) rather than the worker paying. Applied with
+/// util-linux `prlimit`, then wall-clock bounded by [`TAR_WALL`].
 const TAR_LIMITS: [&str; 2] = ["--as=268435456", "--cpu=60"];
 
 /// The longest a packages `tar` may take, wall clock.
 const TAR_WALL: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// `tar` with `args` on `<disk>/packages`, as `uid`, in the C locale, with nothing of the
-/// worker's environment, under [`TAR_LIMITS`] (through `prlimit`), killed if dropped. The
-/// caller sets its stdio.
-fn limited_tar(args: &[&str], disk: &Path, uid: u32) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new("prlimit");
+/// Memory of the cgroup `tar` runs in: its address space limit (256 MiB) and as much again of
+/// page cache for the files it writes, bytes.
+const TAR_CGROUP_MEMORY: u64 = 512 << 20;
+
+/// Run by `sh` as root: writes its own pid into each file up to `--` (the `cgroup.procs` of a
+/// [`SideCgroup`]; exit 125 when one refuses it), then executes the rest.
+const JOIN_CGROUP_AND_EXEC: &str = r#"while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@""#;
+
+/// `tar` with `args` on `<disk>/packages` in a cgroup of its own limited like the job's SKU
+/// (`cpus` cores: tenth security review N5, the archive of a session's packages took 7.6 s of
+/// CPU from other jobs' cores), as `uid` without supplementary groups or new privileges
+/// (util-linux `setpriv`), under [`TAR_LIMITS`] (`prlimit`), in the C locale, with nothing of
+/// the worker's environment, killed if dropped. Every step `exec`s the next: the child's pid is
+/// tar's. Without a cgroup (none could be made: logged) tar runs in the worker's, bounded by
+/// [`TAR_LIMITS`] alone. The caller sets its stdio, waits for the child, then drops `side`.
+fn limited_tar(args: &[&str], disk: &Path, uid: u32, side: Option<&SideCgroup>) -> tokio::process::Command {
+    let mut command = confined(uid, side);
+    command.arg("tar").args(args).arg("--directory").arg(disk).arg(PACKAGES_MOUNT_POINT);
     command
+}
+
+/// The start of [`limited_tar`]'s command, up to the program: the arguments added next are
+/// the program and its arguments, run in `side`, as `uid`, under [`TAR_LIMITS`].
+fn confined(uid: u32, side: Option<&SideCgroup>) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new("sh");
+    command.arg("-c").arg(JOIN_CGROUP_AND_EXEC).arg("sh");
+    for procs in side.map(SideCgroup::procs_files).unwrap_or_default() {
+        command.arg(procs);
+    }
+    command
+        .arg("--")
+        .args(["setpriv", &format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "--no-new-privs", "--"])
+        .arg("prlimit")
         .args(TAR_LIMITS)
         .arg("--")
-        .arg("tar")
-        .args(args)
-        .arg("--directory")
-        .arg(disk)
-        .arg(PACKAGES_MOUNT_POINT)
         .env_clear()
         .env("LC_ALL", "C")
-        .uid(uid)
-        .gid(uid)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .kill_on_drop(true);
     command
+}
+
+/// A cgroup for one packages `tar` of a job of `cpus` cores; `None` (logged) when the worker
+/// cannot make one.
+fn tar_cgroup(cpus: f64) -> Option<SideCgroup> {
+    let name = format!("tar-{:016x}", rand::random::<u64>());
+    match SideCgroup::create(&name, cpus, TAR_CGROUP_MEMORY) {
+        Ok(side) => Some(side),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot make a cgroup for the packages tar; it runs in the worker's, bounded by its rlimits");
+            None
+        }
+    }
+}
+
+/// Logs the CPU time and peak memory the `tar` of `side` used (`action`: create or extract).
+fn log_usage(side: Option<&SideCgroup>, action: &'static str) {
+    if let Some(side) = side {
+        let used = crate::sandbox::cgroup::read(side.path());
+        tracing::info!(action, cpu_ms = used.cpu_ms, peak_memory_bytes = used.peak_memory_bytes, "session packages tar, in its own cgroup");
+    }
 }
 
 /// The error of a `tar` that ran past [`TAR_WALL`] (`action`: create or extract).
@@ -379,11 +423,12 @@ fn too_slow(action: &'static str) -> PackArchiveError {
 /// everything there was written by the sandbox, and tar as that uid reads only what the
 /// sandbox could), without following symlinks, sorted by name so that unchanged packages give
 /// the same bytes. Returns `false` (and writes nothing) when there is no packages directory;
-/// at most `max_bytes` are written.
+/// at most `max_bytes` are written. `tar` runs in a cgroup limited to the job's `cpus` cores
+/// ([`limited_tar`]).
 ///
 /// # Errors
 /// [`PackArchiveError`].
-pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Result<bool, PackArchiveError> {
+pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64, cpus: f64) -> Result<bool, PackArchiveError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = disk.join(PACKAGES_MOUNT_POINT);
     let meta = match std::fs::symlink_metadata(&dir) {
@@ -394,7 +439,8 @@ pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
         return Ok(false);
     }
     let tar_error = |message: String| PackArchiveError::Tar { action: "create", message };
-    let mut child = limited_tar(&["--create", "--file=-", "--sort=name", "--one-file-system", "--format=gnu"], disk, uid)
+    let side = tar_cgroup(cpus);
+    let mut child = limited_tar(&["--create", "--file=-", "--sort=name", "--one-file-system", "--format=gnu"], disk, uid, side.as_ref())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -434,6 +480,7 @@ pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
         return Err(too_slow("create"));
     };
     let status = status.map_err(|e| tar_error(e.to_string()))?;
+    log_usage(side.as_ref(), "create");
     let stderr = errors.await.unwrap_or_default();
     // Exit 1: "some files differ" (changed while being read): the sandbox is gone, so nothing
     // changes now; 2 is fatal.
@@ -447,15 +494,17 @@ pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64) -> Resu
 /// sandbox's host uid, the owner of `disk/packages`): whatever the archive holds (it was made
 /// from files a sandbox wrote), tar can write only where the sandbox user can. Only `packages`
 /// members are extracted; owners are not restored; the times of the directories the worker
-/// made are (so that unchanged packages archive to the same bytes again).
+/// made are (so that unchanged packages archive to the same bytes again). `tar` runs in a
+/// cgroup limited to the job's `cpus` cores ([`limited_tar`]).
 ///
 /// # Errors
 /// [`PackArchiveError`].
-pub async fn unpack(archive: &Path, disk: &Path, uid: u32) -> Result<(), PackArchiveError> {
+pub async fn unpack(archive: &Path, disk: &Path, uid: u32, cpus: f64) -> Result<(), PackArchiveError> {
     use tokio::io::AsyncReadExt;
     let file = std::fs::File::open(archive).map_err(|source| PackArchiveError::File { path: archive.to_path_buf(), source })?;
     let tar_error = |message: String| PackArchiveError::Tar { action: "extract", message };
-    let mut child = limited_tar(&["--extract", "--file=-", "--no-same-owner", "--delay-directory-restore"], disk, uid)
+    let side = tar_cgroup(cpus);
+    let mut child = limited_tar(&["--extract", "--file=-", "--no-same-owner", "--delay-directory-restore"], disk, uid, side.as_ref())
         .stdin(Stdio::from(file))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -474,6 +523,7 @@ pub async fn unpack(archive: &Path, disk: &Path, uid: u32) -> Result<(), PackArc
         return Err(too_slow("extract"));
     };
     let status = status.map_err(|e| tar_error(e.to_string()))?;
+    log_usage(side.as_ref(), "extract");
     if !status.success() {
         return Err(tar_error(format!("{status}: {}", stderr.trim())));
     }
@@ -576,18 +626,62 @@ mod tests {
         std::fs::write(work.join("work/mine.txt"), "not a package").expect("own file");
         assert!(holds_files(&work.join(PACKAGES_MOUNT_POINT)));
         let archive = root.path().join("packages.tar");
-        assert!(pack(&work, &archive, uid, 1 << 20).await.expect("pack"));
+        assert!(pack(&work, &archive, uid, 1 << 20, 1.0).await.expect("pack"));
         // The same tree archives to the same bytes.
         let second = root.path().join("second.tar");
-        assert!(pack(&work, &second, uid, 1 << 20).await.expect("pack again"));
+        assert!(pack(&work, &second, uid, 1 << 20, 1.0).await.expect("pack again"));
         assert_eq!(std::fs::read(&archive).expect("archive"), std::fs::read(&second).expect("second"));
-        unpack(&archive, &again, uid).await.expect("unpack");
+        unpack(&archive, &again, uid, 1.0).await.expect("unpack");
         let restored = again.join("packages/python/lib/python3.13/site-packages");
         assert_eq!(std::fs::read_to_string(restored.join("probe/__init__.py")).expect("module"), "VALUE = 42\n");
         assert_eq!(std::fs::read_link(restored.join("link")).expect("link"), Path::new("/etc/hostname"));
         assert!(!again.join("work").exists(), "only packages/ is archived");
         // Past the cap: an error, not a truncated archive.
         let small = root.path().join("small.tar");
-        assert!(matches!(pack(&work, &small, uid, 100).await, Err(PackArchiveError::TooLarge { max: 100 })));
+        assert!(matches!(pack(&work, &small, uid, 100, 1.0).await, Err(PackArchiveError::TooLarge { max: 100 })));
+    }
+
+    /// Tenth review N5: the packages `tar` runs in a cgroup of its own with the job's CPU quota,
+    /// as the sandbox's uid with no supplementary groups, and the cgroup is gone afterwards.
+    /// Root only (it makes a cgroup), as the worker runs.
+    #[tokio::test]
+    async fn the_packages_tar_runs_confined_to_a_cgroup_of_the_jobs_size() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: making a cgroup needs root");
+            return;
+        }
+        let side = tar_cgroup(0.5).expect("a cgroup for the tar");
+        let path = side.path().to_owned();
+        let v2 = crate::sandbox::cgroup::is_v2();
+        // 0.5 cores of a 100 ms period: 50 ms.
+        let quota = if v2 {
+            std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cpu.max")).expect("cpu.max")
+        } else {
+            std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{path}/cpu.cfs_quota_us")).expect("quota")
+        };
+        assert_eq!(quota.trim(), if v2 { "50000 100000" } else { "50000" });
+        let out = confined(65_534, Some(&side))
+            .args(["sh", "-c", "cat /proc/self/cgroup; echo uid=$(id -u) groups=$(id -G)"])
+            .stdout(Stdio::piped())
+            .output()
+            .await
+            .expect("run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<&str> = text.lines().collect();
+        let joined = |controller: &str| lines.iter().any(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == controller)) && l.ends_with(path.as_str()));
+        if v2 {
+            assert!(lines.contains(&format!("0::{path}").as_str()), "{text}");
+        } else {
+            for controller in ["cpu", "cpuacct", "memory", "pids"] {
+                assert!(joined(controller), "not in {path} for {controller}:\n{text}");
+            }
+        }
+        assert!(text.contains("uid=65534 groups=65534\n"), "{text}");
+        let dirs: Vec<String> = if v2 { vec![format!("/sys/fs/cgroup{path}")] } else { vec![format!("/sys/fs/cgroup/cpu{path}"), format!("/sys/fs/cgroup/memory{path}")] };
+        drop(side);
+        for dir in dirs {
+            assert!(!Path::new(&dir).exists(), "{dir} left behind");
+        }
     }
 }

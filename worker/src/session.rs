@@ -246,16 +246,16 @@ pub struct Left {
 }
 
 /// Archives the packages a session job left in `/sandq/packages` ([`crate::packages::pack`],
-/// as `sandbox_uid`, at most `worker.max_artifact_bytes`), for [`save`]: `Some(None)` when
+/// as `sandbox_uid`, at most `worker.max_artifact_bytes`, in a cgroup of the job's `cpus`), for [`save`]: `Some(None)` when
 /// it holds no file (nothing to keep), `None` when it cannot be archived (logged; the
 /// session keeps its previous packages).
-pub async fn left_packages(ctx: &Context, dir: &crate::stage::JobDir, sandbox_uid: u32) -> LeftPackages {
+pub async fn left_packages(ctx: &Context, dir: &crate::stage::JobDir, sandbox_uid: u32, cpus: f64) -> LeftPackages {
     let packages = dir.packages.clone();
     if !tokio::task::spawn_blocking(move || crate::packages::holds_files(&packages)).await.unwrap_or(true) {
         return Some(None);
     }
     let archive = dir.root.join("packages.out.tar");
-    match crate::packages::pack(&dir.disk, &archive, sandbox_uid, ctx.settings.max_artifact_bytes).await {
+    match crate::packages::pack(&dir.disk, &archive, sandbox_uid, ctx.settings.max_artifact_bytes, cpus).await {
         Ok(true) => {}
         Ok(false) => return Some(None),
         Err(e) => {

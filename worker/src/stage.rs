@@ -392,6 +392,8 @@ pub struct Placement<'a> {
     /// A session's packages archive ([`crate::packages::unpack`]), extracted into
     /// `/sandq/packages` as the sandbox user.
     pub packages: Option<&'a Restore>,
+    /// The job's SKU cores: the CPU quota of the cgroup the packages `tar` runs in.
+    pub cpus: f64,
     /// A session's notebook state to restore, downloaded (size and SHA-256 checked) to
     /// `out/state.in` ([`STATE_IN`]); its `path` is not used.
     pub state: Option<&'a Restore>,
@@ -517,7 +519,7 @@ pub async fn fill(job: &ValidJob, dir: &JobDir, place: &Placement<'_>, s3: &aws_
                 // What the archive holds is what an earlier job of the session left (a tree it
                 // may have broken on purpose, or one past the quota): a job of the session runs
                 // with what could be extracted rather than fail on every attempt.
-                if let Err(e) = crate::packages::unpack(&path, &dir.disk, uid).await {
+                if let Err(e) = crate::packages::unpack(&path, &dir.disk, uid, place.cpus).await {
                     tracing::warn!(error = %e, "the session's packages were not all restored");
                 }
                 Ok(())

@@ -200,6 +200,87 @@ pub fn set_cpuset(cgroups_path: &str, cpus: &str) -> std::io::Result<()> {
     std::fs::write(dir.join("cpuset.cpus"), cpus)
 }
 
+/// A cgroup for work the worker does on a job's behalf outside its sandbox (the session
+/// packages `tar`: tenth security review N5), limited like the job: `cpus` cores of CFS quota
+/// (v1 `cpu.cfs_quota_us` over a 100 ms period, v2 `cpu.max`), `memory_bytes` (v1
+/// `memory.limit_in_bytes`, v2 `memory.max`) and [`SIDE_PIDS_MAX`] processes, at
+/// `/sandq/side-<name>` beside the sandboxes' cgroups, so that the work competes for the CPU
+/// like one more sandbox of the job's size rather than as the worker. Its usage is read with
+/// [`read`] at [`SideCgroup::path`]; the cgroup is removed when dropped (its processes must
+/// have exited: the caller waits for them).
+#[derive(Debug)]
+pub struct SideCgroup {
+    path: String,
+    dirs: Vec<PathBuf>,
+}
+
+/// Most processes in a [`SideCgroup`]: `tar` needs one (GNU tar forks only for compression,
+/// which sandq does not use).
+pub const SIDE_PIDS_MAX: u64 = 16;
+
+/// CFS period of a [`SideCgroup`], microseconds (the kernel's default).
+const CFS_PERIOD_US: u64 = 100_000;
+
+impl SideCgroup {
+    /// Creates the cgroup `/sandq/side-<name>` (`name`: `[A-Za-z0-9_-]`, unique among the jobs
+    /// running) with its limits. On v2 the controllers are enabled in `/sandq` first.
+    ///
+    /// # Errors
+    /// The first failed directory creation or limit write (nothing is left behind).
+    pub fn create(name: &str, cpus: f64, memory_bytes: u64) -> std::io::Result<SideCgroup> {
+        let path = format!("/sandq/side-{name}");
+        let root = Path::new(CGROUP_ROOT);
+        let quota = ((cpus.max(0.01) * CFS_PERIOD_US as f64) as u64).max(1000);
+        let mut side = SideCgroup { path: path.clone(), dirs: Vec::new() };
+        if is_v2() {
+            let parent = root.join("sandq");
+            std::fs::create_dir_all(&parent)?;
+            // Best effort: already enabled where sandboxes ran; refused only for a controller
+            // the root does not delegate, which the writes below then report.
+            let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+cpu +memory +pids");
+            let dir = join(root, &path);
+            std::fs::create_dir(&dir)?;
+            side.dirs.push(dir.clone());
+            std::fs::write(dir.join("cpu.max"), format!("{quota} {CFS_PERIOD_US}"))?;
+            std::fs::write(dir.join("memory.max"), memory_bytes.to_string())?;
+            std::fs::write(dir.join("pids.max"), SIDE_PIDS_MAX.to_string())?;
+        } else {
+            for controller in ["cpu", "cpuacct", "memory", "pids"] {
+                let dir = join(&root.join(controller), &path);
+                std::fs::create_dir_all(&dir)?;
+                side.dirs.push(dir);
+            }
+            let dir = |controller: &str| join(&root.join(controller), &path);
+            std::fs::write(dir("cpu").join("cpu.cfs_period_us"), CFS_PERIOD_US.to_string())?;
+            std::fs::write(dir("cpu").join("cpu.cfs_quota_us"), quota.to_string())?;
+            std::fs::write(dir("memory").join("memory.limit_in_bytes"), memory_bytes.to_string())?;
+            std::fs::write(dir("pids").join("pids.max"), SIDE_PIDS_MAX.to_string())?;
+        }
+        Ok(side)
+    }
+
+    /// The cgroup's path below the hierarchy roots (`/sandq/side-<name>`), for [`read`].
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The `cgroup.procs` files a process writes its pid into to join the cgroup (one per v1
+    /// controller, the unified one on v2).
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+}
+
+impl Drop for SideCgroup {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            // Empty by now (the caller waited for its processes); a failure leaves an empty
+            // cgroup, which costs nothing and is not reused (names are unique).
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
