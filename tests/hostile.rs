@@ -622,6 +622,8 @@ print("partitions", repr(open("/proc/partitions").read()))
 print("uevent_seqnum", repr(open("/sys/kernel/uevent_seqnum").read()))
 print("interrupts", repr(open("/proc/interrupts").read()), "softirqs", repr(open("/proc/softirqs").read()))
 print("fs counters", [open("/proc/sys/fs/" + name).read() for name in ["file-nr", "inode-nr", "inode-state", "dentry-state"]])
+print("host-wide memory and ids", [open(path).read() for path in ["/proc/sys/kernel/random/boot_id", "/proc/zoneinfo", "/proc/buddyinfo"]])
+print("loadavg", repr(open("/proc/loadavg").read()))
 for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure", "/proc/irq", "/sys/kernel/irq", "/proc/sys/fs/quota"]:
     print(path, listing(path))
 for path in DISK_DIRS:
@@ -649,7 +651,8 @@ print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountin
     let result = run(&mut client, &spec).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
     let expected = format!(
-        "diskstats ''\npartitions ''\nuevent_seqnum ''\ninterrupts '' softirqs ''\nfs counters ['', '', '', '']\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
+        "diskstats ''\npartitions ''\nuevent_seqnum ''\ninterrupts '' softirqs ''\nfs counters ['', '', '', '']\n\
+         host-wide memory and ids ['', '', '']\nloadavg '0.00 0.00 0.00 1/1 1\\n'\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
          /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n/proc/irq []\n/sys/kernel/irq []\n/proc/sys/fs/quota []\n{}\
          mountinfo names the data dir: False\nmountinfo names the worker: False\n",
         "disk []\n".repeat(disks.len())

@@ -7,6 +7,7 @@
 //!     main.py                    the source code (or main.js), the notebook runner's files
 //!                                (sandq_runner.py and sandq_mpl.py, or sandq_runner.js),
 //!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
+//!     .loadavg                   bind-mounted at /proc/loadavg ([`LOADAVG`])
 //!     .ca-certificates.crt       for an outbound job with `worker.extra_ca_certs`,
 //!                                bind-mounted over /etc/ssl/certs/ca-certificates.crt
 //!     out/                       the mount point of out/ below
@@ -304,7 +305,7 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     let runner = shape.runner.map(runner_files).unwrap_or_default();
     let runner_bytes: usize = runner.iter().map(|(_, text)| text.len()).sum();
     // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
-    let src_options = format!("size={},nr_inodes=16,mode=0755", shape.src_bytes + runner_bytes + (64 << 10));
+    let src_options = format!("size={},nr_inodes=20,mode=0755", shape.src_bytes + runner_bytes + (64 << 10));
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("source tmpfs: {e}")))?;
@@ -336,6 +337,7 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     for (name, text) in runner {
         write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
     }
+    write_new(&dir.src.join(LOADAVG_FILE), LOADAVG, 0o444)?;
     // nr_inodes: the outputs dir holds a handful of files; a cap keeps a job from filling it
     // with empty ones (their memory is charged to the job, third review).
     let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", shape.out_bytes);
@@ -362,6 +364,15 @@ pub const WARM_HANDOVER: &str = "handover.json";
 
 /// Name of an outbound job's `resolv.conf` in its `src/` (bind-mounted at `/etc/resolv.conf`).
 pub const RESOLV_CONF: &str = ".resolv.conf";
+
+/// The file bind-mounted over the sandbox's `/proc/loadavg`, in `src/`.
+pub const LOADAVG_FILE: &str = ".loadavg";
+
+/// What the sandbox reads in `/proc/loadavg`: no load, one runnable task of one, last pid 1.
+/// The host's file shows the load of every job on the machine, its task count and the last pid
+/// the host allocated, which rises with every process any job starts (twelfth security review
+/// R12-3); `getloadavg(3)` and `os.getloadavg()` still parse this one.
+pub const LOADAVG: &[u8] = b"0.00 0.00 0.00 1/1 1\n";
 
 /// Name of an outbound job's CA bundle in its `src/` (bind-mounted over the image's,
 /// [`crate::packages::SANDBOX_CA_BUNDLE`]), when the worker has `extra_ca_certs`.
