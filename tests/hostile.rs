@@ -434,10 +434,13 @@ for path in ["/proc/self/mountinfo", "/proc/self/cgroup", "/proc/self/mounts"] +
         pass
 print("loop devices visible:", len(glob.glob("/sys/block/loop*")))
 print("paths naming the job:", seen)
+print("cgroup paths:", sorted({line.rstrip("\n").split(":", 2)[2] for line in open("/proc/self/cgroup")}))
 "#;
     let result = run(&mut client, &python_job(code, Sku::S)).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
-    assert_eq!(result.stdout.text, "loop devices visible: 0\npaths naming the job: []\n");
+    // A cgroup namespace rooted at the sandbox's cgroup (thirteenth review R13-4): no path of
+    // the host's hierarchy (a Kubernetes pod's UID, the worker's cgroup) shows.
+    assert_eq!(result.stdout.text, "loop devices visible: 0\npaths naming the job: []\ncgroup paths: ['/']\n");
 }
 
 // --- The security review's findings (`../shared/notes/security-review.md`) -------------------
@@ -622,9 +625,9 @@ print("partitions", repr(open("/proc/partitions").read()))
 print("uevent_seqnum", repr(open("/sys/kernel/uevent_seqnum").read()))
 print("interrupts", repr(open("/proc/interrupts").read()), "softirqs", repr(open("/proc/softirqs").read()))
 print("fs counters", [open("/proc/sys/fs/" + name).read() for name in ["file-nr", "inode-nr", "inode-state", "dentry-state"]])
-print("host-wide memory and ids", [open(path).read() for path in ["/proc/sys/kernel/random/boot_id", "/proc/zoneinfo", "/proc/buddyinfo"]])
+print("host-wide memory and ids", [open(path).read() for path in ["/proc/sys/kernel/random/boot_id", "/proc/zoneinfo", "/proc/buddyinfo", "/proc/sys/kernel/pty/nr"]])
 print("loadavg", repr(open("/proc/loadavg").read()))
-for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs/ext4", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure", "/proc/irq", "/sys/kernel/irq", "/proc/sys/fs/quota"]:
+for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs", "/sys/fs/xfs", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure", "/proc/irq", "/sys/kernel/irq", "/proc/sys/fs/quota"]:
     print(path, listing(path))
 for path in DISK_DIRS:
     print("disk", listing(path))
@@ -652,8 +655,8 @@ print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountin
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
     let expected = format!(
         "diskstats ''\npartitions ''\nuevent_seqnum ''\ninterrupts '' softirqs ''\nfs counters ['', '', '', '']\n\
-         host-wide memory and ids ['', '', '']\nloadavg '0.00 0.00 0.00 1/1 1\\n'\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
-         /proc/fs/ext4 []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n/proc/irq []\n/sys/kernel/irq []\n/proc/sys/fs/quota []\n{}\
+         host-wide memory and ids ['', '', '', '']\nloadavg '0.00 0.00 0.00 1/1 1\\n'\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
+         /proc/fs []\n/sys/fs/xfs []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n/proc/irq []\n/sys/kernel/irq []\n/proc/sys/fs/quota []\n{}\
          mountinfo names the data dir: False\nmountinfo names the worker: False\n",
         "disk []\n".repeat(disks.len())
     );

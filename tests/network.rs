@@ -203,6 +203,72 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     drop(external);
 }
 
+/// Thirteenth review R13-1: the firewall's blocked ranges cover more than private and
+/// link-local space: Azure's platform address (168.63.129.16, the WireServer), the IANA
+/// special-purpose ranges, and the ranges a site adds (`worker.blocked_ranges`). Each is given
+/// to the test's netns here (host routes through its veth), so that only the firewall stands
+/// between a sandbox and a listener there; the netns' usual address is the control.
+#[tokio::test]
+async fn cloud_platform_special_purpose_and_configured_ranges_are_unreachable() {
+    let _serial = SERIAL.lock().await;
+    let external = External::start("token");
+    let targets = ["168.63.129.16", "192.0.0.170", "198.18.0.3"];
+    for target in targets {
+        ip(&["-n", NETNS, "addr", "add", &format!("{target}/32"), "dev", "lo"]);
+        if !target.starts_with("198.18.") {
+            ip(&["route", "replace", &format!("{target}/32"), "via", SERVER, "dev", "sqtx0"]);
+        }
+    }
+    struct Routes(&'static [&'static str]);
+    impl Drop for Routes {
+        fn drop(&mut self) {
+            for target in self.0 {
+                let _ = Command::new("ip").args(["route", "del", &format!("{target}/32")]).status();
+            }
+        }
+    }
+    let _routes = Routes(&["168.63.129.16", "192.0.0.170"]);
+    let mut listener = Command::new("ip")
+        .args(["netns", "exec", NETNS, "python3", "-c", "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 8081)); s.listen(16)\nwhile True: s.accept()[0].close()"])
+        .spawn()
+        .expect("listener");
+    // Reachable from the host through the routes (so a blocked one is the firewall's doing).
+    let mut from_host = Vec::new();
+    for target in ["198.18.0.2"].iter().chain(targets.iter()) {
+        let mut reached = false;
+        for _ in 0..50 {
+            reached = std::net::TcpStream::connect_timeout(&format!("{target}:8081").parse().expect("address"), Duration::from_millis(200)).is_ok();
+            if reached {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        from_host.push((target.to_string(), reached));
+    }
+    let world = Isolated::new().await;
+    let worker_id = format!("{}-w", world.namespace);
+    let mut worker = world.start_worker_ready(&worker_id, &[("SANDQ__WORKER__NAMESERVERS", SERVER), ("SANDQ__WORKER__BLOCKED_RANGES", "198.18.0.3")]);
+    let mut client = world.client().await;
+    let code = "import socket\n\
+                for target in ('198.18.0.2', '168.63.129.16', '192.0.0.170', '198.18.0.3'):\n\
+                \x20   try:\n\
+                \x20       socket.create_connection((target, 8081), timeout=3); print(target, 'reached')\n\
+                \x20   except OSError:\n\
+                \x20       print(target, 'blocked')\n";
+    let mut spec = python_job(code, Sku::S);
+    spec.network = NetworkMode::Outbound;
+    let result = sandq_tests::run(&mut client, &spec).await;
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+    let _ = listener.kill();
+    let _ = listener.wait();
+    drop(external);
+    assert!(from_host.iter().all(|(_, reached)| *reached), "the test's routes do not reach its netns: {from_host:?}");
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(result.stdout.text, "198.18.0.2 reached\n168.63.129.16 blocked\n192.0.0.170 blocked\n198.18.0.3 blocked\n");
+}
+
 /// Security review F4: no IPv6 for outbound sandboxes. The bridge has no IPv6 address for a
 /// sandbox to reach the host by, `ip6tables` drops whatever comes from the bridge, and the
 /// sandbox's own namespace has IPv6 off (no link-local address, nothing to send from).

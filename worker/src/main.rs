@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
     if settings.outbound_network {
         sandq_worker::sandbox::network::write_resolv_conf(&settings.resolv_conf(), &settings.nameservers)
             .context("cannot write the sandboxes' resolv.conf")?;
-        sandq_worker::sandbox::network::setup_host(&settings.nameservers)
+        sandq_worker::sandbox::network::setup_host(&settings.nameservers, &settings.blocked_ranges)
             .map_err(|e| anyhow::anyhow!("cannot set up the outbound network (set worker.outbound_network = false to run without it): {e}"))?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

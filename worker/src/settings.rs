@@ -151,6 +151,12 @@ pub struct RawWorker {
     /// Nameservers of outbound sandboxes (their `/etc/resolv.conf`), IPv4 addresses separated
     /// by commas; default: the host's non-loopback nameservers.
     pub nameservers: Option<String>,
+    /// IPv4 ranges outbound sandboxes may not reach besides the built-in ones
+    /// (`sandbox::network::BLOCKED_RANGES`: private, link-local, CGNAT, reserved, cloud
+    /// metadata and platform addresses), CIDR text separated by commas (`198.51.100.0/24,
+    /// 203.0.113.7`): a site's own services on public addresses. Every worker of one host must
+    /// have the same list (they share the firewall chains).
+    pub blocked_ranges: Option<String>,
     /// A PEM file on the worker's host of CA certificates that sandboxes trust besides the
     /// image's (a TLS-intercepting proxy's, a private mirror's): read at start (at most 1 MiB,
     /// every block a certificate), appended to the image's bundle and bind-mounted read-only
@@ -301,6 +307,8 @@ pub struct Settings {
     pub outbound_network: bool,
     /// Nameservers of outbound sandboxes.
     pub nameservers: Vec<std::net::Ipv4Addr>,
+    /// Extra ranges outbound sandboxes may not reach, canonical CIDR text.
+    pub blocked_ranges: Vec<String>,
     /// Run-time package installs: trusted CAs, indexes, the user site's path.
     pub packages: crate::packages::Packages,
     /// Shutdown grace period.
@@ -538,6 +546,13 @@ impl RawConfig {
                 parsed
             }
         };
+        let mut blocked_ranges = Vec::new();
+        for item in self.worker.blocked_ranges.as_deref().unwrap_or("").split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match crate::sandbox::network::parse_range(item) {
+                Ok(range) => blocked_ranges.push(range),
+                Err(e) => return bad(format!("worker.blocked_ranges: {e}")),
+            }
+        }
         let mut warm_runtimes = Vec::new();
         for name in self.warm.runtimes.as_deref().unwrap_or("python,node").split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let runtime = match name {
@@ -629,6 +644,7 @@ impl RawConfig {
             seccomp: self.worker.seccomp.unwrap_or(true),
             outbound_network: self.worker.outbound_network.unwrap_or(true),
             nameservers,
+            blocked_ranges,
             packages,
             shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
             max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),

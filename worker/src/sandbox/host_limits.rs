@@ -9,11 +9,19 @@
 //!   limits bound it: when full, every process without `CAP_SYS_ADMIN` (other sandboxes, the
 //!   broker, Redis) gets `ENFILE`. systemd raises it to the largest value by default for the
 //!   same reason.
-//! - `kernel.pid_max`: the sandboxes' `pids` limits together (slots and warm sandboxes) plus
-//!   the host's own [`HOST_PIDS`]; the kernel's default on a host without systemd is 32,768.
+//! - `kernel.pid_max`: must exceed the sandboxes' `pids` limits together (slots and warm
+//!   sandboxes of every worker on the node) plus the host's own; the kernel's default on a host
+//!   without systemd is 32,768.
 //! - `kernel.pty.max`: each sandbox's `/dev/pts` is a new devpts instance capped at
 //!   [`PTYS_PER_SANDBOX`] (`max=` in the config template); the instances share
-//!   `pty.max - pty.reserve`, raised to cover every sandbox.
+//!   `pty.max - pty.reserve` (4,096 by default).
+//!
+//! Each is sized for the node, not for this worker: several workers may share a node (the
+//! Kubernetes pools, `worker.userns_lease_dir`), and one that raised a table to its own need
+//! left it at the largest single worker's rather than their sum (thirteenth security review
+//! R13-6). So `file-max` counts the node's memory (`MemTotal`), and `pid_max` and `pty.max` go
+//! to the kernel's largest values, as systemd sets `pid_max` by default: every sandbox is
+//! bounded by its own `pids` limit and devpts `max=` first.
 //!
 //! Only ever raised, never lowered. Each is a write to `/proc/sys` (root); a value that cannot
 //! be raised is an error at start, not a silent risk.
@@ -26,14 +34,14 @@ use crate::settings::Settings;
 /// 406 were measured with its mapping, eighth review G1).
 pub const BYTES_PER_FILE: u64 = 256;
 
-/// Pids left to the host's own processes beside the sandboxes' limits.
-pub const HOST_PIDS: u64 = 32_768;
-
 /// The most ptys one sandbox may open (its devpts `max=`, `oci-bundles/config.template.json`).
 pub const PTYS_PER_SANDBOX: u64 = 64;
 
 /// The kernel's largest `pid_max` on 64-bit (`PID_MAX_LIMIT`, 2^22).
 const PID_MAX_LIMIT: u64 = 1 << 22;
+
+/// The kernel's largest `pty.max` (`NR_UNIX98_PTY_MAX`, 2^20).
+const PTY_MAX_LIMIT: u64 = 1 << 20;
 
 /// A host limit that could not be read or raised.
 #[derive(Debug, thiserror::Error)]
@@ -66,18 +74,15 @@ pub enum HostLimitError {
 /// A limit raised at start: (the `/proc/sys` file, old value, new value).
 pub type Raised = (&'static str, u64, u64);
 
-/// Raises the host tables the sandboxes share to what `settings` needs; returns what was
+/// Raises the host tables the sandboxes share to what the node needs (`settings` gives this
+/// worker's memory capacity, a floor when `/proc/meminfo` cannot be read); returns what was
 /// raised.
 ///
 /// # Errors
 /// [`HostLimitError`] when a table is too small and cannot be raised.
 pub fn ensure(settings: &Settings) -> Result<Vec<Raised>, HostLimitError> {
-    let sandboxes = (settings.total_slots() + settings.warm_ranges()) as u64;
-    let most_pids = settings.skus.values().map(|s| u64::try_from(s.limits.pids).unwrap_or(0)).max().unwrap_or(0);
-    let files = settings.capacity_memory_bytes / BYTES_PER_FILE;
-    let pids = (sandboxes * most_pids + HOST_PIDS).min(PID_MAX_LIMIT);
-    let pty_reserve = read("/proc/sys/kernel/pty/reserve")?;
-    let ptys = pty_reserve + sandboxes * PTYS_PER_SANDBOX;
+    let files = node_memory_bytes().unwrap_or(0).max(settings.capacity_memory_bytes) / BYTES_PER_FILE;
+    let (pids, ptys) = (PID_MAX_LIMIT, PTY_MAX_LIMIT);
     let mut raised = Vec::new();
     for (path, needed) in [("/proc/sys/fs/file-max", files), ("/proc/sys/kernel/pid_max", pids), ("/proc/sys/kernel/pty/max", ptys)] {
         let now = read(path)?;
@@ -124,6 +129,13 @@ pub fn ensure_sysfs_writable() -> Result<bool, HostLimitError> {
         return Err(HostLimitError::Sysfs(String::from_utf8_lossy(&out.stderr).trim().to_owned()));
     }
     Ok(true)
+}
+
+/// The node's memory (`MemTotal` of `/proc/meminfo`), bytes.
+fn node_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 fn read(path: &str) -> Result<u64, HostLimitError> {

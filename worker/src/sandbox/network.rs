@@ -109,26 +109,43 @@ pub fn write_resolv_conf(path: &Path, nameservers: &[Ipv4Addr]) -> std::io::Resu
     std::fs::write(path, text)
 }
 
-/// Private, carrier-grade NAT and link-local ranges: never a sandbox's destination (but for
-/// DNS to a configured nameserver).
-const BLOCKED_RANGES: [&str; 5] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"];
+/// Never a sandbox's destination (but for DNS to a configured nameserver): private (RFC 1918),
+/// carrier-grade NAT (RFC 6598; Alibaba's metadata 100.100.100.200 is in it) and link-local
+/// (RFC 3927: the EC2, GCP, Azure and OpenStack metadata at 169.254.169.254) ranges; "this
+/// network" (0/8), IETF protocol assignments (192.0.0.0/24), multicast (224/4) and reserved
+/// (240/4, broadcast included) from the IANA special-purpose registry (RFC 6890); and Azure's
+/// platform address 168.63.129.16 (the WireServer and its VMs' default DNS: thirteenth
+/// security review R13-1). Not 198.18.0.0/15 (benchmarking, RFC 2544): the tests' network
+/// namespaces stand in for the internet there. `worker.blocked_ranges` adds a site's own.
+pub const BLOCKED_RANGES: [&str; 10] = [
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "0.0.0.0/8",
+    "192.0.0.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "168.63.129.16/32",
+];
+
+/// An IPv4 range in CIDR notation (`a.b.c.d/n`, or one address), checked; its canonical text.
+///
+/// # Errors
+/// What is wrong with `text`.
+pub fn parse_range(text: &str) -> Result<String, String> {
+    let (addr, prefix) = text.split_once('/').unwrap_or((text, "32"));
+    let addr: Ipv4Addr = addr.parse().map_err(|_| format!("{text:?} is not an IPv4 address or range"))?;
+    let prefix: u32 = prefix.parse().ok().filter(|p| *p <= 32).ok_or_else(|| format!("{text:?}: the prefix length must be 0 to 32"))?;
+    let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+    Ok(format!("{}/{prefix}", Ipv4Addr::from(u32::from(addr) & mask)))
+}
 
 /// The filter chain holding the FORWARD policy of the bridge's traffic.
 const FORWARD_CHAIN: &str = "SANDQ-FORWARD";
 /// The raw-table chain (PREROUTING, before conntrack and DNAT) guarding destinations.
 const RAW_CHAIN: &str = "SANDQ-RAW";
-
-/// Creates `chain` in `table` unless it exists.
-fn ensure_chain(table: &str, chain: &str) -> Result<(), String> {
-    if run("iptables", &["-t", table, "-n", "-L", chain]).is_ok() {
-        return Ok(());
-    }
-    match run("iptables", &["-t", table, "-N", chain]) {
-        // Another worker made it meanwhile.
-        Err(_) if run("iptables", &["-t", table, "-n", "-L", chain]).is_ok() => Ok(()),
-        other => other,
-    }
-}
 
 /// The rules of `parent` in `table`, as `iptables -S` prints them (without `-A <parent> `).
 fn list_rules(table: &str, parent: &str) -> Result<Vec<String>, String> {
@@ -186,6 +203,34 @@ fn ensure_first(table: &str, parent: &str, jumps: &[Vec<&str>]) -> Result<(), St
     Err(format!("cannot put {wanted:?} first in {table} {parent}: {last}"))
 }
 
+/// Makes `rules` (rule specs without `-A <chain>`) the whole content of `chain` in `table`, in
+/// one `iptables-restore --noflush` transaction: declaring the chain empties (or creates) it,
+/// and the rules follow in order, so there is no moment with part of them. The chain is
+/// sandq's own: every worker of a host writes the same content (their settings must agree).
+fn replace_chain(table: &str, chain: &str, rules: &[String]) -> Result<(), String> {
+    use std::io::Write;
+    let mut script = format!("*{table}\n:{chain} - [0:0]\n");
+    for rule in rules {
+        script.push_str(&format!("-A {chain} {rule}\n"));
+    }
+    script.push_str("COMMIT\n");
+    let mut child = Command::new("iptables-restore")
+        .arg("--noflush")
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("iptables-restore: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_bytes()).map_err(|e| format!("iptables-restore: {e}"))?;
+    }
+    let out = child.wait_with_output().map_err(|e| format!("iptables-restore: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cannot write {table} {chain}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(())
+}
+
 /// Held while the host's network set-up is changed: workers starting together on one host take
 /// turns (`flock` on `<ADDRESS_DIR>/.setup.lock`).
 fn setup_lock() -> Result<nix::fcntl::Flock<std::fs::File>, String> {
@@ -203,12 +248,13 @@ fn setup_lock() -> Result<nix::fcntl::Flock<std::fs::File>, String> {
 }
 
 /// Creates the bridge, enables forwarding and installs the NAT and filter rules, unless they
-/// exist; lets sandboxes reach `nameservers` on port 53 (also when private). Needs `ip`
+/// exist; lets sandboxes reach `nameservers` on port 53 (also when private), and nothing in
+/// [`BLOCKED_RANGES`] or `extra_blocked` (ranges in canonical CIDR text, [`parse_range`]). Needs `ip`
 /// (iproute2) and `iptables` (with the `addrtype` match).
 ///
 /// # Errors
 /// The failing command and its stderr.
-pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
+pub fn setup_host(nameservers: &[Ipv4Addr], extra_blocked: &[String]) -> Result<(), String> {
     let _turn = setup_lock()?;
     if run("ip", &["link", "show", BRIDGE]).is_err() {
         run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
@@ -229,30 +275,24 @@ pub fn setup_host(nameservers: &[Ipv4Addr]) -> Result<(), String> {
     ensure_rule("nat", &["POSTROUTING", "-s", SUBNET, "!", "-o", BRIDGE, "-j", "MASQUERADE"])?;
     ensure_rule_first("iptables", "filter", &["INPUT", "-i", BRIDGE, "-j", "DROP"])?;
 
-    // Before DNAT and conntrack: nothing addressed to the host itself, nor to a private range
-    // (DNS to the nameservers excepted, first).
-    ensure_chain("raw", RAW_CHAIN)?;
+    // Before DNAT and conntrack: nothing addressed to the host itself, nor to a blocked range
+    // (DNS to the nameservers excepted, first). Each chain is written whole, in one
+    // transaction: a range added by a newer version lands before the final ACCEPT, not after.
+    let blocked: Vec<String> = BLOCKED_RANGES.iter().map(|r| (*r).to_owned()).chain(extra_blocked.iter().cloned()).collect();
     let dns: Vec<(String, &str)> = nameservers.iter().flat_map(|n| ["udp", "tcp"].map(|p| (n.to_string(), p))).collect();
-    for (ns, proto) in &dns {
-        ensure_rule_first("iptables", "raw", &[RAW_CHAIN, "-d", ns, "-p", proto, "--dport", "53", "-j", "RETURN"])?;
-    }
-    ensure_rule("raw", &[RAW_CHAIN, "-m", "addrtype", "--dst-type", "LOCAL", "-j", "DROP"])?;
-    for range in BLOCKED_RANGES {
-        ensure_rule("raw", &[RAW_CHAIN, "-d", range, "-j", "DROP"])?;
-    }
+    let mut raw: Vec<String> = dns.iter().map(|(ns, proto)| format!("-d {ns} -p {proto} --dport 53 -j RETURN")).collect();
+    raw.push("-m addrtype --dst-type LOCAL -j DROP".to_owned());
+    raw.extend(blocked.iter().map(|range| format!("-d {range} -j DROP")));
+    replace_chain("raw", RAW_CHAIN, &raw)?;
     ensure_first("raw", "PREROUTING", &[vec!["-i", BRIDGE, "-j", RAW_CHAIN]])?;
 
     // Forwarding, in a chain of its own at the top of FORWARD.
-    ensure_chain("filter", FORWARD_CHAIN)?;
-    for (ns, proto) in &dns {
-        ensure_rule_first("iptables", "filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-d", ns, "-p", proto, "--dport", "53", "-j", "ACCEPT"])?;
-    }
-    ensure_rule("filter", &[FORWARD_CHAIN, "-o", BRIDGE, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"])?;
-    ensure_rule("filter", &[FORWARD_CHAIN, "-o", BRIDGE, "-j", "DROP"])?;
-    for range in BLOCKED_RANGES {
-        ensure_rule("filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-d", range, "-j", "DROP"])?;
-    }
-    ensure_rule("filter", &[FORWARD_CHAIN, "-i", BRIDGE, "-j", "ACCEPT"])?;
+    let mut forward: Vec<String> = dns.iter().map(|(ns, proto)| format!("-i {BRIDGE} -d {ns} -p {proto} --dport 53 -j ACCEPT")).collect();
+    forward.push(format!("-o {BRIDGE} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"));
+    forward.push(format!("-o {BRIDGE} -j DROP"));
+    forward.extend(blocked.iter().map(|range| format!("-i {BRIDGE} -d {range} -j DROP")));
+    forward.push(format!("-i {BRIDGE} -j ACCEPT"));
+    replace_chain("filter", FORWARD_CHAIN, &forward)?;
     ensure_first("filter", "FORWARD", &[vec!["-i", BRIDGE, "-j", FORWARD_CHAIN], vec!["-o", BRIDGE, "-j", FORWARD_CHAIN]])?;
     remove_legacy_rules(nameservers);
     Ok(())
@@ -364,4 +404,22 @@ pub fn configure_inside(device: &str, address: Ipv4Addr) -> Result<(), String> {
     run("ip", &["addr", "add", &format!("{address}/16"), "dev", device])?;
     run("ip", &["link", "set", device, "up"])?;
     run("ip", &["route", "add", "default", "via", &GATEWAY.to_string()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_checked_and_canonical() {
+        assert_eq!(parse_range("198.51.100.7/24"), Ok("198.51.100.0/24".to_owned()));
+        assert_eq!(parse_range("203.0.113.7"), Ok("203.0.113.7/32".to_owned()));
+        assert_eq!(parse_range("0.0.0.0/0"), Ok("0.0.0.0/0".to_owned()));
+        for bad in ["203.0.113.7/33", "example.com", "1.2.3/8", "1.2.3.4/x", "::1/128"] {
+            assert!(parse_range(bad).is_err(), "{bad}");
+        }
+        for range in BLOCKED_RANGES {
+            assert_eq!(parse_range(range).as_deref(), Ok(range), "canonical");
+        }
+    }
 }
