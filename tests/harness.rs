@@ -787,3 +787,26 @@ pub async fn forge_dead_letters(config: &sandq_submitter::config::ServiceConfig,
         }
     }
 }
+
+/// Worker settings of the review tests (`review8.rs`, `review10.rs`, `review12.rs`): two S
+/// slots of 1 core, 512 MiB and 1 GiB of disk, no warm sandboxes, no outbound network; `extra`
+/// after them (the later value of a variable wins).
+pub fn small_worker_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let mut env = vec![
+        ("SANDQ__SKUS__S__CPUS", "1"),
+        ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"),
+        ("SANDQ__SKUS__S__DISK_BYTES", "1073741824"),
+        ("SANDQ__SKUS__S__SLOTS", "2"),
+        ("SANDQ__WARM__PER_SKU", "0"),
+        ("SANDQ__WORKER__OUTBOUND_NETWORK", "false"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+/// Stops a worker started with `--exit-on-stdin-eof` (closes its stdin) and asserts it exits
+/// within 40 s.
+pub fn stop_worker(mut worker: Child) {
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(40)), "the worker did not exit within 40 s of its stdin closing");
+}

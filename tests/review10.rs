@@ -14,28 +14,7 @@ use std::time::Duration;
 
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobResult, JobStatus, Sku};
-use sandq_tests::{exits_within, poll_until, python_job, wait, wait_for_status, Isolated, RawPublisher};
-
-/// Worker settings: two S slots, no warm sandboxes, no outbound network; `extra` after them
-/// (the later value of a variable wins).
-fn worker_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-    let mut env = vec![
-        ("SANDQ__SKUS__S__CPUS", "1"),
-        ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"),
-        ("SANDQ__SKUS__S__DISK_BYTES", "1073741824"),
-        ("SANDQ__SKUS__S__SLOTS", "2"),
-        ("SANDQ__WARM__PER_SKU", "0"),
-        ("SANDQ__WORKER__OUTBOUND_NETWORK", "false"),
-    ];
-    env.extend_from_slice(extra);
-    env
-}
-
-/// Stops `worker` (within 40 s).
-fn stop(mut worker: std::process::Child) {
-    drop(worker.stdin.take());
-    assert!(exits_within(&mut worker, Duration::from_secs(40)));
-}
+use sandq_tests::{poll_until, python_job, wait, wait_for_status, Isolated, RawPublisher};
 
 /// A Redis connection with no response timeout (large values take a while).
 async fn plain_redis(world: &Isolated) -> redis::aio::MultiplexedConnection {
@@ -82,7 +61,7 @@ fn array_of(n: u32, element: &[u8]) -> Vec<u8> {
 async fn a_client_written_terminal_record_is_not_read_back_by_a_refused_write() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let first = sandq_tests::run(&mut client, &python_job("print(1)", Sku::S)).await;
     assert_eq!(first.status, JobStatus::Succeeded);
@@ -114,7 +93,7 @@ async fn a_client_written_terminal_record_is_not_read_back_by_a_refused_write() 
     });
     let (peak_after, _) = sandq_tests::process_usage(worker.id());
     let stored: Vec<u8> = redis::cmd("HGET").arg(names.job_key(&spec.job_id)).arg("result").query_async(&mut redis).await.expect("hget");
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     assert!(compared, "the refused write was not found another's: {}", sandq_tests::isolated_worker_log(&id));
     assert!(stored == forged, "the stored record changed");
@@ -130,7 +109,7 @@ async fn a_client_written_terminal_record_is_not_read_back_by_a_refused_write() 
 async fn a_dead_letter_decodes_only_the_fields_it_uses_of_a_client_record() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let first = sandq_tests::run(&mut client, &python_job("print(1)", Sku::S)).await;
     assert_eq!(first.status, JobStatus::Succeeded);
@@ -171,7 +150,7 @@ async fn a_dead_letter_decodes_only_the_fields_it_uses_of_a_client_record() {
         results.push(wait(&mut client, &spec.job_id).await);
     }
     let (peak_after, _) = sandq_tests::process_usage(worker.id());
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     for result in &results {
         assert_eq!(result.status, JobStatus::Expired, "{result:?}");
@@ -223,7 +202,7 @@ async fn a_refused_result_is_compared_in_redis_byte_for_byte() {
 async fn a_body_under_the_cap_does_not_decode_to_many_times_its_size() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let first = sandq_tests::run(&mut client, &python_job("print(1)", Sku::S)).await;
     assert_eq!(first.status, JobStatus::Succeeded);
@@ -236,7 +215,7 @@ async fn a_body_under_the_cap_does_not_decode_to_many_times_its_size() {
     RawPublisher::new(&world.config).await.publish(&body, Sku::S, Some(&spec.job_id)).await;
     let result = wait(&mut client, &spec.job_id).await;
     let (peak_after, _) = sandq_tests::process_usage(worker.id());
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     assert_eq!(result.status, JobStatus::Rejected, "{result:?}");
     assert_eq!(result.reason.as_deref(), Some("malformed message: args: 13000000 elements, more than the 1024 a job may have"));
@@ -255,7 +234,7 @@ async fn a_body_under_the_cap_does_not_decode_to_many_times_its_size() {
 async fn a_deeply_nested_body_is_rejected_and_the_worker_lives() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let mut worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let mut worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let spec = python_job("print(1)", Sku::S);
     // 1,000 nested one-element arrays around a nil.
@@ -271,7 +250,7 @@ async fn a_deeply_nested_body_is_rejected_and_the_worker_lives() {
     let dead_result = wait(&mut client, &dead.job_id).await;
     let exited = worker.try_wait().expect("try_wait");
     if exited.is_none() {
-        stop(worker);
+        sandq_tests::stop_worker(worker);
     }
     world.delete_queues().await;
     assert!(exited.is_none(), "the worker exited ({exited:?}); log tail:\n{}", sandq_tests::isolated_worker_log(&id).lines().rev().take(3).collect::<Vec<_>>().join("\n"));
@@ -289,7 +268,7 @@ async fn a_deeply_nested_body_is_rejected_and_the_worker_lives() {
 async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let names = Names::new(world.namespace.clone());
     let mut redis = plain_redis(&world).await;
@@ -315,7 +294,7 @@ async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
     });
     let drained = sandq_tests::dead_letter_count(&world.config, 0, Duration::from_secs(5)).await;
     let log = sandq_tests::isolated_worker_log(&id);
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     assert_eq!(result.status, JobStatus::Expired, "{result:?}");
     assert_eq!(drained, 0, "dead letters left in the queue");
@@ -339,7 +318,7 @@ async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
 async fn a_client_written_start_time_neither_panics_nor_pins_the_dead_letter_consumer() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let names = Names::new(world.namespace.clone());
     let mut conn = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
@@ -363,7 +342,7 @@ async fn a_client_written_start_time_neither_panics_nor_pins_the_dead_letter_con
     let log = sandq_tests::isolated_worker_log(&id);
     let alive = worker.id();
     let running = std::path::Path::new(&format!("/proc/{alive}")).exists();
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     assert_eq!(result.status, JobStatus::Expired, "{result:?}");
     assert!(running, "the worker died");
@@ -380,7 +359,7 @@ async fn a_client_written_start_time_neither_panics_nor_pins_the_dead_letter_con
 #[tokio::test]
 async fn invalid_or_locked_index_members_do_not_stop_the_session_reaper() {
     let world = Isolated::new().await;
-    let env = worker_env(&[("SANDQ__SESSIONS__IDLE_TIMEOUT", "2s"), ("SANDQ__SESSIONS__REAP_INTERVAL", "500ms")]);
+    let env = sandq_tests::small_worker_env(&[("SANDQ__SESSIONS__IDLE_TIMEOUT", "2s"), ("SANDQ__SESSIONS__REAP_INTERVAL", "500ms")]);
     let id = format!("{}-w", world.namespace);
     let worker = world.start_worker_ready(&id, &env);
     let names = Names::new(world.namespace.clone());
@@ -425,7 +404,7 @@ async fn invalid_or_locked_index_members_do_not_stop_the_session_reaper() {
     };
     let score: Option<f64> = redis::cmd("ZSCORE").arg(names.sessions_index()).arg(&locked[0]).query_async(&mut redis).await.expect("zscore");
     let log = sandq_tests::isolated_worker_log(&id);
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     for name in &locked {
         let () = redis::cmd("DEL").arg(names.session_lock_key(name)).query_async(&mut redis).await.expect("del");
     }
@@ -443,7 +422,7 @@ async fn invalid_or_locked_index_members_do_not_stop_the_session_reaper() {
 async fn an_attacker_sized_rejection_reason_is_clipped() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let spec = python_job("print(1)", Sku::S);
     let encoded = sandq_schemas::encode(&spec).expect("encode");
@@ -456,7 +435,7 @@ async fn an_attacker_sized_rejection_reason_is_clipped() {
     RawPublisher::new(&world.config).await.publish(&body, Sku::S, Some(&spec.job_id)).await;
     let result = wait(&mut client, &spec.job_id).await;
     let logged = sandq_tests::isolated_worker_log(&id).len() - log_before;
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     assert_eq!(result.status, JobStatus::Rejected, "{result:?}");
     let reason = result.reason.expect("reason");

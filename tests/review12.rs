@@ -20,28 +20,7 @@ use std::time::Duration;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
 use sandq_submitter::storage;
-use sandq_tests::{exits_within, python_job, wait, Isolated};
-
-/// Worker settings: two S slots, no warm sandboxes, no outbound network; `extra` after them
-/// (the later value of a variable wins).
-fn worker_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-    let mut env = vec![
-        ("SANDQ__SKUS__S__CPUS", "1"),
-        ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"),
-        ("SANDQ__SKUS__S__DISK_BYTES", "1073741824"),
-        ("SANDQ__SKUS__S__SLOTS", "2"),
-        ("SANDQ__WARM__PER_SKU", "0"),
-        ("SANDQ__WORKER__OUTBOUND_NETWORK", "false"),
-    ];
-    env.extend_from_slice(extra);
-    env
-}
-
-/// Stops `worker` (within 40 s).
-fn stop(mut worker: std::process::Child) {
-    drop(worker.stdin.take());
-    assert!(exits_within(&mut worker, Duration::from_secs(40)));
-}
+use sandq_tests::{python_job, wait, Isolated};
 
 async fn plain_redis(world: &Isolated) -> redis::aio::MultiplexedConnection {
     redis::Client::open(world.config.redis.url.as_str()).expect("redis").get_multiplexed_async_connection().await.expect("redis")
@@ -62,7 +41,7 @@ fn counting_job(session: &str) -> JobSpec {
 #[tokio::test]
 async fn a_sessions_index_a_client_overwrites_neither_reruns_jobs_nor_keeps_sessions_for_ever() {
     let world = Isolated::new().await;
-    let env = worker_env(&[
+    let env = sandq_tests::small_worker_env(&[
         ("SANDQ__SESSIONS__IDLE_TIMEOUT", "5s"),
         ("SANDQ__SESSIONS__REAP_INTERVAL", "500ms"),
         ("SANDQ__SESSIONS__REBUILD_INTERVAL", "2s"),
@@ -106,7 +85,7 @@ async fn a_sessions_index_a_client_overwrites_neither_reruns_jobs_nor_keeps_sess
     }
     let third = sandq_tests::run(&mut client, &counting_job(&session)).await;
     let log = sandq_tests::isolated_worker_log(&id);
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     let _: i64 = redis::cmd("DEL").arg(names.sessions_index()).arg(names.sessions_rebuilt_key()).query_async(&mut redis).await.expect("del");
     let _ = client.remove_session(&session, Duration::from_secs(10)).await;
@@ -134,7 +113,7 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
     // (dead_letter::attempt_lifetime).
     const LIFETIME_MS: u64 = (60 + 30 * 60) * 1000;
     let world = Isolated::new().await;
-    let env = worker_env(&[("SANDQ__LIMITS__MAX_TIMEOUT", "60s")]);
+    let env = sandq_tests::small_worker_env(&[("SANDQ__LIMITS__MAX_TIMEOUT", "60s")]);
     let first_id = format!("{}-w1", world.namespace);
     let first = world.start_worker_ready(&first_id, &env);
     let names = Names::new(world.namespace.clone());
@@ -177,7 +156,7 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The worker that deferred it stops before it is due; another one starts.
-    stop(first);
+    sandq_tests::stop_worker(first);
     let first_log = sandq_tests::isolated_worker_log(&first_id);
     let second_id = format!("{}-w2", world.namespace);
     let second = world.start_worker_ready(&second_id, &env);
@@ -190,7 +169,7 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
         still_running += usize::from(status == b"running");
     }
     let second_log = sandq_tests::isolated_worker_log(&second_id);
-    stop(second);
+    sandq_tests::stop_worker(second);
     world.delete_queues().await;
     let _: i64 = redis::cmd("DEL").arg(names.deferred_checks()).query_async(&mut redis).await.expect("del");
     let due_ms = running.started_at_ms.expect("start") + LIFETIME_MS;
@@ -213,7 +192,7 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
 async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let names = Names::new(world.namespace.clone());
     let mut admin = plain_redis(&world).await;
     let (user, password) = (format!("client-{}", world.namespace), uuid::Uuid::new_v4().simple().to_string());
@@ -268,7 +247,7 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
     .await;
     let log = sandq_tests::isolated_worker_log(&id);
     let _: i64 = redis::cmd("ACL").arg("DELUSER").arg(&user).query_async(&mut admin).await.expect("acl deluser");
-    stop(worker);
+    sandq_tests::stop_worker(worker);
     world.delete_queues().await;
     let (first, second, listed, removed, left, refused) = outcome;
     assert_eq!((first.status, first.stdout.text.as_str()), (JobStatus::Succeeded, "1\n"), "{first:?}");

@@ -25,21 +25,6 @@ use sandq_schemas::{JobStatus, Sku};
 use sandq_submitter::client::now_ms;
 use sandq_tests::{exits_within, python_job, wait, wait_for_status, Isolated, RawPublisher};
 
-/// Worker settings: S slots as given, no warm sandboxes and no outbound network (neither is
-/// needed here).
-fn worker_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-    let mut env = vec![
-        ("SANDQ__SKUS__S__CPUS", "1"),
-        ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"),
-        ("SANDQ__SKUS__S__DISK_BYTES", "1073741824"),
-        ("SANDQ__SKUS__S__SLOTS", "2"),
-        ("SANDQ__WARM__PER_SKU", "0"),
-        ("SANDQ__WORKER__OUTBOUND_NETWORK", "false"),
-    ];
-    env.extend_from_slice(extra);
-    env
-}
-
 /// Where the second delivery of a running job is taken.
 #[derive(Debug, Clone, Copy)]
 enum Layout {
@@ -53,7 +38,7 @@ enum Layout {
 /// Starts the workers of `layout` in `world`, with `extra` settings.
 fn start_workers(world: &Isolated, layout: Layout, extra: &[(&'static str, &'static str)]) -> Vec<std::process::Child> {
     match layout {
-        Layout::SameWorker => vec![world.start_worker_ready(&format!("{}-w", world.namespace), &worker_env(extra))],
+        Layout::SameWorker => vec![world.start_worker_ready(&format!("{}-w", world.namespace), &sandq_tests::small_worker_env(extra))],
         Layout::OtherWorker => {
             // Disjoint user namespace ranges (64 ranges apart), as workers sharing a host need.
             let base = std::env::var("SANDQ__WORKER__USERNS_HOST_BASE").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(0x7000_0000);
@@ -62,7 +47,7 @@ fn start_workers(world: &Isolated, layout: Layout, extra: &[(&'static str, &'sta
                 .iter()
                 .enumerate()
                 .map(|(i, base)| {
-                    let mut env: Vec<(&str, &str)> = worker_env(extra);
+                    let mut env: Vec<(&str, &str)> = sandq_tests::small_worker_env(extra);
                     env.push(("SANDQ__SKUS__S__SLOTS", "1"));
                     env.push(("SANDQ__WORKER__USERNS_HOST_BASE", base.as_str()));
                     world.start_worker_ready(&format!("{}-w{i}", world.namespace), &env)
@@ -176,7 +161,7 @@ async fn duplicate_of_a_session_job(layout: Layout) {
 async fn a_job_whose_deadline_passes_while_it_waits_for_capacity_does_not_run() {
     let world = Isolated::new().await;
     // Capacity for one S job at a time, two S slots: the second job waits, `queued`.
-    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &worker_env(&[("SANDQ__WORKER__CAPACITY_CPUS", "1")]));
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &sandq_tests::small_worker_env(&[("SANDQ__WORKER__CAPACITY_CPUS", "1")]));
     let mut client = world.client().await;
     let first = python_job("import time\ntime.sleep(10)\n", Sku::S);
     client.submit(&first).await.expect("submit");
@@ -206,7 +191,7 @@ async fn a_job_whose_deadline_passes_while_it_waits_for_capacity_does_not_run() 
 #[tokio::test]
 async fn a_huge_client_written_record_costs_the_worker_little_memory() {
     let world = Isolated::new().await;
-    let worker = world.start_worker_ready(&format!("{}-w", world.namespace), &worker_env(&[]));
+    let worker = world.start_worker_ready(&format!("{}-w", world.namespace), &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     // The worker's baseline, once it has run a job.
     let first = sandq_tests::run(&mut client, &python_job("print(1)", Sku::S)).await;
@@ -268,7 +253,7 @@ async fn run_until(client: &mut sandq_submitter::Client, make: impl Fn() -> sand
 async fn a_warm_start_leaves_the_job_the_memory_of_a_cold_one() {
     let world = Isolated::new().await;
     // Set after worker_env's `0` (the later value of a variable wins).
-    let env = worker_env(&[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__RUNTIMES", "python")]);
+    let env = sandq_tests::small_worker_env(&[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__RUNTIMES", "python")]);
     let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env);
     let mut client = world.client().await;
     // 440 MiB touched, of S's 512 MiB (memory + swap): what a cold start leaves a cell.
@@ -311,7 +296,7 @@ async fn a_warm_start_leaves_the_job_the_memory_of_a_cold_one() {
 async fn a_message_with_deeply_nested_headers_does_not_stop_the_worker() {
     let world = Isolated::new().await;
     let id = format!("{}-w", world.namespace);
-    let mut worker = world.start_worker_ready(&id, &worker_env(&[]));
+    let mut worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let port = sandq_tests::service_port(&world.config.amqp.url).to_string();
     let exchange = sandq_schemas::names::Names::new(world.namespace.clone()).jobs_exchange();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("review8/nested_headers.py");
@@ -340,7 +325,7 @@ async fn a_message_with_deeply_nested_headers_does_not_stop_the_worker() {
 #[tokio::test]
 async fn a_sandbox_takes_a_bounded_share_of_the_hosts_tables() {
     let world = Isolated::new().await;
-    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &worker_env(&[]));
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &sandq_tests::small_worker_env(&[]));
     let read = |path: &str| std::fs::read_to_string(path).expect("sysctl").trim().parse::<u64>().expect("number");
     // Isolated workers get 64 GiB of capacity (harness); 2 S slots of 1024 pids.
     let mem_total_kib: u64 = std::fs::read_to_string("/proc/meminfo")

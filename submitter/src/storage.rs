@@ -308,27 +308,7 @@ pub async fn delete_keys(s3: &Client, bucket: &str, keys: &[String]) -> Result<(
 /// # Errors
 /// [`TransferError::Request`].
 pub async fn list(s3: &Client, bucket: &str, prefix: &str, max: usize) -> Result<Vec<String>, TransferError> {
-    let mut keys = Vec::new();
-    let mut token = None;
-    loop {
-        let page = s3
-            .list_objects_v2()
-            .bucket(bucket)
-            .prefix(prefix)
-            .set_continuation_token(token)
-            .send()
-            .await
-            .map_err(|e| request_error(prefix, e))?;
-        keys.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_owned)));
-        if keys.len() >= max {
-            keys.truncate(max);
-            return Ok(keys);
-        }
-        match page.next_continuation_token() {
-            Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
-            _ => return Ok(keys),
-        }
-    }
+    list_pages(s3, bucket, prefix, None, max, |page| page.contents().iter().filter_map(|o| o.key().map(str::to_owned)).collect()).await
 }
 
 /// The "directories" directly under `prefix` (S3 common prefixes for the delimiter `/`), without
@@ -338,30 +318,42 @@ pub async fn list(s3: &Client, bucket: &str, prefix: &str, max: usize) -> Result
 /// # Errors
 /// [`TransferError::Request`].
 pub async fn list_dirs(s3: &Client, bucket: &str, prefix: &str, max: usize) -> Result<Vec<String>, TransferError> {
-    let mut dirs = Vec::new();
+    list_pages(s3, bucket, prefix, Some("/"), max, |page| {
+        page.common_prefixes().iter().filter_map(|p| p.prefix()?.strip_prefix(prefix)?.strip_suffix('/').map(str::to_owned)).collect()
+    })
+    .await
+}
+
+/// What `items` takes from each page of `ListObjectsV2` under `prefix` (with `delimiter`), in
+/// order, until `max` or the last page.
+async fn list_pages(
+    s3: &Client,
+    bucket: &str,
+    prefix: &str,
+    delimiter: Option<&str>,
+    max: usize,
+    items: impl Fn(&aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output) -> Vec<String>,
+) -> Result<Vec<String>, TransferError> {
+    let mut found = Vec::new();
     let mut token = None;
     loop {
         let page = s3
             .list_objects_v2()
             .bucket(bucket)
             .prefix(prefix)
-            .delimiter("/")
+            .set_delimiter(delimiter.map(str::to_owned))
             .set_continuation_token(token)
             .send()
             .await
             .map_err(|e| request_error(prefix, e))?;
-        dirs.extend(
-            page.common_prefixes()
-                .iter()
-                .filter_map(|p| p.prefix()?.strip_prefix(prefix)?.strip_suffix('/').map(str::to_owned)),
-        );
-        if dirs.len() >= max {
-            dirs.truncate(max);
-            return Ok(dirs);
+        found.extend(items(&page));
+        if found.len() >= max {
+            found.truncate(max);
+            return Ok(found);
         }
         match page.next_continuation_token() {
             Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
-            _ => return Ok(dirs),
+            _ => return Ok(found),
         }
     }
 }

@@ -170,7 +170,6 @@ fn list_rules(table: &str, parent: &str) -> Result<Vec<String>, String> {
 /// writers and removed their rules). Rules a host inserted at the top since the last start (a
 /// restarted Docker) end up after them.
 fn ensure_first(table: &str, parent: &str, jumps: &[Vec<&str>]) -> Result<(), String> {
-    use std::io::Write;
     let wanted: Vec<String> = jumps.iter().map(|j| j.join(" ")).collect();
     let mut last = String::new();
     for _ in 0..10 {
@@ -186,17 +185,7 @@ fn ensure_first(table: &str, parent: &str, jumps: &[Vec<&str>]) -> Result<(), St
             script.push_str(&format!("-I {parent} 1 {rule}\n"));
         }
         script.push_str("COMMIT\n");
-        let mut child = Command::new("iptables-restore")
-            .arg("--noflush")
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("iptables-restore: {e}"))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(script.as_bytes()).map_err(|e| format!("iptables-restore: {e}"))?;
-        }
-        let out = child.wait_with_output().map_err(|e| format!("iptables-restore: {e}"))?;
+        let out = iptables_restore(&script)?;
         last = String::from_utf8_lossy(&out.stderr).trim().to_owned();
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -208,12 +197,25 @@ fn ensure_first(table: &str, parent: &str, jumps: &[Vec<&str>]) -> Result<(), St
 /// and the rules follow in order, so there is no moment with part of them. The chain is
 /// sandq's own: every worker of a host writes the same content (their settings must agree).
 fn replace_chain(table: &str, chain: &str, rules: &[String]) -> Result<(), String> {
-    use std::io::Write;
     let mut script = format!("*{table}\n:{chain} - [0:0]\n");
     for rule in rules {
         script.push_str(&format!("-A {chain} {rule}\n"));
     }
     script.push_str("COMMIT\n");
+    let out = iptables_restore(&script)?;
+    if !out.status.success() {
+        return Err(format!("cannot write {table} {chain}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(())
+}
+
+/// Runs `iptables-restore --noflush` on `script` (one transaction); its output, whatever its
+/// exit status.
+///
+/// # Errors
+/// When it cannot be run.
+fn iptables_restore(script: &str) -> Result<std::process::Output, String> {
+    use std::io::Write;
     let mut child = Command::new("iptables-restore")
         .arg("--noflush")
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -224,11 +226,7 @@ fn replace_chain(table: &str, chain: &str, rules: &[String]) -> Result<(), Strin
     if let Some(mut stdin) = child.stdin.take() {
         stdin.write_all(script.as_bytes()).map_err(|e| format!("iptables-restore: {e}"))?;
     }
-    let out = child.wait_with_output().map_err(|e| format!("iptables-restore: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("cannot write {table} {chain}: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(())
+    child.wait_with_output().map_err(|e| format!("iptables-restore: {e}"))
 }
 
 /// Held while the host's network set-up is changed: workers starting together on one host take
