@@ -186,8 +186,9 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
 /// The deployment that closes R12-2 for good (docs/operations.md "Redis ACL for clients"): a
 /// client whose Redis user may use only its jobs' and sessions' own keys still submits, waits,
 /// runs session jobs and removes a session; its writes of the index, the rebuild turn and the
-/// deferred checks are refused (`NOPERM`), and so are listing the sessions and scanning the
-/// keyspace, which named every other client's sessions and job ids (thirteenth review R13-8).
+/// deferred checks are refused (`NOPERM`), and so are listing the sessions, scanning the
+/// keyspace (thirteenth review R13-8) and client-side caching's broadcast of written keys
+/// (fourteenth review R14-1), which named every other client's sessions and job ids.
 #[tokio::test]
 async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions() {
     let world = Isolated::new().await;
@@ -211,6 +212,9 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
         .arg("-@dangerous")
         .arg("-scan")
         .arg("-randomkey")
+        .arg("-client|tracking")
+        .arg("-dbsize")
+        .arg("-memory")
         .query_async(&mut admin)
         .await
         .expect("acl setuser");
@@ -234,7 +238,7 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
             let reply: Result<redis::Value, redis::RedisError> = cmd.query_async(&mut as_client).await;
             refused.push((format!("{command} {key}"), reply.err().and_then(|e| e.code().map(str::to_owned))));
         }
-        for command in [vec!["ZRANGE".to_owned(), names.sessions_index(), "0".to_owned(), "-1".to_owned()], vec!["SCAN".to_owned(), "0".to_owned()], vec!["RANDOMKEY".to_owned()], vec!["KEYS".to_owned(), "*".to_owned()]] {
+        for command in [vec!["ZRANGE".to_owned(), names.sessions_index(), "0".to_owned(), "-1".to_owned()], vec!["SCAN".to_owned(), "0".to_owned()], vec!["RANDOMKEY".to_owned()], vec!["KEYS".to_owned(), "*".to_owned()], ["CLIENT", "TRACKING", "ON", "BCAST"].map(str::to_owned).to_vec(), vec!["DBSIZE".to_owned()], ["MEMORY", "STATS"].map(str::to_owned).to_vec()] {
             let mut cmd = redis::cmd(&command[0]);
             for arg in &command[1..] {
                 cmd.arg(arg);

@@ -141,7 +141,11 @@ impl Client {
     pub async fn upload(&self, local: &Path, sandbox_path: &str) -> Result<InputFile, ClientError> {
         let (sha256, size) = storage::digest_file(local).await?;
         let key = input_key(&sha256);
-        if !storage::exists(&self.s3, &self.config.s3.bucket, &key).await? {
+        // Skipped only when an object of the same size is there: one of another size cannot
+        // hold these bytes (another client may have written it: fourteenth review R14-5), and
+        // is overwritten. One of the same size but other bytes fails its job's digest check,
+        // and the worker then removes it.
+        if storage::object_size(&self.s3, &self.config.s3.bucket, &key).await? != Some(size) {
             let file = tokio::fs::File::open(local).await.map_err(|source| storage::TransferError::Local {
                 path: local.display().to_string(),
                 source,

@@ -358,7 +358,7 @@ pub struct Reaped {
 /// security review R12-2) is deleted first and reported in [`Reaped::index_reset`].
 ///
 /// # Errors
-/// [`SessionError::Redis`] when the index cannot be read or a lock released.
+/// [`SessionError::Redis`] when the index cannot be read or updated.
 pub async fn reap(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
@@ -408,7 +408,11 @@ pub async fn reap(
             }
         }
         .await;
-        unlock(redis, names, &name, reaper_id).await?;
+        // A lock key a client turned into another type cannot be released (the lease frees
+        // it): one session's, never the whole call (fourteenth review, note).
+        if let Err(e) = unlock(redis, names, &name, reaper_id).await {
+            tracing::warn!(session = name, error = %e, "cannot release the reaper's session lock; its lease will");
+        }
         match outcome {
             Ok(true) => reaped.push(name),
             Ok(false) => {}

@@ -173,11 +173,43 @@ pub async fn put_bytes(s3: &Client, bucket: &str, key: &str, bytes: Vec<u8>, con
 /// # Errors
 /// [`TransferError::Request`] for any failure but "not found".
 pub async fn exists(s3: &Client, bucket: &str, key: &str) -> Result<bool, TransferError> {
+    Ok(object_size(s3, bucket, key).await?.is_some())
+}
+
+/// The size of `key` in bytes (`HEAD`); `None` when there is no such object.
+///
+/// # Errors
+/// [`TransferError::Request`].
+pub async fn object_size(s3: &Client, bucket: &str, key: &str) -> Result<Option<u64>, TransferError> {
     match s3.head_object().bucket(bucket).key(key).send().await {
-        Ok(_) => Ok(true),
-        Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(false),
+        Ok(head) => Ok(Some(head.content_length().and_then(|n| u64::try_from(n).ok()).unwrap_or(0))),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
         Err(e) => Err(request_error(key, e)),
     }
+}
+
+/// SHA-256 (hex) and size of the object `key`, read as a stream; `None` when it is larger
+/// than `max` bytes (reading stops there).
+///
+/// # Errors
+/// [`TransferError::Missing`] or [`TransferError::Request`].
+pub async fn digest_object(s3: &Client, bucket: &str, key: &str, max: u64) -> Result<Option<(String, u64)>, TransferError> {
+    let response = match s3.get_object().bucket(bucket).key(key).send().await {
+        Ok(r) => r,
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Err(TransferError::Missing { key: key.to_owned() }),
+        Err(e) => return Err(request_error(key, e)),
+    };
+    let mut body = response.body;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    while let Some(chunk) = body.try_next().await.map_err(|e| request_error(key, e))? {
+        size += chunk.len() as u64;
+        if size > max {
+            return Ok(None);
+        }
+        hasher.update(&chunk);
+    }
+    Ok(Some((hex::encode(hasher.finalize()), size)))
 }
 
 /// Downloads `key` into the already created, empty `dest` file, reading at most

@@ -562,6 +562,7 @@ async fn execute_in(
     let resolv_conf = (job.spec.network == sandq_schemas::NetworkMode::Outbound).then(|| settings.resolv_conf());
     let stage_failure = |e: StageError| match &e {
         StageError::Download { source, .. } if !source.is_transient() => Failure::Rejected(e.to_string()),
+        StageError::Mismatched { .. } => Failure::Rejected(e.to_string()),
         StageError::OverQuota { .. } => Failure::Rejected(e.to_string()),
         _ => Failure::Infrastructure(e.to_string()),
     };

@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
     }
     let path = sandq_submitter::config::config_path(args.config.as_deref());
     let raw: RawConfig = sandq_submitter::config::load(&path)?;
+    let nameservers_configured = raw.worker.nameservers.is_some();
     let settings = raw.validate().with_context(|| format!("config {}", path.display()))?;
     for dir in [&settings.jobs_dir, &settings.state_root] {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -59,7 +60,13 @@ fn main() -> anyhow::Result<()> {
     if sandq_worker::sandbox::host_limits::ensure_sysfs_writable()? {
         info!("remounted /sys read-write: its sysfs was read-only (a Kubernetes pod's), which sandboxes cannot mount their own beside");
     }
-    // Crash safety: containers and job dirs of a previous run of this worker id.
+    // Crash safety: side cgroups (a packages tar still running), containers and job dirs of a
+    // previous run of this worker id.
+    sandq_worker::sandbox::cgroup::set_side_owner(&settings.worker_id);
+    let removed = sandq_worker::sandbox::cgroup::remove_leftover_side_cgroups();
+    if removed > 0 {
+        info!(removed, "removed side cgroups an earlier run of this worker left (their processes killed)");
+    }
     let status = std::process::Command::new(&settings.container_helper)
         .arg("cleanup")
         .arg(&settings.state_root)
@@ -72,6 +79,11 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(!entry.path().exists(), "cannot remove {}", entry.path().display());
     }
     if settings.outbound_network {
+        if !nameservers_configured {
+            for ns in sandq_worker::sandbox::network::host_nameservers().into_iter().filter(|ns| !settings.nameservers.contains(ns)) {
+                tracing::warn!(%ns, nameservers = ?settings.nameservers, "the host's nameserver is in a blocked range: outbound sandboxes use others (set worker.nameservers to name it on purpose)");
+            }
+        }
         sandq_worker::sandbox::network::write_resolv_conf(&settings.resolv_conf(), &settings.nameservers)
             .context("cannot write the sandboxes' resolv.conf")?;
         sandq_worker::sandbox::network::setup_host(&settings.nameservers, &settings.blocked_ranges)

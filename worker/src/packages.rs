@@ -452,7 +452,11 @@ pub async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64, cpus: f
     let mut out = tokio::fs::OpenOptions::new().write(true).create_new(true).open(archive).await.map_err(file_error)?;
     let errors = tokio::spawn(async move {
         let mut text = String::new();
-        let _ = stderr.take(MAX_TAR_STDERR).read_to_string(&mut text).await;
+        let mut stderr = stderr;
+        let _ = (&mut stderr).take(MAX_TAR_STDERR).read_to_string(&mut text).await;
+        // The rest is read and dropped: closing the pipe would kill tar with SIGPIPE on its
+        // next warning (a tree of many unreadable files is not an error worth losing).
+        let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
         text
     });
     let mut written = 0u64;
@@ -512,8 +516,9 @@ pub async fn unpack(archive: &Path, disk: &Path, uid: u32, cpus: f64) -> Result<
         .map_err(|e| tar_error(e.to_string()))?;
     let ended = tokio::time::timeout(TAR_WALL, async {
         let mut stderr = String::new();
-        if let Some(err) = child.stderr.take() {
-            let _ = err.take(MAX_TAR_STDERR).read_to_string(&mut stderr).await;
+        if let Some(mut err) = child.stderr.take() {
+            let _ = (&mut err).take(MAX_TAR_STDERR).read_to_string(&mut stderr).await;
+            let _ = tokio::io::copy(&mut err, &mut tokio::io::sink()).await;
         }
         (child.wait().await, stderr)
     })

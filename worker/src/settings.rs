@@ -149,7 +149,10 @@ pub struct RawWorker {
     /// needs `ip` and `iptables`); default true.
     pub outbound_network: Option<bool>,
     /// Nameservers of outbound sandboxes (their `/etc/resolv.conf`), IPv4 addresses separated
-    /// by commas; default: the host's non-loopback nameservers.
+    /// by commas; each is let through the firewall on port 53, even in a blocked range (a
+    /// private resolver answers for private zones: name one only on purpose). Default: the
+    /// host's non-loopback nameservers outside the blocked ranges, else 1.1.1.1 and 9.9.9.9
+    /// (`sandbox::network::default_nameservers`).
     pub nameservers: Option<String>,
     /// IPv4 ranges outbound sandboxes may not reach besides the built-in ones
     /// (`sandbox::network::BLOCKED_RANGES`: private, link-local, CGNAT, reserved, cloud
@@ -533,8 +536,15 @@ impl RawConfig {
                 self.amqp.delivery_limit
             ));
         }
+        let mut blocked_ranges = Vec::new();
+        for item in self.worker.blocked_ranges.as_deref().unwrap_or("").split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match crate::sandbox::network::parse_range(item) {
+                Ok(range) => blocked_ranges.push(range),
+                Err(e) => return bad(format!("worker.blocked_ranges: {e}")),
+            }
+        }
         let nameservers = match &self.worker.nameservers {
-            None => crate::sandbox::network::host_nameservers(),
+            None => crate::sandbox::network::default_nameservers(&blocked_ranges),
             Some(list) => {
                 let mut parsed = Vec::new();
                 for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -546,13 +556,6 @@ impl RawConfig {
                 parsed
             }
         };
-        let mut blocked_ranges = Vec::new();
-        for item in self.worker.blocked_ranges.as_deref().unwrap_or("").split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            match crate::sandbox::network::parse_range(item) {
-                Ok(range) => blocked_ranges.push(range),
-                Err(e) => return bad(format!("worker.blocked_ranges: {e}")),
-            }
-        }
         let mut warm_runtimes = Vec::new();
         for name in self.warm.runtimes.as_deref().unwrap_or("python,node").split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let runtime = match name {

@@ -192,6 +192,43 @@ pub enum StageError {
         /// The transfer error, with the key.
         source: TransferError,
     },
+    /// The content-addressed object of an input does not hold the bytes its name says (another
+    /// client wrote it: fourteenth review R14-5); `removed` when the worker deleted it, so that
+    /// the next upload of the file stores it afresh (the client's job is rejected).
+    #[error("cannot stage input {path:?}: {source}; {}", if *removed { "the object does not hold the bytes its name says and was removed: submitting the job again uploads the file afresh" } else { "the object does not match the job's declared size and digest" })]
+    Mismatched {
+        /// The input's path in `/work`.
+        path: String,
+        /// The size or digest error, with the key.
+        source: TransferError,
+        /// Whether the object was deleted.
+        removed: bool,
+    },
+}
+
+/// Largest content-addressed object the worker reads whole to prove it does not hold the bytes
+/// its name says, after a size mismatch (64 MiB): a larger one is left in place.
+const MAX_PROOF_BYTES: u64 = 64 << 20;
+
+/// After a size or digest mismatch of the input object `key` (`inputs/sha256/<hex>`, checked
+/// by validation to name the job's declared `sha256`): whether it provably holds other bytes
+/// than its name says, and so was deleted. A digest mismatch at the declared size proves it; a
+/// size mismatch proves nothing alone (the job may declare a wrong size), so the object is
+/// hashed whole, up to [`MAX_PROOF_BYTES`].
+async fn remove_if_misnamed(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, sha256: &str, error: &TransferError) -> bool {
+    let misnamed = match error {
+        TransferError::Digest { .. } => true,
+        TransferError::Size { .. } => {
+            matches!(storage::digest_object(s3, bucket, key, MAX_PROOF_BYTES).await, Ok(Some((found, _))) if found != sha256)
+        }
+        _ => false,
+    };
+    if !misnamed {
+        return false;
+    }
+    let removed = storage::delete_keys(s3, bucket, &[key.to_owned()]).await.is_ok();
+    tracing::warn!(key, removed, "an input object did not hold the bytes its name says");
+    removed
 }
 
 fn prepare_error(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
@@ -621,9 +658,14 @@ async fn place_file(
     }
     let file = open_new(&dest, 0o644)?;
     let mut file = tokio::fs::File::from_std(file);
-    storage::get_to_file(s3, bucket, key, &mut file, rel, Some(size), Some(sha256))
-        .await
-        .map_err(|source| StageError::Download { path: rel.to_owned(), source })?;
+    match storage::get_to_file(s3, bucket, key, &mut file, rel, Some(size), Some(sha256)).await {
+        Ok(_) => {}
+        Err(source @ (TransferError::Size { .. } | TransferError::Digest { .. })) => {
+            let removed = remove_if_misnamed(s3, bucket, key, sha256, &source).await;
+            return Err(StageError::Mismatched { path: rel.to_owned(), source, removed });
+        }
+        Err(source) => return Err(StageError::Download { path: rel.to_owned(), source }),
+    }
     std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare_error(&dest))?;
     let meta = file.metadata().await.map_err(prepare_error(&dest))?;
     Ok(Stamp::of(&meta))

@@ -204,7 +204,7 @@ pub fn set_cpuset(cgroups_path: &str, cpus: &str) -> std::io::Result<()> {
 /// packages `tar`: tenth security review N5), limited like the job: `cpus` cores of CFS quota
 /// (v1 `cpu.cfs_quota_us` over a 100 ms period, v2 `cpu.max`), `memory_bytes` (v1
 /// `memory.limit_in_bytes`, v2 `memory.max`) and [`SIDE_PIDS_MAX`] processes, at
-/// `/sandq/side-<name>` beside the sandboxes' cgroups, so that the work competes for the CPU
+/// `/sandq/side-<owner>-<name>` beside the sandboxes' cgroups, so that the work competes for the CPU
 /// like one more sandbox of the job's size rather than as the worker. Its usage is read with
 /// [`read`] at [`SideCgroup::path`]; the cgroup is removed when dropped (its processes must
 /// have exited: the caller waits for them).
@@ -221,14 +221,66 @@ pub const SIDE_PIDS_MAX: u64 = 16;
 /// CFS period of a [`SideCgroup`], microseconds (the kernel's default).
 const CFS_PERIOD_US: u64 = 100_000;
 
+/// This worker's part of the side cgroups' names (`side-<owner>-...`), set once at start from
+/// its id ([`set_side_owner`]), so that a worker's start-up clean-up
+/// ([`remove_leftover_side_cgroups`]) touches its own only (workers share `/sandq`).
+static SIDE_OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets this worker's part of the side cgroups' names: 8 hex digits of a hash of `worker_id`.
+/// Before it is set (unit tests), `0` is used.
+pub fn set_side_owner(worker_id: &str) {
+    let hash = worker_id.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    let _ = SIDE_OWNER.set(format!("{hash:08x}"));
+}
+
+fn side_owner() -> &'static str {
+    SIDE_OWNER.get().map_or("0", String::as_str)
+}
+
+/// Kills every process left in this worker's side cgroups by an earlier run (a worker killed
+/// while a packages `tar` ran leaves the cgroup, and the `tar` writing into a job dir as the
+/// slot's uid: fourteenth review R14-2), then removes the cgroups; returns how many it removed.
+/// Run at start, before the job dirs are removed. v1: each controller's `/sandq/side-<owner>-*`;
+/// v2: the unified one (`cgroup.kill` where the kernel has it, else each pid).
+pub fn remove_leftover_side_cgroups() -> usize {
+    let prefix = format!("side-{}-", side_owner());
+    let mut removed = 0;
+    for parent in dirs("/sandq") {
+        let Ok(entries) = std::fs::read_dir(&parent) else { continue };
+        for entry in entries.flatten() {
+            if !entry.file_name().to_string_lossy().starts_with(&prefix) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let dir = entry.path();
+            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+            for _ in 0..100 {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
+                if pids.is_empty() {
+                    break;
+                }
+                for pid in pids {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if std::fs::remove_dir(&dir).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
 impl SideCgroup {
-    /// Creates the cgroup `/sandq/side-<name>` (`name`: `[A-Za-z0-9_-]`, unique among the jobs
-    /// running) with its limits. On v2 the controllers are enabled in `/sandq` first.
+    /// Creates the cgroup `/sandq/side-<owner>-<name>` (`name`: `[A-Za-z0-9_-]`, unique among
+    /// the jobs running; `<owner>`: [`set_side_owner`]) with its limits. On v2 the controllers
+    /// are enabled in `/sandq` first.
     ///
     /// # Errors
     /// The first failed directory creation or limit write (nothing is left behind).
     pub fn create(name: &str, cpus: f64, memory_bytes: u64) -> std::io::Result<SideCgroup> {
-        let path = format!("/sandq/side-{name}");
+        let path = format!("/sandq/side-{}-{name}", side_owner());
         let root = Path::new(CGROUP_ROOT);
         let quota = ((cpus.max(0.01) * CFS_PERIOD_US as f64) as u64).max(1000);
         let mut side = SideCgroup { path: path.clone(), dirs: Vec::new() };
@@ -311,6 +363,53 @@ mod tests {
         // Nothing restricts the root cpuset on a test machine: every online CPU.
         let online = parse_cpu_list(&std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online"));
         assert_eq!(available_cpus(), online);
+    }
+
+    /// Fourteenth review R14-2: a side cgroup a killed worker left, with a process in it, is
+    /// emptied (the process killed) and removed at the next start; another worker's is not
+    /// touched. Root only (it makes cgroups).
+    #[test]
+    fn leftover_side_cgroups_are_emptied_and_removed_and_only_this_workers() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: making a cgroup needs root");
+            return;
+        }
+        set_side_owner("unit-test-worker");
+        let left = SideCgroup::create(&format!("left-{}", std::process::id()), 0.5, 64 << 20).expect("side cgroup");
+        let path = left.path().to_owned();
+        let mut sleeper = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"for f in "$@"; do echo $$ > "$f"; done; exec sleep 600"#)
+            .arg("sh")
+            .args(left.procs_files())
+            .spawn()
+            .expect("sleeper");
+        // Joined before the clean-up looks (the shell writes, then execs).
+        let procs = left.procs_files()[0].clone();
+        for _ in 0..100 {
+            if std::fs::read_to_string(&procs).unwrap_or_default().contains(&sleeper.id().to_string()) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Another worker's, which must stay.
+        let others = format!("/sandq/side-00000000-other-{}", std::process::id());
+        let other_dirs = dirs(&others);
+        for dir in &other_dirs {
+            std::fs::create_dir_all(dir).expect("other");
+        }
+        std::mem::forget(left); // as a killed worker would: no Drop
+        let removed = remove_leftover_side_cgroups();
+        let status = sleeper.wait().expect("wait");
+        let left_behind: Vec<PathBuf> = dirs(&path).into_iter().filter(|d| d.exists()).collect();
+        let others_kept = other_dirs.iter().all(|d| d.exists());
+        for dir in &other_dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+        assert!(removed >= 1, "nothing removed");
+        assert!(left_behind.is_empty(), "left: {left_behind:?}");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "the process in it was not killed");
+        assert!(others_kept, "another worker's side cgroup was removed");
     }
 
     #[test]

@@ -100,6 +100,41 @@ pub fn host_nameservers() -> Vec<std::net::Ipv4Addr> {
         .collect()
 }
 
+/// Public resolvers (Cloudflare's, Quad9's) outbound sandboxes get by default when every
+/// nameserver of the host is in a blocked range.
+pub const PUBLIC_NAMESERVERS: [Ipv4Addr; 2] = [Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(9, 9, 9, 9)];
+
+/// Whether `addr` is in `range` (CIDR text as [`parse_range`] accepts; false when it does not
+/// parse).
+pub fn in_range(addr: Ipv4Addr, range: &str) -> bool {
+    let Ok(canonical) = parse_range(range) else { return false };
+    let Some((net, prefix)) = canonical.split_once('/') else { return false };
+    let (Ok(net), Ok(prefix)) = (net.parse::<Ipv4Addr>(), prefix.parse::<u32>()) else { return false };
+    let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+    u32::from(addr) & mask == u32::from(net)
+}
+
+/// Whether `addr` is in [`BLOCKED_RANGES`] or `extra_blocked`.
+pub fn is_blocked(addr: Ipv4Addr, extra_blocked: &[String]) -> bool {
+    BLOCKED_RANGES.iter().copied().chain(extra_blocked.iter().map(String::as_str)).any(|range| in_range(addr, range))
+}
+
+/// The nameservers outbound sandboxes get when `worker.nameservers` is not set: the host's
+/// ([`host_nameservers`]) that are not in a blocked range, else [`PUBLIC_NAMESERVERS`]. Each
+/// nameserver is let through the firewall on port 53, so a default one in a blocked range
+/// would open that range's resolver to sandboxes without anyone choosing it (fourteenth
+/// review R14-4: on Azure the host's resolver is 168.63.129.16, on GCP 169.254.169.254; a
+/// private resolver answers for private zones). A private resolver is used only when
+/// configured.
+pub fn default_nameservers(extra_blocked: &[String]) -> Vec<Ipv4Addr> {
+    let allowed: Vec<Ipv4Addr> = host_nameservers().into_iter().filter(|ns| !is_blocked(*ns, extra_blocked)).collect();
+    if allowed.is_empty() {
+        PUBLIC_NAMESERVERS.to_vec()
+    } else {
+        allowed
+    }
+}
+
 /// Writes the `resolv.conf` that outbound sandboxes get at `/etc/resolv.conf`.
 ///
 /// # Errors
@@ -278,6 +313,14 @@ pub fn setup_host(nameservers: &[Ipv4Addr], extra_blocked: &[String]) -> Result<
     // transaction: a range added by a newer version lands before the final ACCEPT, not after.
     let blocked: Vec<String> = BLOCKED_RANGES.iter().map(|r| (*r).to_owned()).chain(extra_blocked.iter().cloned()).collect();
     let dns: Vec<(String, &str)> = nameservers.iter().flat_map(|n| ["udp", "tcp"].map(|p| (n.to_string(), p))).collect();
+    // Workers of one host share the chains and must share these settings: another worker's
+    // nameserver allowance found here is replaced, and said so.
+    for rule in list_rules("raw", RAW_CHAIN).unwrap_or_default().iter().filter(|r| r.contains("--dport 53")) {
+        let other = rule.split_whitespace().skip_while(|w| *w != "-d").nth(1).and_then(|a| a.trim_end_matches("/32").parse::<Ipv4Addr>().ok());
+        if let Some(other) = other.filter(|a| !nameservers.contains(a)) {
+            tracing::warn!(nameserver = %other, "replacing another worker's DNS allowance in the sandboxes' firewall: workers of one host must have the same worker.nameservers and worker.blocked_ranges");
+        }
+    }
     let mut raw: Vec<String> = dns.iter().map(|(ns, proto)| format!("-d {ns} -p {proto} --dport 53 -j RETURN")).collect();
     raw.push("-m addrtype --dst-type LOCAL -j DROP".to_owned());
     raw.extend(blocked.iter().map(|range| format!("-d {range} -j DROP")));
@@ -419,5 +462,21 @@ mod tests {
         for range in BLOCKED_RANGES {
             assert_eq!(parse_range(range).as_deref(), Ok(range), "canonical");
         }
+    }
+
+    #[test]
+    fn addresses_are_matched_against_ranges() {
+        let addr = |s: &str| s.parse::<Ipv4Addr>().expect("address");
+        assert!(is_blocked(addr("168.63.129.16"), &[]), "Azure's platform address");
+        assert!(is_blocked(addr("169.254.169.254"), &[]));
+        assert!(is_blocked(addr("10.255.255.53"), &[]));
+        assert!(is_blocked(addr("100.100.100.200"), &[]), "in CGNAT");
+        assert!(!is_blocked(addr("1.1.1.1"), &[]));
+        assert!(!is_blocked(addr("198.18.0.3"), &[]));
+        assert!(is_blocked(addr("198.18.0.3"), &["198.18.0.0/30".to_owned()]));
+        assert!(!is_blocked(addr("198.18.0.4"), &["198.18.0.0/30".to_owned()]));
+        assert!(in_range(addr("203.0.113.9"), "0.0.0.0/0"));
+        assert!(!in_range(addr("203.0.113.9"), "not a range"));
+        assert!(PUBLIC_NAMESERVERS.iter().all(|ns| !is_blocked(*ns, &[])));
     }
 }

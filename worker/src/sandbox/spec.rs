@@ -236,11 +236,14 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     Ok(spec)
 }
 
-/// The real sysfs directories of the host's block devices that are not virtual (those are under
-/// `/sys/devices/virtual/block`, masked whole in the template): the targets of the links in
-/// `/sys/block`, and those of the SCSI devices behind them (`/sys/class/scsi_device/*/device`,
-/// whose `iorequest_cnt` and `iodone_cnt` count the disk's commands: thirteenth review R13-5),
-/// read once (a disk added later is not masked until the worker restarts).
+/// The real sysfs directories of the host's disks and their controllers: the targets of the
+/// links in `/sys/block` (but those under `/sys/devices/virtual/block`, masked whole in the
+/// template; NVMe multipath disks under `/sys/devices/virtual/nvme-subsystem` included:
+/// fourteenth review R14-3), of the SCSI devices and hosts behind them
+/// (`/sys/class/scsi_device/*/device`, whose `iorequest_cnt` counts the disk's commands:
+/// thirteenth review R13-5; `/sys/class/scsi_host/*`, whose `host_busy` counts those in flight)
+/// and of the NVMe controllers and subsystems (`/sys/class/nvme*`: a volume's `serial`), read
+/// once (a disk added later is not masked until the worker restarts).
 pub fn block_device_dirs() -> &'static [String] {
     static DIRS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     DIRS.get_or_init(|| {
@@ -252,7 +255,10 @@ pub fn block_device_dirs() -> &'static [String] {
         let mut dirs: Vec<String> = targets("/sys/block", "")
             .into_iter()
             .chain(targets("/sys/class/scsi_device", "device"))
-            .filter(|p| p.starts_with("/sys/devices") && !p.starts_with("/sys/devices/virtual"))
+            .chain(targets("/sys/class/scsi_host", ""))
+            .chain(targets("/sys/class/nvme", ""))
+            .chain(targets("/sys/class/nvme-subsystem", ""))
+            .filter(|p| p.starts_with("/sys/devices") && !p.starts_with("/sys/devices/virtual/block"))
             .filter_map(|p| p.to_str().map(str::to_owned))
             .collect();
         dirs.sort();
