@@ -58,6 +58,10 @@ if ! command -v npm >/dev/null; then
 fi
 (cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
 
+# Every worker a test starts gives outbound sandboxes one nameserver: the address of the network
+# namespace tests/network.rs makes (198.18.0.2), so that no DNS query of a test leaves this
+# machine (the default would be the host's resolvers outside the blocked ranges, or public ones).
+export SANDQ__WORKER__NAMESERVERS=${SANDQ__WORKER__NAMESERVERS:-198.18.0.2}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
