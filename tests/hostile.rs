@@ -627,7 +627,7 @@ print("interrupts", repr(open("/proc/interrupts").read()), "softirqs", repr(open
 print("fs counters", [open("/proc/sys/fs/" + name).read() for name in ["file-nr", "inode-nr", "inode-state", "dentry-state"]])
 print("host-wide memory and ids", [open(path).read() for path in ["/proc/sys/kernel/random/boot_id", "/proc/zoneinfo", "/proc/buddyinfo", "/proc/sys/kernel/pty/nr"]])
 print("loadavg", repr(open("/proc/loadavg").read()))
-for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs", "/sys/fs/xfs", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure", "/proc/irq", "/sys/kernel/irq", "/proc/sys/fs/quota"]:
+for path in ["/sys/fs/ext4", "/sys/class/block", "/sys/dev/block", "/proc/fs", "/sys/fs/xfs", "/sys/class/bdi", "/sys/devices/virtual/bdi", "/proc/pressure", "/proc/irq", "/sys/kernel/irq", "/proc/sys/fs/quota", "/sys/module/page_reporting"]:
     print(path, listing(path))
 for path in DISK_DIRS:
     print("disk", listing(path))
@@ -656,7 +656,7 @@ print("mountinfo names the worker:", os.environ.get("WORKER_ID", "?") in mountin
     let expected = format!(
         "diskstats ''\npartitions ''\nuevent_seqnum ''\ninterrupts '' softirqs ''\nfs counters ['', '', '', '']\n\
          host-wide memory and ids ['', '', '', '']\nloadavg '0.00 0.00 0.00 1/1 1\\n'\n/sys/fs/ext4 []\n/sys/class/block []\n/sys/dev/block []\n\
-         /proc/fs []\n/sys/fs/xfs []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n/proc/irq []\n/sys/kernel/irq []\n/proc/sys/fs/quota []\n{}\
+         /proc/fs []\n/sys/fs/xfs []\n/sys/class/bdi []\n/sys/devices/virtual/bdi []\n/proc/pressure []\n/proc/irq []\n/sys/kernel/irq []\n/proc/sys/fs/quota []\n/sys/module/page_reporting []\n{}\
          mountinfo names the data dir: False\nmountinfo names the worker: False\n",
         "disk []\n".repeat(disks.len())
     );

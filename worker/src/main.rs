@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
     }
     // Crash safety: side cgroups (a packages tar still running), containers and job dirs of a
     // previous run of this worker id.
-    sandq_worker::sandbox::cgroup::set_side_owner(&settings.worker_id);
+    sandq_worker::sandbox::cgroup::set_side_owner(&format!("{}\0{}", settings.worker_id, settings.state_root.display()));
     let removed = sandq_worker::sandbox::cgroup::remove_leftover_side_cgroups();
     if removed > 0 {
         info!(removed, "removed side cgroups an earlier run of this worker left (their processes killed)");

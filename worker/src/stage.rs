@@ -216,6 +216,11 @@ const MAX_PROOF_BYTES: u64 = 64 << 20;
 /// size mismatch proves nothing alone (the job may declare a wrong size), so the object is
 /// hashed whole, up to [`MAX_PROOF_BYTES`].
 async fn remove_if_misnamed(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, sha256: &str, error: &TransferError) -> bool {
+    // Inputs only: a session's blob is the worker's own (clients cannot write `sessions/`), and
+    // a new upload would not bring it back (fifteenth review, note).
+    if key != sandq_schemas::names::input_key(sha256) {
+        return false;
+    }
     let misnamed = match error {
         TransferError::Digest { .. } => true,
         TransferError::Size { .. } => {

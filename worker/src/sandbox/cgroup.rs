@@ -226,10 +226,12 @@ const CFS_PERIOD_US: u64 = 100_000;
 /// ([`remove_leftover_side_cgroups`]) touches its own only (workers share `/sandq`).
 static SIDE_OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-/// Sets this worker's part of the side cgroups' names: 8 hex digits of a hash of `worker_id`.
-/// Before it is set (unit tests), `0` is used.
-pub fn set_side_owner(worker_id: &str) {
-    let hash = worker_id.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+/// Sets this worker's part of the side cgroups' names: 8 hex digits of a hash of `owner`, the
+/// worker's id and its state root together (two workers of one id but their own state dirs
+/// leave each other's alone, as the container clean-up does: fifteenth review N15-1). Before
+/// it is set (unit tests), `0` is used.
+pub fn set_side_owner(owner: &str) {
+    let hash = owner.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
     let _ = SIDE_OWNER.set(format!("{hash:08x}"));
 }
 

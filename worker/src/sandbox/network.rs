@@ -315,11 +315,17 @@ pub fn setup_host(nameservers: &[Ipv4Addr], extra_blocked: &[String]) -> Result<
     let dns: Vec<(String, &str)> = nameservers.iter().flat_map(|n| ["udp", "tcp"].map(|p| (n.to_string(), p))).collect();
     // Workers of one host share the chains and must share these settings: another worker's
     // nameserver allowance found here is replaced, and said so.
-    for rule in list_rules("raw", RAW_CHAIN).unwrap_or_default().iter().filter(|r| r.contains("--dport 53")) {
-        let other = rule.split_whitespace().skip_while(|w| *w != "-d").nth(1).and_then(|a| a.trim_end_matches("/32").parse::<Ipv4Addr>().ok());
-        if let Some(other) = other.filter(|a| !nameservers.contains(a)) {
-            tracing::warn!(nameserver = %other, "replacing another worker's DNS allowance in the sandboxes' firewall: workers of one host must have the same worker.nameservers and worker.blocked_ranges");
-        }
+    let mut others: Vec<Ipv4Addr> = list_rules("raw", RAW_CHAIN)
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.contains("--dport 53"))
+        .filter_map(|rule| rule.split_whitespace().skip_while(|w| *w != "-d").nth(1)?.trim_end_matches("/32").parse::<Ipv4Addr>().ok())
+        .filter(|a| !nameservers.contains(a))
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    for other in others {
+        tracing::warn!(nameserver = %other, "replacing another worker's DNS allowance in the sandboxes' firewall: workers of one host must have the same worker.nameservers and worker.blocked_ranges");
     }
     let mut raw: Vec<String> = dns.iter().map(|(ns, proto)| format!("-d {ns} -p {proto} --dport 53 -j RETURN")).collect();
     raw.push("-m addrtype --dst-type LOCAL -j DROP".to_owned());
