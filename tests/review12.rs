@@ -187,8 +187,9 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
 /// client whose Redis user may use only its jobs' and sessions' own keys still submits, waits,
 /// runs session jobs and removes a session; its writes of the index, the rebuild turn and the
 /// deferred checks are refused (`NOPERM`), and so are listing the sessions, scanning the
-/// keyspace (thirteenth review R13-8) and client-side caching's broadcast of written keys
-/// (fourteenth review R14-1), which named every other client's sessions and job ids.
+/// keyspace (thirteenth review R13-8), client-side caching's broadcast of written keys
+/// (fourteenth review R14-1) and a cluster's keys by slot (sixteenth review R16-1), which named
+/// every other client's sessions and job ids, and flushing the server's script cache (R16-2).
 #[tokio::test]
 async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions() {
     let world = Isolated::new().await;
@@ -215,6 +216,16 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
         .arg("-client|tracking")
         .arg("-dbsize")
         .arg("-memory")
+        .arg("-cluster|getkeysinslot")
+        .arg("-cluster|countkeysinslot")
+        .arg("-script|flush")
+        .arg("-script|kill")
+        .arg("-script|debug")
+        .arg("-function|flush")
+        .arg("-function|delete")
+        .arg("-function|load")
+        .arg("-function|restore")
+        .arg("-function|kill")
         .query_async(&mut admin)
         .await
         .expect("acl setuser");
@@ -238,7 +249,7 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
             let reply: Result<redis::Value, redis::RedisError> = cmd.query_async(&mut as_client).await;
             refused.push((format!("{command} {key}"), reply.err().and_then(|e| e.code().map(str::to_owned))));
         }
-        for command in [vec!["ZRANGE".to_owned(), names.sessions_index(), "0".to_owned(), "-1".to_owned()], vec!["SCAN".to_owned(), "0".to_owned()], vec!["RANDOMKEY".to_owned()], vec!["KEYS".to_owned(), "*".to_owned()], ["CLIENT", "TRACKING", "ON", "BCAST"].map(str::to_owned).to_vec(), vec!["DBSIZE".to_owned()], ["MEMORY", "STATS"].map(str::to_owned).to_vec()] {
+        for command in [vec!["ZRANGE".to_owned(), names.sessions_index(), "0".to_owned(), "-1".to_owned()], vec!["SCAN".to_owned(), "0".to_owned()], vec!["RANDOMKEY".to_owned()], vec!["KEYS".to_owned(), "*".to_owned()], ["CLIENT", "TRACKING", "ON", "BCAST"].map(str::to_owned).to_vec(), vec!["DBSIZE".to_owned()], ["MEMORY", "STATS"].map(str::to_owned).to_vec(), ["CLUSTER", "GETKEYSINSLOT", "0", "10"].map(str::to_owned).to_vec(), ["SCRIPT", "FLUSH"].map(str::to_owned).to_vec(), ["FUNCTION", "FLUSH"].map(str::to_owned).to_vec()] {
             let mut cmd = redis::cmd(&command[0]);
             for arg in &command[1..] {
                 cmd.arg(arg);

@@ -98,7 +98,7 @@ pub async fn write(
 ) -> Result<bool, ResultError> {
     let bytes = sandq_schemas::encode(result)?;
     let ttl_s = ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0);
-    let written: i64 = redis::Script::new(CAS_SCRIPT)
+    let written: i64 = crate::redis_conn::Script::new(CAS_SCRIPT)
         .key(names.job_key(&result.job_id))
         .key(names.done_key(&result.job_id))
         .arg(result.status.as_str())
@@ -201,7 +201,7 @@ async fn read_bounded_bytes(
     max_bytes: u64,
 ) -> Result<Option<Vec<u8>>, ResultError> {
     let (status, bytes, record): (Option<Vec<u8>>, u64, Option<Vec<u8>>) =
-        redis::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(max_bytes).invoke_async(redis).await?;
+        crate::redis_conn::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(max_bytes).invoke_async(redis).await?;
     if bytes > max_bytes {
         let status = status.as_deref().and_then(parse_status);
         return Err(ResultError::TooLarge { job_id: job_id.to_owned(), bytes, status });
@@ -222,7 +222,7 @@ pub async fn status(
     job_id: &str,
 ) -> Result<Option<JobStatus>, ResultError> {
     let (status, _, _): (Option<Vec<u8>>, u64, Option<Vec<u8>>) =
-        redis::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(0).invoke_async(redis).await?;
+        crate::redis_conn::Script::new(BOUNDED_READ_SCRIPT).key(names.job_key(job_id)).arg(0).invoke_async(redis).await?;
     Ok(status.as_deref().and_then(parse_status))
 }
 
@@ -271,7 +271,7 @@ pub enum Stored {
 /// [`ResultError::Encode`] or [`ResultError::Redis`].
 pub async fn compare_stored(redis: &mut RedisConn, names: &Names, result: &JobResult) -> Result<Stored, ResultError> {
     let bytes = sandq_schemas::encode(result)?;
-    let found: i64 = redis::Script::new(COMPARE_SCRIPT).key(names.job_key(&result.job_id)).arg(bytes).invoke_async(redis).await?;
+    let found: i64 = crate::redis_conn::Script::new(COMPARE_SCRIPT).key(names.job_key(&result.job_id)).arg(bytes).invoke_async(redis).await?;
     Ok(match found {
         1 => Stored::Same,
         0 => Stored::Other,

@@ -230,7 +230,7 @@ pub async fn lock(
         // Already this holder's (its own earlier call): the lease is renewed. Compared in Redis,
         // so that a lock value of any size a client wrote is never sent here (eighth security
         // review R1).
-        let ours: i64 = redis::Script::new(RENEW_IF_HELD_SCRIPT).key(&key).arg(holder).arg(lease.as_millis() as u64).invoke_async(redis).await?;
+        let ours: i64 = crate::redis_conn::Script::new(RENEW_IF_HELD_SCRIPT).key(&key).arg(holder).arg(lease.as_millis() as u64).invoke_async(redis).await?;
         if ours == 1 {
             return Ok(());
         }
@@ -253,7 +253,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 ";
-    let renewed: i64 = redis::Script::new(RENEW_SCRIPT)
+    let renewed: i64 = crate::redis_conn::Script::new(RENEW_SCRIPT)
         .key(names.session_lock_key(name))
         .arg(holder)
         .arg(lease.as_millis() as u64)
@@ -267,7 +267,7 @@ return 0
 /// # Errors
 /// [`SessionError::Redis`].
 pub async fn unlock(redis: &mut RedisConn, names: &Names, name: &str, holder: &str) -> Result<(), SessionError> {
-    let _: i64 = redis::Script::new(RELEASE_SCRIPT).key(names.session_lock_key(name)).arg(holder).invoke_async(redis).await?;
+    let _: i64 = crate::redis_conn::Script::new(RELEASE_SCRIPT).key(names.session_lock_key(name)).arg(holder).invoke_async(redis).await?;
     Ok(())
 }
 
@@ -367,12 +367,12 @@ pub async fn reap(
     now_ms: u64,
     reaper_id: &str,
 ) -> Result<Reaped, SessionError> {
-    let reset: i64 = redis::Script::new(RESET_FOREIGN_INDEX_SCRIPT).key(names.sessions_index()).invoke_async(redis).await?;
+    let reset: i64 = crate::redis_conn::Script::new(RESET_FOREIGN_INDEX_SCRIPT).key(names.sessions_index()).invoke_async(redis).await?;
     if reset == 1 {
         tracing::warn!(key = names.sessions_index(), "the sessions index was a key of another type; deleted it (to be rebuilt from S3)");
     }
     // Bytes: one member that is not UTF-8 failed the whole call, every period (tenth review N4).
-    let due: Vec<Vec<u8>> = redis::Script::new(DUE_SESSIONS_SCRIPT).key(names.sessions_index()).arg(now_ms).invoke_async(redis).await?;
+    let due: Vec<Vec<u8>> = crate::redis_conn::Script::new(DUE_SESSIONS_SCRIPT).key(names.sessions_index()).arg(now_ms).invoke_async(redis).await?;
     let mut reaped = Vec::new();
     let retry_at = now_ms.saturating_add(REAP_RETRY.as_millis() as u64);
     for member in due {
@@ -447,7 +447,7 @@ const REBUILD_TURN_KEPT: Duration = Duration::from_secs(24 * 3600);
 /// # Errors
 /// [`SessionError::Redis`].
 pub async fn take_rebuild_turn(redis: &mut RedisConn, names: &Names, now_ms: u64, gap: Duration) -> Result<bool, SessionError> {
-    let taken: i64 = redis::Script::new(REBUILD_TURN_SCRIPT)
+    let taken: i64 = crate::redis_conn::Script::new(REBUILD_TURN_SCRIPT)
         .key(names.sessions_rebuilt_key())
         .arg(now_ms)
         .arg(gap.as_millis() as u64)
@@ -476,7 +476,7 @@ pub async fn rebuild_index(s3: &aws_sdk_s3::Client, bucket: &str, redis: &mut Re
             Ok(None) | Err(SessionError::Manifest { .. } | SessionError::Storage(TransferError::Size { .. })) => now_ms,
             Err(e) => return Err(e),
         };
-        let _: i64 = redis::Script::new(ADD_OR_LATER_SCRIPT).key(names.sessions_index()).arg(name).arg(expires_at_ms).invoke_async(redis).await?;
+        let _: i64 = crate::redis_conn::Script::new(ADD_OR_LATER_SCRIPT).key(names.sessions_index()).arg(name).arg(expires_at_ms).invoke_async(redis).await?;
         seen += 1;
     }
     Ok(seen)
@@ -522,7 +522,7 @@ return 0
 /// score (a job saving the session meanwhile set a later expiry, which stays; `ZADD XX GT` in
 /// Redis 6.2 and later, a script here so that older servers serve it too).
 async fn reschedule(redis: &mut RedisConn, names: &Names, name: &str, at: u64) -> Result<(), SessionError> {
-    let _: i64 = redis::Script::new(LATER_SCRIPT).key(names.sessions_index()).arg(name).arg(at).invoke_async(redis).await?;
+    let _: i64 = crate::redis_conn::Script::new(LATER_SCRIPT).key(names.sessions_index()).arg(name).arg(at).invoke_async(redis).await?;
     Ok(())
 }
 

@@ -14,8 +14,8 @@
 //! "no_job_id"}`), logged and acked: there is nowhere to report it. A job still `running` is
 //! not given a result on a dead letter's word (anyone allowed to publish to the dead-letter
 //! exchange can write `x-death`, and a client's duplicate can expire while the first copy
-//! runs: fifth review P1): a `delivery_limit` counts only when the job's record shows that
-//! many attempts (`ignored` otherwise), and for any other reason the job is checked again once
+//! runs: fifth review P1): a `delivery_limit` counts at once only when the job's record shows
+//! that many attempts, and otherwise (and for any other reason) the job is checked again once
 //! any attempt must have ended, `limits.max_timeout` plus 30 minutes after its start
 //! (`deferred`), and given `internal_error` if it is still `running` with the same attempt.
 //! Deferred checks are kept in Redis ([`Names::deferred_checks`]: one per job and attempt, by
@@ -290,13 +290,12 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     // publish can expire while the first copy runs: fifth review P1).
     if let Some(run) = current.as_ref().filter(|r| r.status == JobStatus::Running) {
         let limit = settings.services.amqp.delivery_limit;
-        if death.reason == DeathReason::DeliveryLimit && run.attempt < limit {
-            // Its record shows fewer attempts than the limit: its deliveries did not keep failing.
-            crate::metrics::dead_letter(death.reason.as_str(), "ignored");
-            warn!(%job_id, attempt = run.attempt, limit, "dead letter: delivery limit claimed for a job attempted fewer times; ignoring it");
-            return true;
-        }
-        if death.reason != DeathReason::DeliveryLimit {
+        // A `delivery_limit` counts at once only when the record shows that many attempts. With
+        // fewer it may be forged, or real: deliveries that failed before their own `running`
+        // write (Redis refusing the worker's scripts) leave the record at an earlier attempt,
+        // and dropping the dead letter then lost the job for good (sixteenth review R16-2). So
+        // it is deferred like any other: checked once its attempt must have ended.
+        if death.reason != DeathReason::DeliveryLimit || run.attempt < limit {
             // The record's times are a client's to write: a start in the future counts as now,
             // and nothing overflows (eleventh review R11-1: u64::MAX panicked; a start 50 years
             // ahead held a deferred check, and its place in the list, for 50 years).
@@ -438,7 +437,7 @@ fn parse_deferral(member: &[u8]) -> Option<(String, u32)> {
 /// # Errors
 /// Redis' error.
 async fn defer(redis: &mut sandq_submitter::redis_conn::RedisConn, names: &sandq_schemas::names::Names, job_id: &str, attempt: u32, due_ms: u64) -> Result<bool, redis::RedisError> {
-    let added: i64 = redis::Script::new(DEFER_SCRIPT).key(names.deferred_checks()).arg(due_ms).arg(deferral_member(job_id, attempt)).invoke_async(redis).await?;
+    let added: i64 = sandq_submitter::redis_conn::Script::new(DEFER_SCRIPT).key(names.deferred_checks()).arg(due_ms).arg(deferral_member(job_id, attempt)).invoke_async(redis).await?;
     Ok(added == 1)
 }
 
@@ -500,7 +499,7 @@ async fn sweep(ctx: &Context) -> Result<usize, redis::RedisError> {
     let mut handled = 0;
     loop {
         let now = now_ms();
-        let due: Vec<Vec<u8>> = redis::Script::new(CLAIM_SCRIPT)
+        let due: Vec<Vec<u8>> = sandq_submitter::redis_conn::Script::new(CLAIM_SCRIPT)
             .key(&key)
             .arg(now)
             .arg(now.saturating_add(SWEEP_LEASE.as_millis() as u64))

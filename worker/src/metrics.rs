@@ -13,7 +13,7 @@
 //! | `sandq_redeliveries_total` | counter: deliveries the broker marked redelivered | |
 //! | `sandq_infrastructure_errors_total` | counter | `kind`: [`ErrorKind`] |
 //! | `sandq_collect_read_bytes_total` | counter: bytes of `/work` files read (hashed) by collection | |
-//! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `ignored`, `deferred`, `unreadable`, `panic`) |
+//! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `deferred`, `unreadable`, `panic`) |
 //! | `sandq_session_index_events_total` | counter: the sessions index (`<ns>:sessions`) | `event` (`update_failed`: a saved session's expiry not indexed; `reset`: the index was a key of another type, deleted; `rebuilt`: indexed again from S3) |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
