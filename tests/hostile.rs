@@ -435,12 +435,18 @@ for path in ["/proc/self/mountinfo", "/proc/self/cgroup", "/proc/self/mounts"] +
 print("loop devices visible:", len(glob.glob("/sys/block/loop*")))
 print("paths naming the job:", seen)
 print("cgroup paths:", sorted({line.rstrip("\n").split(":", 2)[2] for line in open("/proc/self/cgroup")}))
+print("etc:", [open(p).read() for p in ["/etc/hostname", "/etc/resolv.conf", "/proc/cmdline"]])
 "#;
     let result = run(&mut client, &python_job(code, Sku::S)).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
     // A cgroup namespace rooted at the sandbox's cgroup (thirteenth review R13-4): no path of
     // the host's hierarchy (a Kubernetes pod's UID, the worker's cgroup) shows.
-    assert_eq!(result.stdout.text, "loop devices visible: 0\npaths naming the job: []\ncgroup paths: ['/']\n");
+    // The image's /etc/hostname and resolv.conf were the build host's, and /proc/cmdline the
+    // host kernel's (seventeenth review R17-1, R17-2): the sandbox's own, and nothing.
+    assert_eq!(
+        result.stdout.text,
+        "loop devices visible: 0\npaths naming the job: []\ncgroup paths: ['/']\netc: ['sandbox\\n', '# no network\\n', '']\n"
+    );
 }
 
 // --- The security review's findings (`../shared/notes/security-review.md`) -------------------

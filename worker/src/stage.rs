@@ -8,6 +8,8 @@
 //!                                (sandq_runner.py and sandq_mpl.py, or sandq_runner.js),
 //!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
 //!     .loadavg                   bind-mounted at /proc/loadavg ([`LOADAVG`])
+//!     .hostname                  bind-mounted at /etc/hostname ([`HOSTNAME`])
+//!     .resolv.none               bind-mounted at /etc/resolv.conf when the job has no network
 //!     .ca-certificates.crt       for an outbound job with `worker.extra_ca_certs`,
 //!                                bind-mounted over /etc/ssl/certs/ca-certificates.crt
 //!     out/                       the mount point of out/ below
@@ -347,7 +349,7 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
     let runner = shape.runner.map(runner_files).unwrap_or_default();
     let runner_bytes: usize = runner.iter().map(|(_, text)| text.len()).sum();
     // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
-    let src_options = format!("size={},nr_inodes=20,mode=0755", shape.src_bytes + runner_bytes + (64 << 10));
+    let src_options = format!("size={},nr_inodes=24,mode=0755", shape.src_bytes + runner_bytes + (64 << 10));
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
         .map_err(|e| StageError::Filesystem(format!("source tmpfs: {e}")))?;
@@ -380,6 +382,8 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), StageError>
         write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
     }
     write_new(&dir.src.join(LOADAVG_FILE), LOADAVG, 0o444)?;
+    write_new(&dir.src.join(HOSTNAME_FILE), HOSTNAME, 0o444)?;
+    write_new(&dir.src.join(NO_RESOLV_FILE), NO_RESOLV, 0o444)?;
     // nr_inodes: the outputs dir holds a handful of files; a cap keeps a job from filling it
     // with empty ones (their memory is charged to the job, third review).
     let options = format!("size={},nr_inodes=256,mode=0755,uid={uid},gid={uid}", shape.out_bytes);
@@ -406,6 +410,21 @@ pub const WARM_HANDOVER: &str = "handover.json";
 
 /// Name of an outbound job's `resolv.conf` in its `src/` (bind-mounted at `/etc/resolv.conf`).
 pub const RESOLV_CONF: &str = ".resolv.conf";
+
+/// The file bind-mounted over the sandbox's `/etc/hostname`, in `src/`.
+pub const HOSTNAME_FILE: &str = ".hostname";
+
+/// What the sandbox reads in `/etc/hostname`: its UTS name. The image's own file is whatever
+/// the host that built it had (mmdebstrap copies it: seventeenth security review R17-1), and
+/// the worker's default id is that host's name.
+pub const HOSTNAME: &[u8] = b"sandbox\n";
+
+/// The file bind-mounted over `/etc/resolv.conf` of a sandbox without network, in `src/`: no
+/// nameserver (the image's file names the build host's resolvers, R17-1).
+pub const NO_RESOLV_FILE: &str = ".resolv.none";
+
+/// What a sandbox without network reads in `/etc/resolv.conf`.
+pub const NO_RESOLV: &[u8] = b"# no network\n";
 
 /// The file bind-mounted over the sandbox's `/proc/loadavg`, in `src/`.
 pub const LOADAVG_FILE: &str = ".loadavg";

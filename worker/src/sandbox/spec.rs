@@ -156,14 +156,20 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
             .map_err(|_| SpecError::Missing("a valid outputs mount"))?;
         spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
-    if let Some(resolv_conf) = job.resolv_conf {
+    // The image's /etc/hostname and /etc/resolv.conf are the build host's (seventeenth review
+    // R17-1): every sandbox gets files of its own over them; an outbound one its resolvers.
+    let no_resolv = job.src_dir.join(crate::stage::NO_RESOLV_FILE);
+    for (destination, source) in [
+        ("/etc/hostname", job.src_dir.join(crate::stage::HOSTNAME_FILE)),
+        ("/etc/resolv.conf", job.resolv_conf.map_or(no_resolv, Path::to_path_buf)),
+    ] {
         let mount = oci_spec::runtime::MountBuilder::default()
-            .destination("/etc/resolv.conf")
+            .destination(destination)
             .typ("bind")
-            .source(resolv_conf)
-            .options(vec!["rbind".to_owned(), "ro".to_owned(), "nosuid".to_owned(), "nodev".to_owned()])
+            .source(source)
+            .options(["rbind", "ro", "nosuid", "nodev", "noexec"].map(str::to_owned).to_vec())
             .build()
-            .map_err(|_| SpecError::Missing("a valid resolv.conf mount"))?;
+            .map_err(|_| SpecError::Missing("a valid /etc file mount"))?;
         spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
     if let Some(packages_dir) = job.packages_dir {
