@@ -87,3 +87,37 @@ async fn a_delivery_limit_dead_letter_with_fewer_attempts_is_checked_when_due() 
     assert!(result.finished_at_ms.expect("finished") >= due_ms, "ended before its attempt must have ended: {result:?}");
     assert!(log.contains("checking again once its attempt must have ended"), "not deferred:\n{log}");
 }
+
+/// Eighteenth review R18-1: a client's own session lock holding a list, bytes that are not
+/// UTF-8, or terminal escapes with a forged row failed or spoofed `sandq session ls` for every
+/// session. Each such holder now lists as `?`, a worker's holder id as itself, and every
+/// session is listed.
+#[tokio::test]
+async fn session_locks_a_client_wrote_neither_fail_nor_spoof_the_listing() {
+    let world = Isolated::new().await;
+    let names = Names::new(world.namespace.clone());
+    let mut redis = redis::Client::open(world.config.redis.url.as_str()).expect("redis").get_multiplexed_async_connection().await.expect("redis");
+    let sessions = ["s-list", "s-bytes", "s-escape", "s-held", "s-free"];
+    for (i, name) in sessions.iter().enumerate() {
+        let () = redis::cmd("ZADD").arg(names.sessions_index()).arg(1_000 + i as u64).arg(*name).query_async(&mut redis).await.expect("zadd");
+    }
+    let _: i64 = redis::cmd("RPUSH").arg(names.session_lock_key("s-list")).arg("x").query_async(&mut redis).await.expect("rpush");
+    let () = redis::cmd("SET").arg(names.session_lock_key("s-bytes")).arg(b"\xff\xfe".as_slice()).query_async(&mut redis).await.expect("set");
+    let () = redis::cmd("SET").arg(names.session_lock_key("s-escape")).arg("job\x1b[2J\nFAKE-SESSION 999").query_async(&mut redis).await.expect("set");
+    let () = redis::cmd("SET").arg(names.session_lock_key("s-held")).arg("a0123456789abcdef").query_async(&mut redis).await.expect("set");
+    let mut client = world.client().await;
+    let listed = client.sessions(100).await;
+    let mut keys = vec![names.sessions_index()];
+    keys.extend(sessions.iter().map(|s| names.session_lock_key(s)));
+    let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await.expect("del");
+    world.delete_queues().await;
+    let listed: Vec<(String, Option<String>)> = listed.expect("the listing").into_iter().map(|l| (l.name, l.in_use_by)).collect();
+    let expected: Vec<(String, Option<String>)> = vec![
+        ("s-list".into(), Some("?".into())),
+        ("s-bytes".into(), Some("?".into())),
+        ("s-escape".into(), Some("?".into())),
+        ("s-held".into(), Some("a0123456789abcdef".into())),
+        ("s-free".into(), None),
+    ];
+    assert_eq!(listed, expected);
+}

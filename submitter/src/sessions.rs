@@ -320,7 +320,18 @@ pub async fn list(
                 None
             }
         };
-        let in_use_by: Option<String> = redis::cmd("GET").arg(names.session_lock_key(&name)).query_async(redis).await?;
+        // The lock's value is a client's to write (its own session's): read in Redis, only
+        // when it is a holder id a worker writes, else `?` (eighteenth review R18-1: a list,
+        // bytes that are not UTF-8 or terminal escapes under one session's lock failed or
+        // spoofed the whole listing).
+        let in_use_by: Option<String> = match crate::redis_conn::Script::new(LOCK_HOLDER_SCRIPT).key(names.session_lock_key(&name)).invoke_async(redis).await {
+            Ok(holder) => holder,
+            Err(e) if e.kind() == redis::ErrorKind::Io || e.is_connection_dropped() || e.is_timeout() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(session = name, error = %e, "unreadable session lock");
+                Some("?".to_owned())
+            }
+        };
         listed.push(Listed {
             expires_at_ms: score as u64,
             files: manifest.as_ref().map(|m| m.files.len() as u64),
@@ -535,6 +546,18 @@ if score and tonumber(score) < tonumber(ARGV[2]) then
   return 1
 end
 return 0
+";
+
+/// KEYS[1] = a session's lock: its holder when it is a string of at most 80 bytes of
+/// `[A-Za-z0-9_.-]` (what workers write: an attempt or reaper id), `?` for any other value or
+/// type, nil when there is none.
+const LOCK_HOLDER_SCRIPT: &str = r"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return false end
+if t ~= 'string' or redis.call('STRLEN', KEYS[1]) > 80 then return '?' end
+local v = redis.call('GET', KEYS[1])
+if string.find(v, '^[%w_.-]+$') then return v end
+return '?'
 ";
 
 /// KEYS[1] = a session's lock, ARGV = holder, lease in ms: renews the lease and returns 1 when
