@@ -893,3 +893,32 @@ async fn a_sessions_packages_tar_runs_in_a_cgroup_of_the_jobs_size() {
     assert!(extracted.is_some_and(|ms| ms > 0), "no confined extract for {} in the log (cpu_ms {extracted:?})", second.job_id);
     assert!(worker_alive());
 }
+
+/// Nineteenth review R19-1, R19-2: a file name with control or bidi-override characters went
+/// to the operator's terminal as it was (`sandq run` prints artifact paths: escapes erased and
+/// forged its summary) and into S3 keys whose listing Garage returns as XML that cannot carry
+/// them (a dropped attempt's objects could not be deleted). Such names are not collected: they
+/// are skipped as `bad_name`, listed escaped.
+#[tokio::test]
+async fn names_with_control_or_bidi_characters_are_not_collected() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let code = concat!(
+        "import os\n",
+        "for name in ['ok.txt', 'ctl\\x01.txt', 'esc\\x1b[31m.txt', 'rtl\\u202etxt.exe', 'bell\\x07']:\n",
+        "    open(name, 'w').write('x')\n",
+        "os.mkdir('d\\n')\n",
+        "open('d\\n/inner.txt', 'w').write('x')\n",
+    );
+    let result = run(&mut client, &python_job(code, Sku::S)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    let artifacts: Vec<&str> = result.artifacts.iter().map(|a| a.path.as_str()).collect();
+    assert_eq!(artifacts, ["ok.txt"], "{result:?}");
+    let mut skipped: Vec<(&str, &str)> = result.skipped_artifacts.iter().map(|s| (s.path.as_str(), s.reason.as_str())).collect();
+    skipped.sort_unstable();
+    assert_eq!(
+        skipped,
+        [("bell\\u{7}", "bad_name"), ("ctl\\u{1}.txt", "bad_name"), ("d\\n", "bad_name"), ("esc\\u{1b}[31m.txt", "bad_name"), ("rtl\\u{202e}txt.exe", "bad_name")],
+        "{result:?}"
+    );
+}

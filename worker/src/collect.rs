@@ -193,6 +193,15 @@ fn walk(work: &Path, baseline: &BTreeSet<String>, links_ok: bool, max_new: usize
             walked.skipped.skip(&format!("{rel}/{}", name.to_string_lossy()), "unreadable");
             continue;
         };
+        if name_str.chars().any(unprintable) {
+            // A name with control or bidi-override characters: it would reach a terminal
+            // (`sandq run` prints artifact paths) and S3 listings (whose XML cannot carry
+            // control characters: a dropped attempt's objects were left behind) as it is
+            // (nineteenth review R19-1, R19-2). Kept in the skip list escaped.
+            let shown = if rel.is_empty() { name_str.escape_debug().to_string() } else { format!("{rel}/{}", name_str.escape_debug()) };
+            walked.skipped.skip(&shown, "bad_name");
+            continue;
+        }
         if rel.len() + 1 + name_str.len() > sandq_schemas::validate::MAX_PATH_BYTES {
             // No name under here could be staged or restored; nothing below is walked, and
             // the long path is not even kept for the skip list.
@@ -374,3 +383,11 @@ pub async fn collect(
     }
     Ok(collected)
 }
+
+/// Whether `c` may not appear in an artifact's name: control characters (C0, DEL, C1) and the
+/// bidirectional overrides and isolates (U+202A..U+202E, U+2066..U+2069), which reorder what a
+/// terminal shows.
+fn unprintable(c: char) -> bool {
+    c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c) || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
