@@ -57,7 +57,7 @@ trap finish EXIT
 step "build Kubernetes and KEDA (cached by version)"
 "$here/scripts/k8s-build.sh" >/dev/null
 step "the worker's release build"
-cargo build --release --locked -q -p sandq-worker -p sandq-submitter
+cargo build --release --locked -q -p sandq-worker -p sandq-cli
 bin=$CARGO_TARGET_DIR/release
 step "cluster up"
 "$here/scripts/k8s-down.sh" 2>/dev/null   # nothing of an earlier run left

@@ -1,7 +1,9 @@
-//! A channel the broker closes while the connection stands (RabbitMQ's `consumer_timeout`, the
-//! seventh security review's T2): only that slot's channel is reopened; the job running on
-//! another slot goes on and is settled; the timed-out job's redelivery waits for its running
-//! attempt on the same worker instead of running the program a second time beside it; every job gets exactly one terminal result; the worker keeps consuming.
+//! A channel the broker closes while the connection stands (RabbitMQ's `consumer_timeout`,
+//! which counts from delivery, so a job that waited and then ran long can hit it): only that
+//! slot's channel is reopened; the job running on another slot goes on and is settled; the
+//! timed-out job's redelivery waits for its running attempt on the same worker instead of
+//! running the program a second time beside it; every job gets exactly one terminal result;
+//! the worker keeps consuming.
 //!
 //! RabbitMQ 3.10's consumer timeout is node-wide (`consumer_timeout`, checked on each channel's
 //! tick, `channel_tick_interval`, read when a channel opens), so the test sets both on the
@@ -30,7 +32,8 @@ struct ShortConsumerTimeout {
 
 impl ShortConsumerTimeout {
     fn set(timeout_ms: u64, tick_ms: u64) -> Self {
-        let previous = ["consumer_timeout", "channel_tick_interval"].map(|key| (key, rabbit_eval(&format!("application:get_env(rabbit, {key})."))));
+        let previous =
+            ["consumer_timeout", "channel_tick_interval"].map(|key| (key, rabbit_eval(&format!("application:get_env(rabbit, {key})."))));
         rabbit_eval(&format!("application:set_env(rabbit, consumer_timeout, {timeout_ms})."));
         rabbit_eval(&format!("application:set_env(rabbit, channel_tick_interval, {tick_ms})."));
         ShortConsumerTimeout { previous }

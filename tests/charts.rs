@@ -98,22 +98,37 @@ plt.show()
         .as_array()
         .expect("elements")
         .iter()
-        .map(|e| (e["label"].as_str().expect("label").to_owned(), e["group"].as_str().expect("group").to_owned(), e["value"].as_f64().expect("value")))
+        .map(|e| {
+            (
+                e["label"].as_str().expect("label").to_owned(),
+                e["group"].as_str().expect("group").to_owned(),
+                e["value"].as_f64().expect("value"),
+            )
+        })
         .collect();
-    let expected: Vec<(String, String, f64)> = [("North", 12.0), ("South", 8.0), ("East", 5.0)].iter().map(|(l, v)| ((*l).to_owned(), "units".to_owned(), *v)).collect();
+    let expected: Vec<(String, String, f64)> =
+        [("North", 12.0), ("South", 8.0), ("East", 5.0)].iter().map(|(l, v)| ((*l).to_owned(), "units".to_owned(), *v)).collect();
     assert_eq!(bars, expected);
 
     let barh = &charts[1];
     assert_eq!(barh["type"], "bar");
-    let values: Vec<(String, f64)> =
-        barh["elements"].as_array().expect("elements").iter().map(|e| (e["label"].as_str().expect("label").to_owned(), e["value"].as_f64().expect("value"))).collect();
+    let values: Vec<(String, f64)> = barh["elements"]
+        .as_array()
+        .expect("elements")
+        .iter()
+        .map(|e| (e["label"].as_str().expect("label").to_owned(), e["value"].as_f64().expect("value")))
+        .collect();
     assert_eq!(values, [("a".to_owned(), 3.5), ("b".to_owned(), 1.25)]);
     assert_eq!(barh["elements"][0]["group"], "Group 0");
 
     let pie = &charts[2];
     assert_eq!((&pie["type"], &pie["title"]), (&json!("pie"), &json!("Pets")));
-    let slices: Vec<(String, f64)> =
-        pie["elements"].as_array().expect("elements").iter().map(|e| (e["label"].as_str().expect("label").to_owned(), e["angle"].as_f64().expect("angle"))).collect();
+    let slices: Vec<(String, f64)> = pie["elements"]
+        .as_array()
+        .expect("elements")
+        .iter()
+        .map(|e| (e["label"].as_str().expect("label").to_owned(), e["angle"].as_f64().expect("angle")))
+        .collect();
     // Angles in degrees, in proportion to the values 1:1:2.
     assert_eq!(slices, [("cats".to_owned(), 90.0), ("dogs".to_owned(), 90.0), ("fish".to_owned(), 180.0)]);
 }
@@ -153,19 +168,31 @@ df['price']
         .outputs
         .iter()
         .map(|o| {
-            let text = o.data.get("application/vnd.dataresource+json").and_then(|v| v.text.as_deref()).unwrap_or_else(|| panic!("no table schema in {:?}", o.data.keys()));
+            let text = o
+                .data
+                .get("application/vnd.dataresource+json")
+                .and_then(|v| v.text.as_deref())
+                .unwrap_or_else(|| panic!("no table schema in {:?}", o.data.keys()));
             serde_json::from_str(text).expect("schema JSON")
         })
         .collect();
     assert_eq!(schemas.len(), 3);
     let frame = &schemas[0];
-    let fields: Vec<(&str, &str)> =
-        frame["schema"]["fields"].as_array().expect("fields").iter().map(|f| (f["name"].as_str().expect("name"), f["type"].as_str().expect("type"))).collect();
+    let fields: Vec<(&str, &str)> = frame["schema"]["fields"]
+        .as_array()
+        .expect("fields")
+        .iter()
+        .map(|f| (f["name"].as_str().expect("name"), f["type"].as_str().expect("type")))
+        .collect();
     assert_eq!(fields, [("day", "datetime"), ("price", "number"), ("item", "string")]);
     assert_eq!(frame["schema"]["primaryKey"], json!(["day"]));
     let rows = frame["data"].as_array().expect("data");
     assert_eq!(rows.len(), 3);
-    for (row, (day, price, item)) in rows.iter().zip([("2024-01-01", json!(1.5), json!("a")), ("2024-01-02", Value::Null, json!("b")), ("2024-01-03", json!(3.0), Value::Null)]) {
+    for (row, (day, price, item)) in rows.iter().zip([
+        ("2024-01-01", json!(1.5), json!("a")),
+        ("2024-01-02", Value::Null, json!("b")),
+        ("2024-01-03", json!(3.0), Value::Null),
+    ]) {
         assert!(row["day"].as_str().expect("day").starts_with(&format!("{day}T00:00:00")), "{row}");
         assert_eq!((&row["price"], &row["item"]), (&price, &item), "NaN and None are null: {row}");
     }
@@ -191,7 +218,8 @@ fn quantile(data: &[f64], p: f64) -> f64 {
 
 #[tokio::test]
 async fn a_box_plot_gives_quartiles_whiskers_and_outliers() {
-    let groups: [(&str, Vec<f64>); 2] = [("north", vec![1.0, 2.0, 3.0, 4.0, 5.0, 20.0]), ("south", vec![100.0, 101.0, 102.0, 103.0, 140.0])];
+    let groups: [(&str, Vec<f64>); 2] =
+        [("north", vec![1.0, 2.0, 3.0, 4.0, 5.0, 20.0]), ("south", vec![100.0, 101.0, 102.0, 103.0, 140.0])];
     let lists: Vec<String> = groups.iter().map(|(_, v)| format!("{v:?}")).collect();
     let code = format!(
         "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.boxplot([{}], patch_artist=True, tick_labels=['north', 'south'])\nplt.show()\n",

@@ -94,12 +94,7 @@ impl RabbitCluster {
                 assert!(port_free(port), "port {port} is in use: set SANDQ_RABBITMQ_CLUSTER_PORT to the first of 10 free ports");
             }
         }
-        let cluster = RabbitCluster {
-            nodes,
-            cookie: uuid::Uuid::new_v4().simple().to_string(),
-            dir,
-            epmd_was_running: epmd_running(),
-        };
+        let cluster = RabbitCluster { nodes, cookie: uuid::Uuid::new_v4().simple().to_string(), dir, epmd_was_running: epmd_running() };
         // The nodes run as the rabbitmq user: it must reach and own their dirs.
         for path in [dir_of(&cluster)].into_iter().chain(cluster.nodes.iter().map(|n| n.dir.clone())) {
             std::fs::create_dir_all(&path).expect("node dir");
@@ -127,7 +122,13 @@ impl RabbitCluster {
             let first = cluster.nodes[0].name.clone();
             for args in [vec!["stop_app"], vec!["join_cluster", first.as_str()], vec!["start_app"]] {
                 let out = cluster.ctl(i, &args);
-                assert!(out.status.success(), "{} {args:?}: {}{}", cluster.nodes[i].name, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "{} {args:?}: {}{}",
+                    cluster.nodes[i].name,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
         }
         for i in 0..cluster.nodes.len() {
@@ -244,7 +245,8 @@ impl RabbitCluster {
     pub fn queue_leader(&self, ask: usize, queue: &str) -> Option<usize> {
         let out = self.ctl(ask, &["-q", "--no-table-headers", "list_queues", "name", "leader"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let leader = text.lines().find_map(|l| l.split_once('\t').filter(|(name, _)| *name == queue).map(|(_, leader)| leader.trim().to_owned()))?;
+        let leader =
+            text.lines().find_map(|l| l.split_once('\t').filter(|(name, _)| *name == queue).map(|(_, leader)| leader.trim().to_owned()))?;
         self.nodes.iter().position(|n| n.name == leader)
     }
 
@@ -253,7 +255,8 @@ impl RabbitCluster {
     pub fn queue_members(&self, ask: usize, queue: &str) -> Vec<usize> {
         let out = self.ctl(ask, &["-q", "--no-table-headers", "list_queues", "name", "members"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let Some(members) = text.lines().find_map(|l| l.split_once('\t').filter(|(name, _)| *name == queue).map(|(_, m)| m.to_owned())) else {
+        let Some(members) = text.lines().find_map(|l| l.split_once('\t').filter(|(name, _)| *name == queue).map(|(_, m)| m.to_owned()))
+        else {
             return Vec::new();
         };
         (0..self.nodes.len()).filter(|i| members.contains(&self.nodes[*i].name)).collect()
@@ -266,7 +269,12 @@ impl RabbitCluster {
     pub fn move_leader_off(&self, ask: usize, queue: &str, from: usize) -> usize {
         let node = self.nodes[from].name.clone();
         let out = self.queues_cli(ask, &["delete_member", queue, &node]);
-        assert!(out.status.success(), "delete_member {queue} {node}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "delete_member {queue} {node}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         let started = Instant::now();
         let leader = loop {
             match self.queue_leader(ask, queue) {
@@ -278,7 +286,12 @@ impl RabbitCluster {
             }
         };
         let out = self.queues_cli(ask, &["add_member", queue, &node]);
-        assert!(out.status.success(), "add_member {queue} {node}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "add_member {queue} {node}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         leader
     }
 
@@ -349,7 +362,8 @@ impl Drop for RabbitCluster {
             }
         }
         if !self.epmd_was_running && epmd_running() {
-            let names = Command::new("epmd").arg("-names").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            let names =
+                Command::new("epmd").arg("-names").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
             if !names.lines().any(|l| l.starts_with("name ")) {
                 let _ = Command::new("epmd").arg("-kill").stdout(Stdio::null()).status();
             }

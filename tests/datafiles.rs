@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use sandq_client::Client;
 use sandq_schemas::{JobStatus, Sku};
-use sandq_submitter::Client;
 use sandq_tests::{client, python_job, repo_root, run};
 use sha2::{Digest, Sha256};
 
@@ -126,10 +126,7 @@ fn stocks() -> Stocks {
         assert_eq!(cells.len(), header.len(), "row {line:?}");
         dates.push(cells[0].to_owned());
         rows.push(
-            cells[1..]
-                .iter()
-                .map(|c| (!c.is_empty()).then(|| c.parse::<f64>().unwrap_or_else(|e| panic!("price {c:?}: {e}"))))
-                .collect(),
+            cells[1..].iter().map(|c| (!c.is_empty()).then(|| c.parse::<f64>().unwrap_or_else(|e| panic!("price {c:?}: {e}")))).collect(),
         );
     }
     Stocks { tickers, dates, rows }
@@ -402,6 +399,7 @@ fn every_data_file_is_read_by_an_example() {
         }
     }
     names.sort();
-    let expected = ["README-data.txt", "Stocks.csv", "co2.csv", "co2.jsonl", "co2_sample.json", "grace_hopper.jpg", "iris.csv", "stocks.xlsx"];
+    let expected =
+        ["README-data.txt", "Stocks.csv", "co2.csv", "co2.jsonl", "co2_sample.json", "grace_hopper.jpg", "iris.csv", "stocks.xlsx"];
     assert_eq!(names, expected);
 }

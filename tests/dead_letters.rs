@@ -2,13 +2,22 @@
 //! job whose deliveries keep killing their worker ends `internal_error` at the delivery limit,
 //! a message without a job id is counted and dropped, a cancelled job waiting for its
 //! session's lock never runs, and queues an earlier version declared (without the TTL) keep
-//! working. Each test starts and kills its own workers in a namespace of its own.
+//! working.
+//!
+//! And the dead-letter consumer's verdicts hold against what anyone may publish or write: a
+//! forged dead letter never ends a running job before its attempt must have ended, the check of
+//! a running job is deferred to then (in Redis, so forged checks cannot crowd out a real one and
+//! a check outlives its worker), and values a client wrote to Redis (a status that is not
+//! UTF-8, a start time far ahead, a record of another type) neither stop the consumer nor loop
+//! a dead letter ahead of the others. Each test starts and kills its own workers in a namespace
+//! of its own.
 
 use std::time::Duration;
 
-use sandq_schemas::{JobStatus, Sku};
-use sandq_submitter::Client;
-use sandq_tests::{exits_within, python_job, signal, wait, wait_for_status, Isolated};
+use sandq_client::Client;
+use sandq_schemas::names::Names;
+use sandq_schemas::{JobResult, JobStatus, Sku};
+use sandq_tests::{exits_within, poll_until, python_job, signal, wait, wait_for_status, Isolated, RawPublisher};
 
 /// Worker settings that keep the tests quick: no warm sandboxes (nothing to drain when a worker
 /// is killed), SKU S small.
@@ -16,7 +25,7 @@ const SMALL: [(&str, &str); 3] =
     [("SANDQ__WARM__PER_SKU", "0"), ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"), ("SANDQ__SKUS__S__CPUS", "1")];
 
 /// Messages left in the dead-letter queue after up to 5 s for it to drain.
-async fn drained(config: &sandq_submitter::config::ServiceConfig) -> usize {
+async fn drained(config: &sandq_core::config::ServiceConfig) -> usize {
     let started = std::time::Instant::now();
     loop {
         let left = sandq_tests::dead_letter_count(config, 0, Duration::ZERO).await;
@@ -37,6 +46,16 @@ fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     SMALL.iter().copied().chain(extra.iter().copied()).collect()
 }
 
+/// A Redis connection with no response timeout.
+async fn plain_redis(world: &Isolated) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    redis::Client::open(world.config.redis.url.as_str())
+        .expect("redis")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("redis")
+}
+
 #[tokio::test]
 async fn a_job_for_an_unserved_sku_expires_with_a_reason() {
     let world = Isolated::with_config(|c| c.queues.unserved_ttl = Duration::from_secs(2)).await;
@@ -46,7 +65,7 @@ async fn a_job_for_an_unserved_sku_expires_with_a_reason() {
     let mut client = world.client().await;
     assert_eq!(client.consumers(Sku::L).await.expect("consumers"), 0);
     let spec = python_job("open('/work/ran', 'w').write('x')\nprint('ran')\n", Sku::L);
-    let submitted = sandq_submitter::client::now_ms();
+    let submitted = sandq_core::time::now_ms();
     client.submit(&spec).await.expect("submit");
     assert_eq!(client.status(&spec.job_id).await.expect("status").map(|r| r.status), Some(JobStatus::Queued));
     let result = wait(&mut client, &spec.job_id).await;
@@ -92,7 +111,11 @@ async fn a_poison_job_ends_internal_error_after_the_delivery_limit() {
             if current.status.is_terminal() || (current.status == JobStatus::Running && current.attempt == kills + 1) {
                 break current;
             }
-            assert!(started.elapsed() < Duration::from_secs(60), "after {kills} kills: {current:?}\n{}", sandq_tests::isolated_worker_log(&id));
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "after {kills} kills: {current:?}\n{}",
+                sandq_tests::isolated_worker_log(&id)
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         if current.status.is_terminal() {
@@ -170,10 +193,10 @@ async fn queues_declared_by_an_earlier_version_keep_working() {
     // The namespace's queues declared as before issue 13: no x-message-ttl.
     let world = Isolated::with_config(|c| c.queues.unserved_ttl = Duration::ZERO).await;
     let mut current = world.config.clone();
-    current.queues = sandq_submitter::config::QueuesConfig::default();
+    current.queues = sandq_core::config::QueuesConfig::default();
     let connection = lapin::Connection::connect(&current.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
     let names = sandq_schemas::names::Names::new(world.namespace.clone());
-    let declared = sandq_submitter::topology::declare(&connection, &names, &current).await.expect("declare over old queues");
+    let declared = sandq_core::topology::declare(&connection, &names, &current).await.expect("declare over old queues");
     let expected: Vec<String> = Sku::ALL.iter().map(|s| names.jobs_queue(*s)).collect();
     assert_eq!(declared.with_other_arguments, expected);
     let id = format!("{}-w", world.namespace);
@@ -253,11 +276,10 @@ async fn a_job_cancelled_while_its_inputs_are_staged_never_runs() {
     world.delete_queues().await;
 }
 
-/// Fifth review P1 and P3: a dead letter forged for a running job (any publisher to the
-/// dead-letter exchange can write `x-death`; so can a client's own duplicate that expired)
-/// does not end it: the job finishes with its own result. A dead letter naming a job whose
-/// record Redis holds as another type is dropped at once, not retried forever ahead of the
-/// next one.
+/// A dead letter forged for a running job (any publisher to the dead-letter exchange can write
+/// `x-death`; so can a client's own duplicate that expired) does not end it: the job finishes
+/// with its own result. A dead letter naming a job whose record Redis holds as another type is
+/// dropped at once, not retried forever ahead of the next one.
 #[tokio::test]
 async fn forged_and_unreadable_dead_letters_do_not_end_a_running_job_or_block_the_queue() {
     let world = Isolated::new().await;
@@ -274,14 +296,14 @@ async fn forged_and_unreadable_dead_letters_do_not_end_a_running_job_or_block_th
     // A record of another type under a job's key: unreadable, not a Redis outage.
     let bad = uuid::Uuid::new_v4().to_string();
     let names = sandq_schemas::names::Names::new(world.config.namespace.clone());
-    let mut redis = sandq_submitter::results::connect(&world.config.redis).await.expect("redis");
+    let mut redis = sandq_core::results::connect(&world.config.redis).await.expect("redis");
     let () = redis::cmd("SET").arg(names.job_key(&bad)).arg("not a hash").query_async(&mut redis).await.expect("set");
     sandq_tests::forge_dead_letter(&world.config, b"garbage", &bad, "expired").await;
     // Behind it, a queued job's real-looking dead letter is handled at once.
     let queued = python_job("print('never')", Sku::L);
     let mut record = sandq_schemas::JobResult::new(queued.job_id.clone(), JobStatus::Queued);
-    record.queued_at_ms = Some(sandq_submitter::client::now_ms());
-    sandq_submitter::results::write(&mut redis, &names, &record, Duration::from_secs(600)).await.expect("queued");
+    record.queued_at_ms = Some(sandq_core::time::now_ms());
+    sandq_core::results::write(&mut redis, &names, &record, Duration::from_secs(600)).await.expect("queued");
     let started = std::time::Instant::now();
     sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&queued).expect("encode"), &queued.job_id, "expired").await;
     let expired = wait(&mut client, &queued.job_id).await;
@@ -296,4 +318,222 @@ async fn forged_and_unreadable_dead_letters_do_not_end_a_running_job_or_block_th
     // Its shutdown grace is 30 s: a delivery still in flight may take all of it.
     assert!(exits_within(&mut worker, Duration::from_secs(60)), "the worker did not stop:\n{}", sandq_tests::isolated_worker_log(&id));
     world.delete_queues().await;
+}
+
+/// A `status` a client wrote as bytes that are not UTF-8 is "no known status", not a Redis
+/// outage: its dead letter is handled once instead of being put back every second for ever
+/// ahead of every other on every worker, a dead letter behind it gets its result, and a
+/// delivery of that job is acked at once without running it (its status is not `queued`).
+#[tokio::test]
+async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
+    let world = Isolated::new().await;
+    let id = format!("{}-w", world.namespace);
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
+    let mut client = world.client().await;
+    let names = Names::new(world.namespace.clone());
+    let mut redis = plain_redis(&world).await;
+    let poisoned: Vec<_> = (0..4).map(|_| python_job("print(1)", Sku::S)).collect();
+    for spec in &poisoned {
+        let () = redis::cmd("HSET")
+            .arg(names.job_key(&spec.job_id))
+            .arg("status")
+            .arg(b"\xff".as_slice())
+            .query_async(&mut redis)
+            .await
+            .expect("hset");
+        sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(spec).expect("encode"), &spec.job_id, "expired").await;
+    }
+    // A legitimate dead letter behind them: a queued job no worker took.
+    let legit = python_job("print(1)", Sku::S);
+    let mut queued = JobResult::new(legit.job_id.clone(), JobStatus::Queued);
+    queued.sku = Some(Sku::S);
+    let mut conn = sandq_core::results::connect(&world.config.redis).await.expect("redis");
+    assert!(sandq_core::results::write(&mut conn, &names, &queued, Duration::from_secs(600)).await.expect("queued"));
+    sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
+    let result = wait(&mut client, &legit.job_id).await;
+    // The job path: a delivery of a job whose status is those bytes was retried 6 times with
+    // backoff ("cannot read the job's state"), then dead-lettered into the loop above. The
+    // status is not `queued`, so the job is not started: its delivery is acked at once.
+    RawPublisher::new(&world.config)
+        .await
+        .publish(&sandq_schemas::encode(&poisoned[0]).expect("encode"), Sku::S, Some(&poisoned[0].job_id))
+        .await;
+    let acked = poll_until(Duration::from_secs(60), || {
+        sandq_tests::isolated_worker_log(&id)
+            .lines()
+            .any(|l| l.contains(&poisoned[0].job_id) && l.contains("acking this one without a result"))
+    });
+    let drained = sandq_tests::dead_letter_count(&world.config, 0, Duration::from_secs(5)).await;
+    let log = sandq_tests::isolated_worker_log(&id);
+    sandq_tests::stop_worker(worker);
+    world.delete_queues().await;
+    assert_eq!(result.status, JobStatus::Expired, "{result:?}");
+    assert_eq!(drained, 0, "dead letters left in the queue");
+    assert!(acked, "the job's delivery was not acked");
+    assert!(!log.contains("cannot read the job's state"), "the job's state was an error");
+    let retried: Vec<&str> = log.lines().filter(|l| l.contains("dead letter") && l.contains("retrying")).take(3).collect();
+    assert!(retried.is_empty(), "a dead letter was retried:\n{}", retried.join("\n"));
+    for spec in &poisoned {
+        let status: Vec<u8> =
+            redis::cmd("HGET").arg(names.job_key(&spec.job_id)).arg("status").query_async(&mut redis).await.expect("hget");
+        assert_eq!(status, b"\xff", "the client's value is left as it is");
+    }
+}
+
+/// A dead letter naming a `running` record is checked again once that attempt must have ended,
+/// counted from its `started_at_ms`, which a client writes: u64::MAX must not overflow the due
+/// time (a panic that would end the worker's dead-letter consumer), nor a start decades ahead
+/// hold a check for decades. A start in the future counts from now: the worker lives, keeps its
+/// dead-letter consumer (a legitimate dead letter behind them gets its result), and nothing panics.
+#[tokio::test]
+async fn a_client_written_start_time_neither_panics_nor_pins_the_dead_letter_consumer() {
+    let world = Isolated::new().await;
+    let id = format!("{}-w", world.namespace);
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
+    let mut client = world.client().await;
+    let names = Names::new(world.namespace.clone());
+    let mut conn = sandq_core::results::connect(&world.config.redis).await.expect("redis");
+    let far = sandq_core::time::now_ms() + 50 * 365 * 24 * 3600 * 1000;
+    for started in [u64::MAX, u64::MAX - 1, far] {
+        let spec = python_job("print(1)", Sku::S);
+        let mut running = JobResult::new(spec.job_id.clone(), JobStatus::Running);
+        running.sku = Some(Sku::S);
+        running.attempt = 1;
+        running.started_at_ms = Some(started);
+        assert!(sandq_core::results::write(&mut conn, &names, &running, Duration::from_secs(600)).await.expect("running"));
+        sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&spec).expect("encode"), &spec.job_id, "expired").await;
+    }
+    // Behind them, a queued job no worker took: its dead letter must still get a result.
+    let legit = python_job("print(1)", Sku::S);
+    let mut queued = JobResult::new(legit.job_id.clone(), JobStatus::Queued);
+    queued.sku = Some(Sku::S);
+    assert!(sandq_core::results::write(&mut conn, &names, &queued, Duration::from_secs(600)).await.expect("queued"));
+    sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&legit).expect("encode"), &legit.job_id, "expired").await;
+    let result = wait(&mut client, &legit.job_id).await;
+    let log = sandq_tests::isolated_worker_log(&id);
+    let alive = worker.id();
+    let running = std::path::Path::new(&format!("/proc/{alive}")).exists();
+    sandq_tests::stop_worker(worker);
+    world.delete_queues().await;
+    assert_eq!(result.status, JobStatus::Expired, "{result:?}");
+    assert!(running, "the worker died");
+    assert!(!log.contains("panicked"), "a panic:\n{log}");
+    // Deferred until the start (clamped to now) plus the attempt's lifetime: minutes, not decades.
+    let deferred = log.lines().filter(|l| l.contains("checking again once its attempt must have ended")).count();
+    assert_eq!(deferred, 3, "{log}");
+}
+
+/// The deferred checks of running jobs are kept in Redis by due time, not in a bounded list of
+/// the worker that got the dead letter: 10,001 forged `running` records with dead letters do not
+/// crowd out the check of a really lost job, and that check outlives the worker that deferred
+/// it (another worker gives the job its `internal_error` when the check is due).
+#[tokio::test]
+async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_its_worker() {
+    const FORGED: usize = 10_001;
+    // An attempt may store its result until `limits.max_timeout` + 30 minutes after its start
+    // (dead_letter::attempt_lifetime).
+    const LIFETIME_MS: u64 = (60 + 30 * 60) * 1000;
+    let world = Isolated::new().await;
+    let env = sandq_tests::small_worker_env(&[("SANDQ__LIMITS__MAX_TIMEOUT", "60s")]);
+    let first_id = format!("{}-w1", world.namespace);
+    let first = world.start_worker_ready(&first_id, &env);
+    let names = Names::new(world.namespace.clone());
+    let mut conn = sandq_core::results::connect(&world.config.redis).await.expect("redis");
+    let mut redis = plain_redis(&world).await;
+    let now = sandq_core::time::now_ms();
+    let mut forged = Vec::with_capacity(FORGED);
+    for _ in 0..FORGED {
+        let spec = python_job("print(1)", Sku::S);
+        let mut running = JobResult::new(spec.job_id.clone(), JobStatus::Running);
+        running.sku = Some(Sku::S);
+        running.attempt = 1;
+        running.started_at_ms = Some(now);
+        assert!(sandq_core::results::write(&mut conn, &names, &running, Duration::from_secs(1800)).await.expect("running"));
+        forged.push((sandq_schemas::encode(&spec).expect("encode"), spec.job_id));
+    }
+    sandq_tests::forge_dead_letters(&world.config, &forged, "expired").await;
+    let zcard = |mut redis: redis::aio::MultiplexedConnection, key: String| async move {
+        redis::cmd("ZCARD").arg(key).query_async::<usize>(&mut redis).await.expect("zcard")
+    };
+    let started = std::time::Instant::now();
+    while zcard(redis.clone(), names.deferred_checks()).await < FORGED {
+        assert!(started.elapsed() < Duration::from_secs(300), "the forged dead letters were not all deferred in 300 s");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The lost job: its worker wrote `running` (attempt 1) and was never heard of again. Its
+    // check comes due 40 s from now.
+    let lost = python_job("print(1)", Sku::S);
+    let mut running = JobResult::new(lost.job_id.clone(), JobStatus::Running);
+    running.sku = Some(Sku::S);
+    running.attempt = 1;
+    running.started_at_ms = Some(sandq_core::time::now_ms() + 40_000 - LIFETIME_MS);
+    assert!(sandq_core::results::write(&mut conn, &names, &running, Duration::from_secs(1800)).await.expect("running"));
+    sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&lost).expect("encode"), &lost.job_id, "expired").await;
+    let member = format!("1:{}", lost.job_id);
+    let started = std::time::Instant::now();
+    let mut deferred: Option<f64> = None;
+    while deferred.is_none() && started.elapsed() < Duration::from_secs(60) {
+        deferred = redis::cmd("ZSCORE").arg(names.deferred_checks()).arg(&member).query_async(&mut redis).await.expect("zscore");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The worker that deferred it stops before it is due; another one starts.
+    sandq_tests::stop_worker(first);
+    let first_log = sandq_tests::isolated_worker_log(&first_id);
+    let second_id = format!("{}-w2", world.namespace);
+    let second = world.start_worker_ready(&second_id, &env);
+    let mut client = world.client().await;
+    let result = wait(&mut client, &lost.job_id).await;
+    let left = zcard(redis.clone(), names.deferred_checks()).await;
+    let mut still_running = 0;
+    for (_, job_id) in forged.iter().step_by(1000) {
+        let status: Vec<u8> = redis::cmd("HGET").arg(names.job_key(job_id)).arg("status").query_async(&mut redis).await.expect("hget");
+        still_running += usize::from(status == b"running");
+    }
+    let second_log = sandq_tests::isolated_worker_log(&second_id);
+    sandq_tests::stop_worker(second);
+    world.delete_queues().await;
+    let _: i64 = redis::cmd("DEL").arg(names.deferred_checks()).query_async(&mut redis).await.expect("del");
+    let due_ms = running.started_at_ms.expect("start") + LIFETIME_MS;
+    assert_eq!(deferred, Some(due_ms as f64), "the lost job's check was not deferred to its due time");
+    assert_eq!(result.status, JobStatus::InternalError, "{result:?}");
+    assert!(result.reason.as_deref().is_some_and(|r| r.contains("its worker was lost")), "{result:?}");
+    assert_eq!(result.worker_id.as_deref(), Some(second_id.as_str()), "given by the worker started after the check was deferred");
+    assert!(result.finished_at_ms.expect("finished") >= due_ms, "given before its check was due: {result:?}");
+    assert_eq!(left, FORGED, "the forged checks (due in 31 minutes) stay pending");
+    assert_eq!(still_running, FORGED.div_ceil(1000), "a forged running job was given a result");
+    assert!(!first_log.contains("panicked") && !second_log.contains("panicked"), "a panic");
+}
+
+/// A `delivery_limit` dead letter naming a `running` record that shows fewer attempts than the
+/// limit (deliveries that failed before their own `running` write, as when a client flushes
+/// Redis's script cache) is deferred, not dropped: the job gets `internal_error` once its attempt
+/// must have ended, instead of staying `running` until its `result_ttl`. A running attempt still
+/// alive is not ended by it
+/// (`forged_and_unreadable_dead_letters_do_not_end_a_running_job_or_block_the_queue`).
+#[tokio::test]
+async fn a_delivery_limit_dead_letter_with_fewer_attempts_is_checked_when_due() {
+    // An attempt may store its result until `limits.max_timeout` + 30 minutes after its start.
+    const LIFETIME_MS: u64 = (60 + 30 * 60) * 1000;
+    let world = Isolated::new().await;
+    let id = format!("{}-w", world.namespace);
+    let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[("SANDQ__LIMITS__MAX_TIMEOUT", "60s")]));
+    let names = Names::new(world.namespace.clone());
+    let mut conn = sandq_core::results::connect(&world.config.redis).await.expect("redis");
+    let lost = python_job("print(1)", Sku::S);
+    let mut running = JobResult::new(lost.job_id.clone(), JobStatus::Running);
+    running.sku = Some(Sku::S);
+    running.attempt = 2;
+    running.started_at_ms = Some(sandq_core::time::now_ms() + 15_000 - LIFETIME_MS);
+    assert!(sandq_core::results::write(&mut conn, &names, &running, Duration::from_secs(1800)).await.expect("running"));
+    sandq_tests::forge_dead_letter(&world.config, &sandq_schemas::encode(&lost).expect("encode"), &lost.job_id, "delivery_limit").await;
+    let mut client = world.client().await;
+    let result = wait(&mut client, &lost.job_id).await;
+    let log = sandq_tests::isolated_worker_log(&id);
+    sandq_tests::stop_worker(worker);
+    world.delete_queues().await;
+    let due_ms = running.started_at_ms.expect("start") + LIFETIME_MS;
+    assert_eq!(result.status, JobStatus::InternalError, "{result:?}");
+    assert!(result.reason.as_deref().is_some_and(|r| r.contains("its worker was lost")), "{result:?}");
+    assert!(result.finished_at_ms.expect("finished") >= due_ms, "ended before its attempt must have ended: {result:?}");
+    assert!(log.contains("checking again once its attempt must have ended"), "not deferred:\n{log}");
 }

@@ -1,11 +1,15 @@
 //! Delivery guarantees with real workers that the tests start, stop and kill: cancellation,
-//! deadlines, unknown ids, graceful shutdown, and redelivery after a worker is SIGKILLed.
+//! deadlines, unknown ids, graceful shutdown, redelivery after a worker is SIGKILLed, and
+//! duplicates. A second delivery of a job (a client's retried publish after a lost confirm, or
+//! the broker's redelivery after it closed a channel) never changes the result of the attempt
+//! that ran; a deadline binds only a job no attempt has started, and is checked again after
+//! every wait. `tests/delivery/` holds scripts that reproduce duplicates by hand (its README).
 
 use std::time::Duration;
 
+use sandq_core::time::now_ms;
 use sandq_schemas::{JobStatus, Sku};
-use sandq_submitter::client::now_ms;
-use sandq_tests::{exits_within, python_job, signal, wait, wait_for_status, worker_data_dir, worker_state_dir, Isolated};
+use sandq_tests::{exits_within, python_job, signal, wait, wait_for_status, worker_data_dir, worker_state_dir, Isolated, RawPublisher};
 
 /// Sleeps `seconds` on the first delivery attempt, then prints its attempt number.
 fn sleeps_on_first_attempt(seconds: u32) -> String {
@@ -160,7 +164,10 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
     // the killed worker left.
     let mut restarted = world.start_worker(&first_id, &[("SANDQ__WARM__PER_SKU", "0")]);
     let started = std::time::Instant::now();
-    while !std::fs::read_to_string(std::env::temp_dir().join(format!("sandq-{first_id}-worker.log"))).unwrap_or_default().contains("consuming") {
+    while !std::fs::read_to_string(std::env::temp_dir().join(format!("sandq-{first_id}-worker.log")))
+        .unwrap_or_default()
+        .contains("consuming")
+    {
         assert!(started.elapsed() < Duration::from_secs(30), "the restarted worker did not start");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -168,7 +175,9 @@ async fn a_job_whose_worker_is_sigkilled_completes_on_another_worker() {
         assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 0, "{} not cleaned", dir.display());
     }
     for dir in ["/sys/fs/cgroup/memory/sandq", "/sys/fs/cgroup/pids/sandq", "/sys/fs/cgroup/sandq"] {
-        let left = std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(&container_id)).count()).unwrap_or(0);
+        let left = std::fs::read_dir(dir)
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(&container_id)).count())
+            .unwrap_or(0);
         assert_eq!(left, 0, "cgroup of the job left in {dir}");
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
@@ -262,7 +271,7 @@ async fn an_unroutable_job_is_refused_not_queued() {
     world.delete_queues().await;
     let spec = python_job("print(1)", Sku::M);
     let err = client.submit(&spec).await.expect_err("an unroutable job must be refused");
-    assert!(matches!(err, sandq_submitter::ClientError::NotAccepted { .. }), "{err}");
+    assert!(matches!(err, sandq_client::ClientError::NotAccepted { .. }), "{err}");
     assert!(client.status(&spec.job_id).await.expect("status").is_none(), "reported as queued");
 }
 
@@ -295,7 +304,12 @@ async fn a_duplicate_delivery_does_not_run_again() {
 #[tokio::test]
 async fn jobs_never_exceed_the_declared_capacity() {
     let world = Isolated::new().await;
-    let env = [("SANDQ__WORKER__CAPACITY_CPUS", "1"), ("SANDQ__SKUS__S__SLOTS", "2"), ("SANDQ__SKUS__S__CPUS", "1"), ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912")];
+    let env = [
+        ("SANDQ__WORKER__CAPACITY_CPUS", "1"),
+        ("SANDQ__SKUS__S__SLOTS", "2"),
+        ("SANDQ__SKUS__S__CPUS", "1"),
+        ("SANDQ__SKUS__S__MEMORY_BYTES", "536870912"),
+    ];
     let mut worker = world.start_worker(&format!("{}-w", world.namespace), &env);
     let mut client = world.client().await;
     let specs: Vec<_> = (0..2).map(|_| python_job("import time\ntime.sleep(1)\n", Sku::S)).collect();
@@ -314,5 +328,165 @@ async fn jobs_never_exceed_the_declared_capacity() {
     );
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
+    world.delete_queues().await;
+}
+
+/// Where the second delivery of a running job is taken.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// Another slot of the worker running the first attempt (one worker, two S slots).
+    SameWorker,
+    /// Another worker (two workers of one S slot each): it cannot tell the first attempt from
+    /// one whose worker died.
+    OtherWorker,
+}
+
+/// Starts the workers of `layout` in `world`, with `extra` settings.
+fn start_workers(world: &Isolated, layout: Layout, extra: &[(&'static str, &'static str)]) -> Vec<std::process::Child> {
+    match layout {
+        Layout::SameWorker => vec![world.start_worker_ready(&format!("{}-w", world.namespace), &sandq_tests::small_worker_env(extra))],
+        Layout::OtherWorker => {
+            // Disjoint user namespace ranges (64 ranges apart), as workers sharing a host need.
+            let base = std::env::var("SANDQ__WORKER__USERNS_HOST_BASE").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(0x7000_0000);
+            let bases = [base.to_string(), (base + 64 * 65_536).to_string()];
+            bases
+                .iter()
+                .enumerate()
+                .map(|(i, base)| {
+                    let mut env: Vec<(&str, &str)> = sandq_tests::small_worker_env(extra);
+                    env.push(("SANDQ__SKUS__S__SLOTS", "1"));
+                    env.push(("SANDQ__WORKER__USERNS_HOST_BASE", base.as_str()));
+                    world.start_worker_ready(&format!("{}-w{i}", world.namespace), &env)
+                })
+                .collect()
+        }
+    }
+}
+
+/// Stops `workers` (each within 40 s).
+fn stop_workers(workers: Vec<std::process::Child>) {
+    for mut worker in workers {
+        drop(worker.stdin.take());
+        assert!(exits_within(&mut worker, Duration::from_secs(40)));
+    }
+}
+
+/// A job's `deadline_ms` is its latest *start*. A second delivery (a client's retried publish,
+/// or the broker's redelivery after it closed the first delivery's channel) taken after the
+/// deadline, while the first attempt runs, must not store `expired`: the program's own result
+/// would then lose the compare-and-set and be dropped. The duplicate is taken by another slot
+/// of the same worker, then by another worker.
+#[tokio::test]
+async fn a_duplicate_taken_after_the_deadline_does_not_expire_a_running_job() {
+    for layout in [Layout::SameWorker, Layout::OtherWorker] {
+        duplicate_after_the_deadline(layout).await;
+    }
+}
+
+async fn duplicate_after_the_deadline(layout: Layout) {
+    let world = Isolated::new().await;
+    let workers = start_workers(&world, layout, &[]);
+    let mut client = world.client().await;
+    let mut spec = python_job("import time\nprint('started', flush=True)\ntime.sleep(15)\nprint('finished')\n", Sku::S);
+    let deadline = now_ms() + 5_000;
+    spec.deadline_ms = Some(deadline);
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    // The job started in time; the duplicate comes after its deadline, while it still runs.
+    tokio::time::sleep(Duration::from_millis(deadline.saturating_sub(now_ms()) + 1_000)).await;
+    let body = sandq_schemas::encode(&spec).expect("encode");
+    RawPublisher::new(&world.config).await.publish(&body, Sku::S, Some(&spec.job_id)).await;
+    let result = wait(&mut client, &spec.job_id).await;
+    assert_eq!(
+        (result.status, result.stdout.text.as_str()),
+        (JobStatus::Succeeded, "started\nfinished\n"),
+        "{layout:?}: the job started before its deadline and ran to its end, yet its result is {:?} ({:?})",
+        result.status,
+        result.reason
+    );
+    stop_workers(workers);
+    world.delete_queues().await;
+}
+
+/// A second delivery of a running session job waits for the session's lock, which its own first
+/// attempt holds; it must not store `rejected` ("session ... is in use by another job") once
+/// `sessions.lock_wait` passes, while the first attempt goes on to save the session: the client
+/// would be told the cell was rejected though the session holds its effects, and re-running it
+/// would apply them twice. The duplicate is handed back instead, and finds the real result.
+#[tokio::test]
+async fn a_duplicate_of_a_running_session_job_does_not_reject_it() {
+    for layout in [Layout::SameWorker, Layout::OtherWorker] {
+        duplicate_of_a_session_job(layout).await;
+    }
+}
+
+async fn duplicate_of_a_session_job(layout: Layout) {
+    let world = Isolated::new().await;
+    let workers = start_workers(&world, layout, &[("SANDQ__SESSIONS__LOCK_WAIT", "3s")]);
+    let mut client = world.client().await;
+    let session = format!("s-{}", uuid::Uuid::new_v4());
+    let mut spec = python_job(
+        "import pathlib, time\npathlib.Path('/work/ran.txt').write_text('x')\nprint('started', flush=True)\ntime.sleep(12)\nprint('finished')\n",
+        Sku::S,
+    );
+    spec.session = Some(session.clone());
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    let body = sandq_schemas::encode(&spec).expect("encode");
+    RawPublisher::new(&world.config).await.publish(&body, Sku::S, Some(&spec.job_id)).await;
+    let result = wait(&mut client, &spec.job_id).await;
+    // The session's next cell sees what the first attempt left (once that attempt has let the
+    // session go: until then the cell is rejected as busy, and tried again).
+    let mut after = None;
+    for _ in 0..15 {
+        let mut next = python_job("import os\nprint(sorted(os.listdir('/work')))\n", Sku::S);
+        next.session = Some(session.clone());
+        let ran = sandq_tests::run(&mut client, &next).await;
+        if ran.status != JobStatus::Rejected {
+            after = Some(ran);
+            break;
+        }
+    }
+    let after = after.expect("the session stayed busy");
+    assert_eq!(after.stdout.text, "['ran.txt']\n", "the first attempt's session save");
+    assert_eq!(
+        (result.status, result.stdout.text.as_str()),
+        (JobStatus::Succeeded, "started\nfinished\n"),
+        "{layout:?}: the session kept the job's effects (next cell: execution_count {:?}), yet its result is {:?} ({:?})",
+        after.execution_count,
+        result.status,
+        result.reason
+    );
+    stop_workers(workers);
+    world.delete_queues().await;
+}
+
+/// `deadline_ms` is "latest start: a job still queued then is not run" (docs/protocol.md), and a
+/// job waiting for the worker's capacity is still `queued`: a deadline that passes during that
+/// wait (or a session wait) is checked again when it ends, and the job expires unrun.
+#[tokio::test]
+async fn a_job_whose_deadline_passes_while_it_waits_for_capacity_does_not_run() {
+    let world = Isolated::new().await;
+    // Capacity for one S job at a time, two S slots: the second job waits, `queued`.
+    let mut worker = world
+        .start_worker_ready(&format!("{}-w", world.namespace), &sandq_tests::small_worker_env(&[("SANDQ__WORKER__CAPACITY_CPUS", "1")]));
+    let mut client = world.client().await;
+    let first = python_job("import time\ntime.sleep(10)\n", Sku::S);
+    client.submit(&first).await.expect("submit");
+    wait_for_status(&mut client, &first.job_id, JobStatus::Running, Duration::from_secs(30)).await;
+    let mut late = python_job("print('ran')\n", Sku::S);
+    late.deadline_ms = Some(now_ms() + 3_000);
+    client.submit(&late).await.expect("submit");
+    let result = wait(&mut client, &late.job_id).await;
+    let started = result.started_at_ms.unwrap_or(0);
+    assert_eq!(
+        result.status,
+        JobStatus::Expired,
+        "it started {} ms after its deadline (stdout {:?})",
+        started.saturating_sub(late.deadline_ms.unwrap_or(0)),
+        result.stdout.text
+    );
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(40)));
     world.delete_queues().await;
 }

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use sandq_schemas::{InputFile, JobStatus, Sku};
-use sandq_tests::{client, ensure_worker, namespace, publish_raw, python_job, repo_root, run, service_config, wait, worker_alive, worker_id};
+use sandq_tests::{
+    client, ensure_worker, namespace, publish_raw, python_job, repo_root, run, service_config, wait, worker_alive, worker_id,
+};
 use sha2::{Digest, Sha256};
 
 /// Statistics of macrodata.csv computed without pandas.
@@ -24,10 +26,8 @@ fn macro_stats(csv: &str) -> MacroStats {
     let header: Vec<String> = lines.next().expect("header").split(',').map(|h| h.trim_matches('"').to_owned()).collect();
     let col = |name: &str| header.iter().position(|h| h == name).expect(name);
     let (year, quarter, gdp, unemp, infl) = (col("year"), col("quarter"), col("realgdp"), col("unemp"), col("infl"));
-    let rows: Vec<Vec<f64>> = lines
-        .filter(|l| !l.is_empty())
-        .map(|l| l.split(',').map(|v| v.parse::<f64>().expect("number")).collect())
-        .collect();
+    let rows: Vec<Vec<f64>> =
+        lines.filter(|l| !l.is_empty()).map(|l| l.split(',').map(|v| v.parse::<f64>().expect("number")).collect()).collect();
     let n = rows.len() as f64;
     let mut max_row = &rows[0];
     for r in &rows {
@@ -99,7 +99,8 @@ async fn example_analysis_matches_independent_computation() {
 
     let usage = result.usage.expect("usage");
     assert!(usage.wall_ms > 0 && usage.cpu_ms > 0 && usage.peak_memory_bytes > 10 << 20, "{usage:?}");
-    let (q, s, f) = (result.queued_at_ms.expect("queued"), result.started_at_ms.expect("started"), result.finished_at_ms.expect("finished"));
+    let (q, s, f) =
+        (result.queued_at_ms.expect("queued"), result.started_at_ms.expect("started"), result.finished_at_ms.expect("finished"));
     assert!(q <= s && s <= f, "timestamps out of order: {q} {s} {f}");
 }
 
@@ -278,7 +279,13 @@ async fn node_jobs_report_output_stack_traces_and_exit_codes() {
     assert!(result.stderr.text.contains("Error: kaboom"), "{}", result.stderr.text);
     assert!(result.stderr.text.contains("at boom (/sandq/main.js:3:"), "stack trace with the user's line: {}", result.stderr.text);
     // An ES module, a built-in module, and an exit code.
-    let result = run(&mut client, &node("import { createHash } from 'node:crypto';\nconsole.log(createHash('sha256').update('abc').digest('hex'));\nprocess.exit(4);\n")).await;
+    let result = run(
+        &mut client,
+        &node(
+            "import { createHash } from 'node:crypto';\nconsole.log(createHash('sha256').update('abc').digest('hex'));\nprocess.exit(4);\n",
+        ),
+    )
+    .await;
     assert_eq!(result.exit_code, Some(4));
     assert_eq!(result.stdout.text, format!("{}\n", hex::encode(Sha256::digest(b"abc"))));
 }

@@ -3,10 +3,11 @@
 //! worker, RabbitMQ, Redis, Garage and containers; the `sandq` binary from the target dir.
 //!
 //! nbformat comes from a virtualenv cached under `$SANDQ_CACHE` (default `/var/cache/sandq`),
-//! made on first use (`python3 -m venv`, `pip install nbformat`).
+//! made on first use (`python3 -m venv`, `pip install nbformat`) by one test at a time.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use base64::Engine;
 use sandq_schemas::{JobStatus, Sku};
@@ -15,25 +16,44 @@ use sha2::{Digest, Sha256};
 
 const NBFORMAT: &str = "nbformat==5.10.4";
 
-/// A python3 that can `import nbformat`: a virtualenv cached by the pinned version and the
-/// interpreter (Debian's python3 refuses `pip install` into itself).
+/// A python3 that can `import nbformat` (found or made once per test binary).
 fn nbformat_python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(nbformat_venv).clone()
+}
+
+/// The python3 of a virtualenv with nbformat, cached by the pinned version and the interpreter
+/// (Debian's python3 refuses `pip install` into itself), made if it is not complete yet. Both
+/// tests of this binary, and test runs of other checkouts sharing the cache, may ask for it at
+/// once on a fresh machine: it is made under an exclusive lock of `nbformat-<key>.lock` beside
+/// it, so that no run removes or uses another's half-made venv. `.complete` is written last; a
+/// venv without it (its maker was killed) is removed and made again.
+fn nbformat_venv() -> PathBuf {
     let interpreter = Command::new("python3").args(["-c", "import sys; print(sys.executable, sys.version)"]).output().expect("python3");
     let key = hex::encode(Sha256::digest([NBFORMAT.as_bytes(), &interpreter.stdout].concat()));
     let cache = std::env::var_os("SANDQ_CACHE").map_or_else(|| PathBuf::from("/var/cache/sandq"), PathBuf::from);
     let venv = cache.join(format!("nbformat-{}", &key[..16]));
     let python = venv.join("bin/python3");
-    if !venv.join(".complete").exists() {
+    let complete = venv.join(".complete");
+    if complete.exists() {
+        return python;
+    }
+    std::fs::create_dir_all(&cache).expect("cache dir");
+    let lock_path = cache.join(format!("nbformat-{}.lock", &key[..16]));
+    let lock_file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).expect("lock file");
+    // Held until `lock_file` is closed, at the end of this function.
+    lock_file.lock().expect("lock the nbformat venv");
+    // Made by another test while this one waited for the lock.
+    if !complete.exists() {
         let _ = std::fs::remove_dir_all(&venv);
         let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
         assert!(made.success(), "python3 -m venv failed (apt-get install python3-venv)");
-        let installed = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", NBFORMAT])
-            .status()
-            .expect("pip");
+        let installed =
+            Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", NBFORMAT]).status().expect("pip");
         assert!(installed.success(), "pip install {NBFORMAT} failed");
-        std::fs::write(venv.join(".complete"), "").expect("mark venv complete");
+        std::fs::write(&complete, "").expect("mark venv complete");
     }
+    drop(lock_file);
     python
 }
 
@@ -55,7 +75,8 @@ fn validate(path: &Path) {
 
 /// Runs `sandq export ARGS` in the test namespace.
 fn export(args: &[&str]) {
-    let output = Command::new(bin_dir().join("sandq")).arg("export").args(args).env("SANDQ__NAMESPACE", namespace()).output().expect("sandq");
+    let output =
+        Command::new(bin_dir().join("sandq")).arg("export").args(args).env("SANDQ__NAMESPACE", namespace()).output().expect("sandq");
     assert!(output.status.success(), "sandq export {args:?}: {}", String::from_utf8_lossy(&output.stderr));
 }
 

@@ -73,8 +73,8 @@ async fn a_short_chaos_run_loses_no_job() {
         .await
         .expect("sandq-loadtest");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: serde_json::Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("no report ({e}): {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no report ({e}): {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
     assert_eq!(report["submitted"], 60, "{report}");
     assert_eq!(report["lost"], 0, "{report}");
     assert_eq!(report["wrong_output"], 0, "{report}");
@@ -104,7 +104,7 @@ async fn an_s3_outage_delays_jobs_but_loses_none() {
     spec.inputs = vec![input];
     client.submit(&spec).await.expect("submit");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let restarting_ms = sandq_submitter::client::now_ms();
+    let restarting_ms = sandq_core::time::now_ms();
     assert!(restart_services(), "garage did not come back");
     let result = wait(&mut client, &spec.job_id).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
@@ -171,8 +171,8 @@ async fn a_short_throughput_run_writes_its_report_and_plots() {
         .await
         .expect("sandq-loadtest");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let report: serde_json::Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("no report ({e}): {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no report ({e}): {stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
     assert!(output.status.success(), "{report}");
     assert_eq!(report["jobs"], 12, "{report}");
     assert_eq!(report["statuses"]["succeeded"], 12, "{report}");
@@ -195,7 +195,10 @@ async fn a_short_throughput_run_writes_its_report_and_plots() {
     assert_eq!(p["p50"], latencies[5], "nearest rank: the 6th of 12: {report}");
     for p in ["submitted_to_finished_ms", "queue_wait_ms", "run_ms"] {
         let v = &report[p];
-        assert!(v["p50"].as_u64() <= v["p90"].as_u64() && v["p90"].as_u64() <= v["p99"].as_u64() && v["p99"].as_u64() <= v["max"].as_u64(), "{p}: {report}");
+        assert!(
+            v["p50"].as_u64() <= v["p90"].as_u64() && v["p90"].as_u64() <= v["p99"].as_u64() && v["p99"].as_u64() <= v["max"].as_u64(),
+            "{p}: {report}"
+        );
     }
     for plot in ["latency.png", "throughput.png"] {
         let bytes = std::fs::read(dir.path().join(plot)).expect(plot);

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, QueuePurgeOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
+use sandq_client::Client;
+use sandq_core::config::{self, ServiceConfig};
 use sandq_schemas::{JobResult, JobSpec, Runtime, Sku};
-use sandq_submitter::config::{self, ServiceConfig};
-use sandq_submitter::Client;
 
 /// Name of this test binary (`e2e`, `hostile`), from its path (`target/debug/deps/e2e-<hash>`).
 pub fn binary_name() -> String {
@@ -102,12 +102,12 @@ pub fn service_port(url: &str) -> u16 {
 pub mod cluster;
 
 /// Connects to the broker of `config`: the first of `amqp.urls` that answers, else `amqp.url`
-/// ([`sandq_submitter::broker::connect`]).
+/// ([`sandq_core::broker::connect`]).
 ///
 /// # Errors
 /// The last address's error.
 pub async fn amqp_connect(config: &ServiceConfig) -> Result<Connection, lapin::Error> {
-    Ok(sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &ConnectionProperties::default()).await?.0)
+    Ok(sandq_core::broker::connect(&config.amqp.addresses(), 0, &ConnectionProperties::default()).await?.0)
 }
 
 static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
@@ -117,9 +117,7 @@ static WORKER: OnceLock<Mutex<Child>> = OnceLock::new();
 pub fn ensure_worker() {
     WORKER.get_or_init(|| {
         // Tests call this from inside their own runtime: purge on a thread of our own.
-        std::thread::spawn(|| tokio::runtime::Runtime::new().expect("runtime").block_on(purge_queues()))
-            .join()
-            .expect("purge test queues");
+        std::thread::spawn(|| tokio::runtime::Runtime::new().expect("runtime").block_on(purge_queues())).join().expect("purge test queues");
         let worker = bin_dir().join("sandq-worker");
         assert!(worker.exists(), "{} missing: build the workspace first", worker.display());
         let log = std::fs::File::create(worker_log_path()).expect("log file");
@@ -206,7 +204,7 @@ async fn purge_queues() {
     let config = service_config();
     let names = sandq_schemas::names::Names::new(namespace());
     let connection = amqp_connect(&config).await.expect("amqp");
-    sandq_submitter::topology::declare(&connection, &names, &config).await.expect("topology");
+    sandq_core::topology::declare(&connection, &names, &config).await.expect("topology");
     let channel = connection.create_channel().await.expect("channel");
     for sku in Sku::ALL {
         channel.queue_purge(names.jobs_queue(sku).into(), QueuePurgeOptions::default()).await.expect("purge");
@@ -225,7 +223,7 @@ pub fn python_job(code: &str, sku: Sku) -> JobSpec {
     let mut spec = JobSpec::new(uuid::Uuid::new_v4().to_string(), sku, Runtime::Python, code);
     spec.timeout = Some("60s".into());
     spec.result_ttl = Some("10m".into());
-    spec.submitted_at_ms = Some(sandq_submitter::client::now_ms());
+    spec.submitted_at_ms = Some(sandq_core::time::now_ms());
     spec
 }
 
@@ -316,7 +314,7 @@ impl Isolated {
         edit(&mut config);
         let connection = amqp_connect(&config).await.expect("amqp");
         let names = sandq_schemas::names::Names::new(namespace.clone());
-        sandq_submitter::topology::declare(&connection, &names, &config).await.expect("topology");
+        sandq_core::topology::declare(&connection, &names, &config).await.expect("topology");
         Isolated { namespace, config }
     }
 
@@ -351,7 +349,11 @@ impl Isolated {
         let log = std::env::temp_dir().join(format!("sandq-{id}-worker.log"));
         let started = std::time::Instant::now();
         while !std::fs::read_to_string(&log).unwrap_or_default().contains("consuming") {
-            assert!(started.elapsed() < Duration::from_secs(60), "worker {id} did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "worker {id} did not start: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         child
@@ -375,7 +377,7 @@ impl Isolated {
         let Ok(connection) = amqp_connect(&self.config).await else { return };
         let Ok(channel) = connection.create_channel().await else { return };
         let names = sandq_schemas::names::Names::new(self.namespace.clone());
-        let _ = sandq_submitter::topology::delete_queues(&channel, &names).await;
+        let _ = sandq_core::topology::delete_queues(&channel, &names).await;
     }
 }
 
@@ -418,7 +420,7 @@ pub async fn dead_letter_count(config: &ServiceConfig, expected: usize, limit: D
     let names = sandq_schemas::names::Names::new(config.namespace.clone());
     let started = std::time::Instant::now();
     loop {
-        let count = sandq_submitter::topology::dead_letter_count(&channel, &names).await.expect("dead-letter queue") as usize;
+        let count = sandq_core::topology::dead_letter_count(&channel, &names).await.expect("dead-letter queue") as usize;
         if count >= expected || started.elapsed() > limit {
             return count;
         }
@@ -555,7 +557,11 @@ impl RedisFleet {
         let conf = dir.join("redis.conf");
         std::fs::write(
             &conf,
-            format!("port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\nsave \"\"\nlogfile {}\n{extra}\n", dir.display(), dir.join("log").display()),
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\nsave \"\"\nlogfile {}\n{extra}\n",
+                dir.display(),
+                dir.join("log").display()
+            ),
         )
         .expect("conf");
         let mut command = Command::new("redis-server");
@@ -647,9 +653,9 @@ impl RedisCluster {
     }
 
     /// The config of a client or worker of this cluster.
-    pub fn redis_config(&self) -> sandq_submitter::config::RedisConfig {
-        sandq_submitter::config::RedisConfig {
-            mode: sandq_submitter::config::RedisMode::Cluster,
+    pub fn redis_config(&self) -> sandq_core::config::RedisConfig {
+        sandq_core::config::RedisConfig {
+            mode: sandq_core::config::RedisMode::Cluster,
             nodes: self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect(),
             ..Default::default()
         }
@@ -713,7 +719,10 @@ impl RedisSentinels {
         let sentinels: Vec<u16> = (port + 2..port + 5).collect();
         fleet.spawn(primary, false, "appendonly yes\nappendfsync always\n");
         fleet.spawn(replica, false, &format!("appendonly yes\nappendfsync always\nreplicaof 127.0.0.1 {primary}\n"));
-        assert!(poll_until(Duration::from_secs(30), || redis_cli(replica, &["info", "replication"]).contains("master_link_status:up")), "replica not in sync");
+        assert!(
+            poll_until(Duration::from_secs(30), || redis_cli(replica, &["info", "replication"]).contains("master_link_status:up")),
+            "replica not in sync"
+        );
         for s in &sentinels {
             fleet.spawn(
                 *s,
@@ -735,9 +744,9 @@ impl RedisSentinels {
     }
 
     /// The config of a client or worker using these sentinels.
-    pub fn redis_config(&self) -> sandq_submitter::config::RedisConfig {
-        sandq_submitter::config::RedisConfig {
-            mode: sandq_submitter::config::RedisMode::Sentinel,
+    pub fn redis_config(&self) -> sandq_core::config::RedisConfig {
+        sandq_core::config::RedisConfig {
+            mode: sandq_core::config::RedisMode::Sentinel,
             nodes: self.sentinels.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect(),
             service: "mymaster".into(),
             ..Default::default()
@@ -746,20 +755,22 @@ impl RedisSentinels {
 
     /// The port the sentinels give as the primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`).
     pub fn current_primary(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|s| redis_cli(*s, &["sentinel", "get-master-addr-by-name", "mymaster"]).lines().nth(1)?.trim().parse().ok())
+        self.sentinels
+            .iter()
+            .find_map(|s| redis_cli(*s, &["sentinel", "get-master-addr-by-name", "mymaster"]).lines().nth(1)?.trim().parse().ok())
     }
 }
 
 /// Publishes `body` to the dead-letter exchange as the broker would dead-letter it from the S
 /// queue: `message_id` and one `x-death` entry with `reason` (anyone allowed to publish there can
 /// forge this; the dead-letter tests check the worker does not trust it).
-pub async fn forge_dead_letter(config: &sandq_submitter::config::ServiceConfig, body: &[u8], message_id: &str, reason: &str) {
+pub async fn forge_dead_letter(config: &sandq_core::config::ServiceConfig, body: &[u8], message_id: &str, reason: &str) {
     forge_dead_letters(config, &[(body.to_vec(), message_id.to_owned())], reason).await;
 }
 
 /// [`forge_dead_letter`] for many `(body, message_id)` at once, on one channel, in order;
 /// returns once the broker confirmed them all.
-pub async fn forge_dead_letters(config: &sandq_submitter::config::ServiceConfig, messages: &[(Vec<u8>, String)], reason: &str) {
+pub async fn forge_dead_letters(config: &sandq_core::config::ServiceConfig, messages: &[(Vec<u8>, String)], reason: &str) {
     use lapin::types::{AMQPValue, FieldArray, FieldTable};
     let names = sandq_schemas::names::Names::new(config.namespace.clone());
     let connection = lapin::Connection::connect(&config.amqp.url, lapin::ConnectionProperties::default()).await.expect("amqp");
@@ -788,9 +799,10 @@ pub async fn forge_dead_letters(config: &sandq_submitter::config::ServiceConfig,
     }
 }
 
-/// Worker settings of the review tests (`review8.rs`, `review10.rs`, `review12.rs`): two S
-/// slots of 1 core, 512 MiB and 1 GiB of disk, no warm sandboxes, no outbound network; `extra`
-/// after them (the later value of a variable wins).
+/// Worker settings of the tests that start one small worker of their own (`limits.rs`,
+/// `untrusted_state.rs`, `dead_letters.rs`, `delivery.rs`, `warm.rs`): two S slots of 1 core,
+/// 512 MiB and 1 GiB of disk, no warm sandboxes, no outbound network; `extra` after them (the
+/// later value of a variable wins).
 pub fn small_worker_env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
     let mut env = vec![
         ("SANDQ__SKUS__S__CPUS", "1"),

@@ -271,8 +271,10 @@ async fn warm_sandboxes_are_counted_ready_taken_and_refilled() {
     let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
     // One core: only S (1 core) fits, so only S keeps a warm sandbox (Python only here).
-    let (mut worker, port) =
-        start_worker(&world, &[("SANDQ__WORKER__CAPACITY_CPUS", "1"), ("SANDQ__WARM__RUNTIMES", "python"), ("SANDQ__WARM__MEMORY_BYTES", "300000000")]);
+    let (mut worker, port) = start_worker(
+        &world,
+        &[("SANDQ__WORKER__CAPACITY_CPUS", "1"), ("SANDQ__WARM__RUNTIMES", "python"), ("SANDQ__WARM__MEMORY_BYTES", "300000000")],
+    );
     let ready = [("sku", "S")];
     let before = scrape_until(port, Duration::from_secs(120), |s| s.value("sandq_warm_sandboxes_ready", &ready) == 1.0).await;
     // The one warm sandbox's share comes off the memory jobs get.
@@ -347,10 +349,11 @@ async fn redeliveries_and_infrastructure_errors_are_counted() {
     world.delete_queues().await;
 }
 
-/// Second security review, N3: collection reads a staged input again only when the program
-/// changed it. A 24 MiB input the program only reads costs no collection read; one it rewrites
-/// in place (same size, mtime put back) is read and returned as an artifact with its new
-/// digest; a new file is read once. Warm and cold starts alike (the worker keeps a warm S).
+/// Collection reads a staged input again only when the program changed it (otherwise every
+/// input is hashed twice, at staging and at collection). A 24 MiB input the program only reads
+/// costs no collection read; one it rewrites in place (same size, mtime put back) is read and
+/// returned as an artifact with its new digest; a new file is read once. Warm and cold starts
+/// alike (the worker keeps a warm S).
 #[tokio::test]
 async fn collection_reads_only_what_the_program_changed() {
     use rand::RngCore;

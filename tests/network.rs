@@ -78,7 +78,14 @@ impl External {
         // Wait until it listens.
         for _ in 0..100 {
             let probe = Command::new("ip")
-                .args(["netns", "exec", NETNS, "python3", "-c", &format!("import socket; socket.create_connection(('{SERVER}', 8080), timeout=0.2)")])
+                .args([
+                    "netns",
+                    "exec",
+                    NETNS,
+                    "python3",
+                    "-c",
+                    &format!("import socket; socket.create_connection(('{SERVER}', 8080), timeout=0.2)"),
+                ])
                 .stderr(Stdio::null())
                 .status()
                 .expect("probe");
@@ -93,7 +100,14 @@ impl External {
     /// Tries to connect from the external host to `address:port`; true when it connected.
     fn connects_to(&self, address: &str, port: u16) -> bool {
         Command::new("ip")
-            .args(["netns", "exec", NETNS, "python3", "-c", &format!("import socket; socket.create_connection(('{address}', {port}), timeout=2)")])
+            .args([
+                "netns",
+                "exec",
+                NETNS,
+                "python3",
+                "-c",
+                &format!("import socket; socket.create_connection(('{address}', {port}), timeout=2)"),
+            ])
             .stderr(Stdio::null())
             .status()
             .expect("connect")
@@ -137,12 +151,8 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     // out of the sandbox's reach anyway, this one only the firewall keeps it from.
     let host_listener = std::net::TcpListener::bind("0.0.0.0:0").expect("host listener");
     let open_port = host_listener.local_addr().expect("host listener address").port();
-    let ports = [
-        service_port(&world.config.amqp.url),
-        service_port(&world.config.redis.url),
-        service_port(&world.config.s3.endpoint),
-        open_port,
-    ];
+    let ports =
+        [service_port(&world.config.amqp.url), service_port(&world.config.redis.url), service_port(&world.config.s3.endpoint), open_port];
     let port_list = ports.map(|port| port.to_string()).join(", ");
     let code = format!(
         "import socket, time, urllib.request\n\
@@ -203,9 +213,9 @@ async fn outbound_works_inbound_and_the_host_do_not() {
     drop(external);
 }
 
-/// Thirteenth review R13-1: the firewall's blocked ranges cover more than private and
-/// link-local space: Azure's platform address (168.63.129.16, the WireServer), the IANA
-/// special-purpose ranges, and the ranges a site adds (`worker.blocked_ranges`). Each is given
+/// The firewall's blocked ranges cover more than private and link-local space: Azure's
+/// platform address (168.63.129.16, the WireServer, a pod's route to node credentials), the
+/// IANA special-purpose ranges, and the ranges a site adds (`worker.blocked_ranges`). Each is given
 /// to the test's netns here (host routes through its veth), so that only the firewall stands
 /// between a sandbox and a listener there; the netns' usual address is the control.
 #[tokio::test]
@@ -237,7 +247,8 @@ async fn cloud_platform_special_purpose_and_configured_ranges_are_unreachable() 
     for target in ["198.18.0.2"].iter().chain(targets.iter()) {
         let mut reached = false;
         for _ in 0..50 {
-            reached = std::net::TcpStream::connect_timeout(&format!("{target}:8081").parse().expect("address"), Duration::from_millis(200)).is_ok();
+            reached = std::net::TcpStream::connect_timeout(&format!("{target}:8081").parse().expect("address"), Duration::from_millis(200))
+                .is_ok();
             if reached {
                 break;
             }
@@ -247,7 +258,8 @@ async fn cloud_platform_special_purpose_and_configured_ranges_are_unreachable() 
     }
     let world = Isolated::new().await;
     let worker_id = format!("{}-w", world.namespace);
-    let mut worker = world.start_worker_ready(&worker_id, &[("SANDQ__WORKER__NAMESERVERS", SERVER), ("SANDQ__WORKER__BLOCKED_RANGES", "198.18.0.3")]);
+    let mut worker =
+        world.start_worker_ready(&worker_id, &[("SANDQ__WORKER__NAMESERVERS", SERVER), ("SANDQ__WORKER__BLOCKED_RANGES", "198.18.0.3")]);
     let mut client = world.client().await;
     let code = "import socket\n\
                 for target in ('198.18.0.2', '168.63.129.16', '192.0.0.170', '198.18.0.3'):\n\
@@ -269,9 +281,10 @@ async fn cloud_platform_special_purpose_and_configured_ranges_are_unreachable() 
     assert_eq!(result.stdout.text, "198.18.0.2 reached\n168.63.129.16 blocked\n192.0.0.170 blocked\n198.18.0.3 blocked\n");
 }
 
-/// Security review F4: no IPv6 for outbound sandboxes. The bridge has no IPv6 address for a
-/// sandbox to reach the host by, `ip6tables` drops whatever comes from the bridge, and the
-/// sandbox's own namespace has IPv6 off (no link-local address, nothing to send from).
+/// No IPv6 for outbound sandboxes, which would be a way to the host around the IPv4 policy:
+/// the bridge has no IPv6 address for a sandbox to reach the host by, `ip6tables` drops
+/// whatever comes from the bridge, and the sandbox's own namespace has IPv6 off (no link-local
+/// address, nothing to send from).
 #[tokio::test]
 async fn outbound_sandboxes_have_no_ipv6_path_to_the_host() {
     let _serial = SERIAL.lock().await;
@@ -333,11 +346,11 @@ impl Drop for HostRules {
     }
 }
 
-/// Third review R4: a host's own port-forwards and FORWARD rules do not open a way out of the
-/// policy. Like a Docker host with a published port (DNAT from the host's own address) and
-/// its FORWARD ACCEPT inserted at the top after the worker started (a restarted Docker): the
-/// sandbox reaches neither the forwarded port through the host's address, nor the private
-/// address the host forwards to; the test's public server stays reachable.
+/// A host's own port-forwards and FORWARD rules do not open a way out of the policy. Like a
+/// Docker host with a published port (DNAT from the host's own address) and its FORWARD ACCEPT
+/// inserted at the top after the worker started (a restarted Docker): the sandbox reaches
+/// neither the forwarded port through the host's address, nor the private address the host
+/// forwards to; the test's public server stays reachable.
 #[tokio::test]
 async fn host_port_forwards_and_later_forward_rules_do_not_open_the_policy() {
     let _serial = SERIAL.lock().await;
@@ -348,7 +361,14 @@ async fn host_port_forwards_and_later_forward_rules_do_not_open_the_policy() {
     let mut rules = HostRules(Vec::new());
     rules.add(&["ip", "route", "add", "172.31.254.2/32", "dev", "sqtx0"], &["ip", "route", "del", "172.31.254.2/32", "dev", "sqtx0"]);
     let mut private = Command::new("ip")
-        .args(["netns", "exec", NETNS, "python3", "-c", "import socket\ns = socket.socket(); s.bind(('172.31.254.2', 8081)); s.listen(8)\nwhile True: s.accept()[0].close()\n"])
+        .args([
+            "netns",
+            "exec",
+            NETNS,
+            "python3",
+            "-c",
+            "import socket\ns = socket.socket(); s.bind(('172.31.254.2', 8081)); s.listen(8)\nwhile True: s.accept()[0].close()\n",
+        ])
         .spawn()
         .expect("private listener");
     let world = Isolated::new().await;
@@ -390,9 +410,9 @@ async fn host_port_forwards_and_later_forward_rules_do_not_open_the_policy() {
     world.delete_queues().await;
 }
 
-/// Fourth review Q1: workers starting together on one host (and a host adding rules
-/// meanwhile) leave the policy's jumps first in FORWARD and raw PREROUTING, once each, and
-/// every rule of the host's in place.
+/// Workers starting together on one host (and a host adding rules meanwhile) leave the
+/// policy's jumps first in FORWARD and raw PREROUTING, once each, and every rule of the host's
+/// in place: set-ups that deleted rules by stale numbers once lost both.
 #[tokio::test]
 async fn workers_starting_together_keep_the_policy_and_the_hosts_rules() {
     let _serial = SERIAL.lock().await;
@@ -440,7 +460,11 @@ async fn workers_starting_together_keep_the_policy_and_the_hosts_rules() {
         for host in ["-A FORWARD -s 203.0.113.1/32 -j ACCEPT", "-A FORWARD -s 203.0.113.2/32 -j DROP"] {
             assert!(forward.iter().any(|r| r == host), "round {round}: the host's rule {host:?} is gone: {forward:#?}");
         }
-        assert_eq!(forward.iter().filter(|r| r.contains("203.0.113.9")).count(), 10 * (round + 1), "round {round}: a host rule was deleted");
+        assert_eq!(
+            forward.iter().filter(|r| r.contains("203.0.113.9")).count(),
+            10 * (round + 1),
+            "round {round}: a host rule was deleted"
+        );
         let raw = list("raw", "PREROUTING");
         assert_eq!(raw[0], "-A PREROUTING -i sandq0 -j SANDQ-RAW", "round {round}: {raw:#?}");
         assert_eq!(raw.iter().filter(|r| r.contains("SANDQ-RAW")).count(), 1);
@@ -541,8 +565,23 @@ impl PackageIndex {
             assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         };
         openssl(&[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=sandq test CA", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sandq test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
         ]);
         openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=pypi.sandq.test"]);
         std::fs::write(
@@ -552,8 +591,21 @@ impl PackageIndex {
         )
         .expect("server.ext");
         openssl(&[
-            "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "server.ext",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
         ]);
         let short = &uuid::Uuid::new_v4().simple().to_string()[..12];
         let name = format!("sandq-probe-{short}");
@@ -631,9 +683,9 @@ fn node_job(code: &str) -> sandq_schemas::JobSpec {
 
 /// The SHA-256 of a session's packages archive (`manifest.packages`), if it has one.
 async fn packages_blob(world: &Isolated, session: &str) -> Option<String> {
-    let s3 = sandq_submitter::storage::client(&world.config.s3);
+    let s3 = sandq_core::storage::client(&world.config.s3);
     let names = sandq_schemas::names::Names::new(world.namespace.clone());
-    let manifest = sandq_submitter::sessions::load(&s3, &world.config.s3.bucket, &names, session).await.expect("manifest");
+    let manifest = sandq_core::sessions::load(&s3, &world.config.s3.bucket, &names, session).await.expect("manifest");
     manifest.expect("the session exists").packages.map(|p| p.sha256)
 }
 
@@ -737,10 +789,8 @@ async fn pip_and_npm_install_from_an_https_index_the_worker_trusts() {
     // A job that replaces its packages tree with a link to /etc: the archive keeps the link as
     // a link, the next job's restore cannot extract it over the tree the worker made, and the
     // job runs anyway, with an empty user site (and nothing was written through the link).
-    let mut sabotage = python_job(
-        "import os, shutil\nshutil.rmtree('/sandq/packages/python')\nos.symlink('/etc', '/sandq/packages/python')\n",
-        Sku::S,
-    );
+    let mut sabotage =
+        python_job("import os, shutil\nshutil.rmtree('/sandq/packages/python')\nos.symlink('/etc', '/sandq/packages/python')\n", Sku::S);
     sabotage.session = Some(session.clone());
     sabotage.mode = Some(RunMode::Script);
     let result = sandq_tests::run(&mut client, &sabotage).await;
@@ -799,7 +849,11 @@ async fn without_the_ca_pip_install_fails_cleanly() {
     let js = format!("const {{ execSync }} = require('child_process');\nexecSync('npm install --fetch-retries=0 {name}', {{ stdio: ['ignore', 2, 2] }});\n");
     let result = sandq_tests::run(&mut client, &outbound(node_job(&js), RunMode::Script)).await;
     assert_eq!(result.status, JobStatus::Failed, "{}", result.stderr.text);
-    assert!(result.stderr.text.contains("UNABLE_TO_VERIFY_LEAF_SIGNATURE") || result.stderr.text.contains("unable to verify"), "{}", result.stderr.text);
+    assert!(
+        result.stderr.text.contains("UNABLE_TO_VERIFY_LEAF_SIGNATURE") || result.stderr.text.contains("unable to verify"),
+        "{}",
+        result.stderr.text
+    );
     let next = sandq_tests::run(&mut client, &python_job("print(6 * 7)", Sku::S)).await;
     assert_eq!(next.status, JobStatus::Succeeded, "{}", next.stderr.text);
     assert_eq!(next.stdout.text, "42\n");

@@ -42,7 +42,10 @@ async fn the_last_expression_comes_back_as_util_inspect_prints_it() {
     assert_eq!(result.outputs.len(), 1, "{:?}", result.outputs);
     assert_eq!(result.outputs[0].output_type, OutputType::ExecuteResult);
     // util.inspect's default depth is 2: the third level shows as [Object].
-    assert_eq!(plain(&result.outputs[0]), "{\n  a: 42,\n  items: [ 'x', 'y' ],\n  nested: { deeper: { deepest: [Object] } },\n  m: Map(1) { 1 => 'one' }\n}");
+    assert_eq!(
+        plain(&result.outputs[0]),
+        "{\n  a: 42,\n  items: [ 'x', 'y' ],\n  nested: { deeper: { deepest: [Object] } },\n  m: Map(1) { 1 => 'one' }\n}"
+    );
     assert!(result.error.is_none());
 
     // A string is shown quoted; a last statement whose value is undefined gives no result.
@@ -98,7 +101,11 @@ divide(10, 0);
     assert!(frames[1].contains("/sandq/main.js:7:"), "{frames:?}");
     assert_eq!(result.outputs.last().map(|o| o.output_type), Some(OutputType::Error));
     // stderr has what node prints: the line, then the stack.
-    assert!(result.stderr.text.contains("RangeError: cannot divide 10 by zero\n    at divide (/sandq/main.js:3:"), "{}", result.stderr.text);
+    assert!(
+        result.stderr.text.contains("RangeError: cannot divide 10 by zero\n    at divide (/sandq/main.js:3:"),
+        "{}",
+        result.stderr.text
+    );
     assert!(result.stderr.text.contains("if (b === 0) throw new RangeError"), "{}", result.stderr.text);
     assert!(!result.stderr.text.contains("sandq_runner"), "{}", result.stderr.text);
 
@@ -136,7 +143,8 @@ async fn an_unhandled_rejection_fails_the_job_after_the_result() {
     assert!(frames(error).first().is_some_and(|f| f.contains("later (/sandq/main.js:3:")), "{error:?}");
 
     // A user's own handler takes it, as in node: no error, the job succeeds.
-    let code = "process.on('unhandledRejection', (e) => console.log('handled', e.message));\nconst rejected = Promise.reject(new Error('x'));\n";
+    let code =
+        "process.on('unhandledRejection', (e) => console.log('handled', e.message));\nconst rejected = Promise.reject(new Error('x'));\n";
     let result = notebook(code).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     assert_eq!(result.stdout.text, "handled x\n");
@@ -145,7 +153,9 @@ async fn an_unhandled_rejection_fails_the_job_after_the_result() {
 
 #[tokio::test]
 async fn process_exit_ends_the_job_with_its_code_as_in_node() {
-    let mut spec = node_job("process.on('exit', (code) => console.log('exit', code));\nconsole.log(process.argv.slice(1));\nprocess.exit(3);\n'never'\n");
+    let mut spec = node_job(
+        "process.on('exit', (code) => console.log('exit', code));\nconsole.log(process.argv.slice(1));\nprocess.exit(3);\n'never'\n",
+    );
     spec.args = vec!["a b".into(), "c".into()];
     let mut client = client().await;
     let result = run(&mut client, &spec).await;

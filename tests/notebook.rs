@@ -18,11 +18,7 @@ fn png_size(bytes: &[u8]) -> (u32, u32) {
 }
 
 fn text<'a>(output: &'a Output, mime: &str) -> &'a str {
-    output
-        .data
-        .get(mime)
-        .and_then(|v: &MimeValue| v.text.as_deref())
-        .unwrap_or_else(|| panic!("no inline {mime} in {output:?}"))
+    output.data.get(mime).and_then(|v: &MimeValue| v.text.as_deref()).unwrap_or_else(|| panic!("no inline {mime} in {output:?}"))
 }
 
 async fn notebook(code: &str) -> JobResult {
@@ -32,7 +28,8 @@ async fn notebook(code: &str) -> JobResult {
 
 #[tokio::test]
 async fn a_cell_ending_with_a_dataframe_returns_html_and_markdown_with_its_shape() {
-    let code = "import pandas as pd\nprint('before')\ndf = pd.DataFrame({'a': [1, 2, 3], 'b': [4.5, 5.5, 6.5]}, index=['x', 'y', 'z'])\ndf\n";
+    let code =
+        "import pandas as pd\nprint('before')\ndf = pd.DataFrame({'a': [1, 2, 3], 'b': [4.5, 5.5, 6.5]}, index=['x', 'y', 'z'])\ndf\n";
     let result = notebook(code).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     assert_eq!(result.stdout.text, "before\n", "the value is not printed on stdout");
@@ -88,12 +85,16 @@ sns.histplot([1, 2, 2, 3, 3, 3])
 ";
     let result = notebook(code).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
-    let kinds: Vec<(OutputType, bool)> =
-        result.outputs.iter().map(|o| (o.output_type, o.data.contains_key("image/png"))).collect();
+    let kinds: Vec<(OutputType, bool)> = result.outputs.iter().map(|o| (o.output_type, o.data.contains_key("image/png"))).collect();
     // display('first'), the figure shown, the value 'last', then the figure left open at the end.
     assert_eq!(
         kinds,
-        [(OutputType::DisplayData, false), (OutputType::DisplayData, true), (OutputType::ExecuteResult, false), (OutputType::DisplayData, true)],
+        [
+            (OutputType::DisplayData, false),
+            (OutputType::DisplayData, true),
+            (OutputType::ExecuteResult, false),
+            (OutputType::DisplayData, true)
+        ],
         "{:?}",
         result.outputs
     );
@@ -185,7 +186,7 @@ async fn artifacts_have_presigned_urls_that_serve_their_bytes() {
     let url = artifact.url.as_ref().expect("presigned url");
     assert!(url.starts_with(&format!("{}/", service_config().s3.endpoint)), "{url}");
     let expires = artifact.url_expires_at_ms.expect("expiry");
-    let now = sandq_submitter::client::now_ms();
+    let now = sandq_core::time::now_ms();
     assert!(expires > now + 3_600_000 && expires <= now + 24 * 3_600_000 + 60_000, "default validity 24 h: {expires} vs {now}");
     let fetched = std::process::Command::new("curl").args(["-sS", "--fail", "--max-time", "10", url]).output().expect("curl");
     assert!(fetched.status.success(), "{}", String::from_utf8_lossy(&fetched.stderr));

@@ -2,7 +2,8 @@
 //! timeout, an OOM kill, a cancel or `process.exit` reaches the result in both Python modes and
 //! in Node.js, stderr too; a cell whose exception a magic caught (`%%time`, `%%capture`, `%run`)
 //! fails with it. Real worker, broker, Redis, Garage and containers; the reported inputs are
-//! `tests/reported/` (copies of `../shared/cases/reported/`), run as they are.
+//! `tests/reported/` (programs users reported, with the right behaviour at the top of each), run
+//! as they are.
 
 use std::time::Duration;
 
@@ -164,11 +165,9 @@ async fn a_cell_under_time_that_raises_fails_like_without_the_magic() {
 async fn capture_run_and_line_magics_do_not_hide_an_error() {
     same_failure("print('x')\n{}['missing']\n", "%%capture out\nprint('x')\n{}['missing']\n").await;
     same_failure("1 / 0\n", "%time 1 / 0\n").await;
-    let (_, run_magic) = same_failure(
-        "raise ValueError('bad input')\n",
-        "open('step.py', 'w').write(\"raise ValueError('bad input')\\n\")\n%run step.py\n",
-    )
-    .await;
+    let (_, run_magic) =
+        same_failure("raise ValueError('bad input')\n", "open('step.py', 'w').write(\"raise ValueError('bad input')\\n\")\n%run step.py\n")
+            .await;
     assert_eq!(run_magic.error.expect("error").name, "ValueError");
 
     // A display formatter that raised: the shell showed its traceback, so the job failed.
@@ -184,6 +183,7 @@ async fn capture_run_and_line_magics_do_not_hide_an_error() {
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     assert!(result.stdout.text.contains("Wall time"), "{}", result.stdout.text);
     // %run of a script ending with sys.exit(0) is not a failure.
-    let result = run(&mut client, &python_job("open('ok.py', 'w').write('import sys\\nprint(1)\\nsys.exit(0)\\n')\n%run ok.py\n", Sku::S)).await;
+    let result =
+        run(&mut client, &python_job("open('ok.py', 'w').write('import sys\\nprint(1)\\nsys.exit(0)\\n')\n%run ok.py\n", Sku::S)).await;
     assert_eq!((result.status, result.exit_code), (JobStatus::Succeeded, Some(0)), "{result:?}");
 }

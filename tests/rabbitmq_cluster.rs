@@ -24,9 +24,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sandq_client::Client;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Sku};
-use sandq_submitter::Client;
 use sandq_tests::cluster::RabbitCluster;
 use sandq_tests::{exits_within, isolated_worker_log, python_job, Isolated};
 
@@ -154,7 +154,10 @@ async fn jobs_survive_a_node_stop_and_the_queue_leaders_stop() {
     assert_eq!(members, vec![0, 1, 2], "{queue} lost a replica");
     submit_range(&mut client, 10..14, &mut jobs).await;
     wait_any_running(&mut client, &jobs[10..], &log).await;
-    eprintln!("stopping node {} (the leader of {queue}; the worker is on {})", cluster.nodes[leader].name, cluster.nodes[worker_on[0]].name);
+    eprintln!(
+        "stopping node {} (the leader of {queue}; the worker is on {})",
+        cluster.nodes[leader].name, cluster.nodes[worker_on[0]].name
+    );
     let consuming = log().matches("consuming").count();
     let c = cluster.clone();
     blocking(move || c.stop_node(leader)).await;
@@ -177,17 +180,24 @@ async fn jobs_survive_a_node_stop_and_the_queue_leaders_stop() {
     rotated.amqp.urls = (0..3).map(|k| urls[(frozen + k) % 3].clone()).collect();
     rotated.amqp.confirm_timeout = Duration::from_secs(5);
     let mut hung_client = Client::connect(rotated).await.expect("client on the node to freeze");
-    eprintln!("freezing node {} (a client's; the worker is on {}, the leader on {})", cluster.nodes[frozen].name, cluster.nodes[worker_node].name, cluster.nodes[leader_now].name);
+    eprintln!(
+        "freezing node {} (a client's; the worker is on {}, the leader on {})",
+        cluster.nodes[frozen].name, cluster.nodes[worker_node].name, cluster.nodes[leader_now].name
+    );
     // (Should a submit panic, the cluster's drop resumes the node before stopping it.)
     cluster.freeze_node(frozen);
     let frozen_at = Instant::now();
     submit_range(&mut hung_client, 18..20, &mut jobs).await;
     let submitted_in = frozen_at.elapsed();
     cluster.thaw_node(frozen);
-    eprintln!("the 2 submissions to the frozen node's client returned after {submitted_in:?}; node resumed at {} ms since the epoch", sandq_submitter::client::now_ms());
+    eprintln!(
+        "the 2 submissions to the frozen node's client returned after {submitted_in:?}; node resumed at {} ms since the epoch",
+        sandq_core::time::now_ms()
+    );
 
     // Every job: one terminal result, the right one.
-    let mut redis = redis::Client::open(world.config.redis.url.as_str()).expect("redis url").get_multiplexed_async_connection().await.expect("redis");
+    let mut redis =
+        redis::Client::open(world.config.redis.url.as_str()).expect("redis url").get_multiplexed_async_connection().await.expect("redis");
     let started = Instant::now();
     for (i, id) in &jobs {
         let result = loop {

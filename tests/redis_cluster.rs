@@ -14,10 +14,11 @@
 
 use std::time::Duration;
 
+use sandq_client::Client;
+use sandq_core::redis_conn::RedisConn;
+use sandq_core::results;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Sku};
-use sandq_submitter::redis_conn::RedisConn;
-use sandq_submitter::{results, Client};
 use sandq_tests::{
     dead_letter_count, exits_within, isolated_worker_log, poll_until, python_job, ready_messages, redis_cli, redis_cluster_bus_port,
     redis_cluster_port, Isolated, RedisCluster, RedisSentinels,
@@ -41,11 +42,11 @@ fn expected_stdout(i: u64) -> String {
 
 /// Worker settings: SKU S small and 2 slots (as the harness's shared worker, but two jobs at
 /// once), Redis as `redis` says, results waited for on one replica.
-fn worker_env(redis: &sandq_submitter::config::RedisConfig) -> Vec<(&'static str, String)> {
+fn worker_env(redis: &sandq_core::config::RedisConfig) -> Vec<(&'static str, String)> {
     let mode = match redis.mode {
-        sandq_submitter::config::RedisMode::Single => "single",
-        sandq_submitter::config::RedisMode::Cluster => "cluster",
-        sandq_submitter::config::RedisMode::Sentinel => "sentinel",
+        sandq_core::config::RedisMode::Single => "single",
+        sandq_core::config::RedisMode::Cluster => "cluster",
+        sandq_core::config::RedisMode::Sentinel => "sentinel",
     };
     vec![
         ("SANDQ__REDIS__MODE", mode.to_owned()),
@@ -145,11 +146,10 @@ async fn jobs_survive_a_redis_cluster_primary_failover() {
     let names = Names::new(world.namespace.clone());
     let (primary, replica) = cluster.primary_and_replica_of(&names.job_key(&victim));
     cluster.fleet.kill(primary);
-    let promoted = tokio::task::spawn_blocking(move || {
-        poll_until(Duration::from_secs(60), || redis_cli(replica, &["role"]).starts_with("master"))
-    })
-    .await
-    .expect("poll");
+    let promoted =
+        tokio::task::spawn_blocking(move || poll_until(Duration::from_secs(60), || redis_cli(replica, &["role"]).starts_with("master")))
+            .await
+            .expect("poll");
     assert!(promoted, "replica {replica} of {primary} not promoted: {}", cluster.fleet.log(replica));
 
     wait_terminal(&mut client, &ids, ids.len(), Duration::from_secs(300), log).await;

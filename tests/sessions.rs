@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use sandq_core::storage;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Sku};
-use sandq_submitter::storage;
 use sandq_tests::{client, exits_within, namespace, python_job, run, service_config, wait, Isolated};
 
 fn session_job(code: &str, session: &str) -> JobSpec {
@@ -41,7 +41,14 @@ async fn files_persist_within_a_session_and_never_reach_another() {
     // (the cell's `os`).
     assert_eq!(session_objects(&names, &a).await.len(), 5);
 
-    let second = run(&mut client, &session_job("print(open('notes.txt').read())\nimport os\nprint(sorted(os.listdir('sub')))\nprint(open('100% résumé?+&.txt').read())\n", &a)).await;
+    let second = run(
+        &mut client,
+        &session_job(
+            "print(open('notes.txt').read())\nimport os\nprint(sorted(os.listdir('sub')))\nprint(open('100% résumé?+&.txt').read())\n",
+            &a,
+        ),
+    )
+    .await;
     assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
     assert_eq!(second.stdout.text, format!("{token}\n['copy.txt', 'same.txt']\nodd\n"));
     let info = second.session.as_ref().expect("session info");
@@ -56,7 +63,11 @@ async fn files_persist_within_a_session_and_never_reach_another() {
     assert_eq!(plain.stdout.text, "[]\n", "a job without a session sees nothing");
 
     // Deleting a file in a job deletes it from the session (and its blob once unreferenced).
-    let third = run(&mut client, &session_job("import os\nos.remove('notes.txt')\nos.remove('sub/copy.txt')\nos.remove('100% résumé?+&.txt')\n", &a)).await;
+    let third = run(
+        &mut client,
+        &session_job("import os\nos.remove('notes.txt')\nos.remove('sub/copy.txt')\nos.remove('100% résumé?+&.txt')\n", &a),
+    )
+    .await;
     let info = third.session.as_ref().expect("session info");
     assert_eq!((info.deleted_files, info.files), (3, 1), "{info:?}");
     let objects = session_objects(&names, &a).await;
@@ -137,13 +148,21 @@ async fn an_input_wins_over_a_clashing_session_file() {
     let session = unique("clash");
     // keep2.txt is a hard link to keep.txt: on the job's own /work filesystem it can only join
     // the job's own files, so both are saved.
-    let first = run(&mut client, &session_job("import os\nopen('data', 'w').write('old')\nopen('keep.txt', 'w').write('kept')\nos.link('keep.txt', 'keep2.txt')\n", &session)).await;
+    let first = run(
+        &mut client,
+        &session_job(
+            "import os\nopen('data', 'w').write('old')\nopen('keep.txt', 'w').write('kept')\nos.link('keep.txt', 'keep2.txt')\n",
+            &session,
+        ),
+    )
+    .await;
     assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
     let dir = tempfile::tempdir().expect("tempdir");
     let local = dir.path().join("x.csv");
     std::fs::write(&local, "a,b\n1,2\n").expect("write");
     let input = client.upload(&local, "data/x.csv").await.expect("upload");
-    let mut spec = session_job("print(open('data/x.csv').read(), end='')\nprint(open('keep.txt').read(), open('keep2.txt').read())\n", &session);
+    let mut spec =
+        session_job("print(open('data/x.csv').read(), end='')\nprint(open('keep.txt').read(), open('keep2.txt').read())\n", &session);
     spec.inputs = vec![input];
     let second = run(&mut client, &spec).await;
     assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
@@ -179,7 +198,9 @@ async fn notebook_variables_persist_across_the_jobs_of_a_session() {
     let unsaved: Vec<(&str, &str)> = state.unsaved.iter().map(|u| (u.name.as_str(), u.reason.as_str())).collect();
     assert_eq!(unsaved, [("f", "an open file cannot be saved"), ("g", "TypeError: cannot pickle 'generator' object")]);
 
-    let second = run(&mut client, &session_job("x += 1\nprint(x, int(df.b.sum()), p.norm(), double(21), type(p).__name__)\nq = Point(6, 8)\n", &s)).await;
+    let second =
+        run(&mut client, &session_job("x += 1\nprint(x, int(df.b.sum()), p.norm(), double(21), type(p).__name__)\nq = Point(6, 8)\n", &s))
+            .await;
     assert_eq!(second.status, JobStatus::Succeeded, "{}", second.stderr.text);
     assert_eq!(second.stdout.text, "2 6 5.0 42 Point\n");
     assert_eq!(second.execution_count, Some(2));

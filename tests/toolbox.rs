@@ -1,6 +1,6 @@
 //! The sandbox image's toolbox (issue 9, section 3): every Python module and npm package that
 //! `docs/sandbox-image.md` lists imports in the image at the version the doc states, and the
-//! reported inputs of `tests/reported/` (copies of `../shared/cases/reported/`) give their right
+//! reported inputs of `tests/reported/` (programs users reported) give their right
 //! behaviour through a real worker: `df.style`, Markdown to PDF, CJK chart labels, `.xls`
 //! uploads, npm packages, and the artifact cap after unzipping an upload.
 
@@ -42,8 +42,26 @@ async fn every_documented_package_imports_at_its_documented_version() {
     let node: Vec<_> = rows.iter().filter(|r| r.0 == "node").collect();
     // The issue's list, at least (an assistant's toolbox).
     for name in [
-        "jinja2", "markdown", "weasyprint", "reportlab", "fpdf", "sympy", "tabulate", "tqdm", "xlrd", "pyarrow", "networkx",
-        "skimage", "cv2", "nltk", "imageio", "xarray", "aiohttp", "pytz", "joblib", "soundfile",
+        "jinja2",
+        "markdown",
+        "weasyprint",
+        "reportlab",
+        "fpdf",
+        "sympy",
+        "tabulate",
+        "tqdm",
+        "xlrd",
+        "pyarrow",
+        "networkx",
+        "skimage",
+        "cv2",
+        "nltk",
+        "imageio",
+        "xarray",
+        "aiohttp",
+        "pytz",
+        "joblib",
+        "soundfile",
     ] {
         assert!(python.iter().any(|r| r.1 == name), "{name} is not in the doc's table");
     }
@@ -109,7 +127,7 @@ async fn a_styler_renders_as_html() {
     assert!(html.contains("background-color: gold"), "{html}");
 }
 
-async fn upload(client: &sandq_submitter::Client, local: &Path, name: &str) -> sandq_schemas::InputFile {
+async fn upload(client: &sandq_client::Client, local: &Path, name: &str) -> sandq_schemas::InputFile {
     client.upload(local, name).await.unwrap_or_else(|e| panic!("upload {name}: {e}"))
 }
 
@@ -188,7 +206,8 @@ async fn the_requested_summary_survives_the_artifact_cap_after_an_unzip() {
     let result = run(&mut client, &spec).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     assert_eq!(result.stdout.text, "150 files\n");
-    let summary = result.artifacts.iter().find(|a| a.path == "summary.csv").unwrap_or_else(|| panic!("no summary.csv: {:?}", result.artifacts));
+    let summary =
+        result.artifacts.iter().find(|a| a.path == "summary.csv").unwrap_or_else(|| panic!("no summary.csv: {:?}", result.artifacts));
     let local = client.download_artifact(summary, dir.path()).await.expect("download");
     let (a, b): (u64, u64) = ((0..150).sum(), (0..150).map(|i| 2 * i).sum());
     assert_eq!(std::fs::read_to_string(local).expect("summary"), format!(",0\na,{a}\nb,{b}\n"));
@@ -196,7 +215,11 @@ async fn the_requested_summary_survives_the_artifact_cap_after_an_unzip() {
     let extracted = result.artifacts.iter().filter(|a| a.path.starts_with("extracted/")).count();
     assert!(extracted < 150, "{extracted} extracted files collected");
     assert_eq!(result.skipped_artifacts_total as usize, 150 - extracted, "{:?}", result.skipped_artifacts);
-    assert!(result.skipped_artifacts.iter().all(|s| s.path.starts_with("extracted/") && s.reason == "too_many"), "{:?}", result.skipped_artifacts);
+    assert!(
+        result.skipped_artifacts.iter().all(|s| s.path.starts_with("extracted/") && s.reason == "too_many"),
+        "{:?}",
+        result.skipped_artifacts
+    );
 }
 
 #[tokio::test]

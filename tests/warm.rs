@@ -1,14 +1,15 @@
-//! Warm sandboxes (issue 8 part 1): a job handed a warm sandbox gives the same result, and
-//! sees the same sandbox, as one that starts cold; a warm sandbox serves one job only; and a
-//! worker killed with SIGKILL while warm sandboxes wait leaves nothing behind after restart.
-//! Workers of their own (an isolated namespace each), one with warm sandboxes, one without.
+//! Warm sandboxes (issue 8 part 1): a job handed a warm sandbox gives the same result, sees the
+//! same sandbox and gets the same memory and CPUs of its own as one that starts cold; a warm
+//! sandbox serves one job only; and a worker killed with SIGKILL while warm sandboxes wait
+//! leaves nothing behind after restart. Workers of their own (an isolated namespace each), one
+//! with warm sandboxes, one without.
 
 use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use sandq_client::Client;
 use sandq_schemas::{JobResult, JobSpec, JobStatus, OutputType, Sku};
-use sandq_submitter::Client;
 use sandq_tests::{exits_within, isolated_worker_log, python_job, run, Isolated};
 
 /// What a program can observe of its sandbox, as JSON: environment (less the job id), ids,
@@ -44,7 +45,10 @@ print(json.dumps(info, sort_keys=True))
 "#;
 
 fn figure_job() -> JobSpec {
-    python_job("import matplotlib.pyplot as plt\ndisplay('first')\nplt.figure(figsize=(2, 1))\nplt.plot([1, 2])\nplt.show()\n'last'\n", Sku::S)
+    python_job(
+        "import matplotlib.pyplot as plt\ndisplay('first')\nplt.figure(figsize=(2, 1))\nplt.plot([1, 2])\nplt.show()\n'last'\n",
+        Sku::S,
+    )
 }
 
 fn probe_job() -> JobSpec {
@@ -123,9 +127,16 @@ async fn a_warm_sandbox_serves_one_job_only() {
     let id = format!("{}-one", world.namespace);
     let worker = world.start_worker_ready(&id, &[("SANDQ__WARM__PER_SKU", "1")]);
     let mut client = world.client().await;
-    let first = run_until(&mut client, || python_job("open('/tmp/left', 'w').write('x')\nopen('/work/left', 'w').write('x')\nprint('first')", Sku::S), true).await;
+    let first = run_until(
+        &mut client,
+        || python_job("open('/tmp/left', 'w').write('x')\nopen('/work/left', 'w').write('x')\nprint('first')", Sku::S),
+        true,
+    )
+    .await;
     assert_eq!(first.stdout.text, "first\n");
-    let second = run_until(&mut client, || python_job("import os\nprint(os.path.exists('/tmp/left'), os.path.exists('/work/left'))", Sku::S), true).await;
+    let second =
+        run_until(&mut client, || python_job("import os\nprint(os.path.exists('/tmp/left'), os.path.exists('/work/left'))", Sku::S), true)
+            .await;
     assert_eq!(second.stdout.text, "False False\n", "the second job saw the first one's files");
     let log = isolated_worker_log(&id);
     let (a, b) = (
@@ -218,7 +229,12 @@ async fn a_warm_node_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
     assert_eq!(w["env"]["USER_VAR"], "x=y");
     assert_eq!(w["stdin"], "from stdin\n");
     assert_eq!(w["cwd"], "/work");
-    let value = |r: &JobResult| r.outputs.iter().find(|o| o.output_type == OutputType::ExecuteResult).and_then(|o| o.data.get("text/plain").and_then(|v| v.text.clone()));
+    let value = |r: &JobResult| {
+        r.outputs
+            .iter()
+            .find(|o| o.output_type == OutputType::ExecuteResult)
+            .and_then(|o| o.data.get("text/plain").and_then(|v| v.text.clone()))
+    };
     assert_eq!(value(&warm).as_deref(), Some("42"));
     assert_eq!(value(&warm), value(&cold));
     // The same error, pointing at the user's lines.
@@ -348,10 +364,10 @@ async fn a_warm_sandbox_yields_the_cpu_until_its_job_arrives() {
     world.delete_queues().await;
 }
 
-/// Fifth review P2: a waiting warm sandbox holds no CPUs, and the job handed to it is pinned to
-/// CPUs of its own: beside a cold job it runs on other CPUs (on a host with two or more). With
-/// both runtimes' pools of S and M waiting on two CPUs, pins taken at warm-up put the cold S job
-/// on the warm S sandbox's CPU.
+/// A waiting warm sandbox holds no CPUs, and the job handed to it is pinned to CPUs of its own:
+/// beside a cold job it runs on other CPUs (on a host with two or more), so two running jobs
+/// never share CPUs. With both runtimes' pools of S and M waiting on two CPUs, pins taken at
+/// warm-up would put the cold S job on the warm S sandbox's CPU.
 #[tokio::test]
 async fn a_warm_start_and_a_cold_one_get_cpus_of_their_own() {
     if sandq_tests::host_cpus() < 2 {
@@ -362,7 +378,13 @@ async fn a_warm_start_and_a_cold_one_get_cpus_of_their_own() {
     let id = format!("{}-pins", world.namespace);
     let worker = world.start_worker_ready(
         &id,
-        &[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__SKUS__S__SLOTS", "2"), ("SANDQ__SKUS__S__CPUS", "1"), ("SANDQ__SKUS__S__MEMORY_BYTES", "1073741824"), ("SANDQ__WORKER__CAPACITY_CPUS", "2")],
+        &[
+            ("SANDQ__WARM__PER_SKU", "1"),
+            ("SANDQ__SKUS__S__SLOTS", "2"),
+            ("SANDQ__SKUS__S__CPUS", "1"),
+            ("SANDQ__SKUS__S__MEMORY_BYTES", "1073741824"),
+            ("SANDQ__WORKER__CAPACITY_CPUS", "2"),
+        ],
     );
     let mut client = world.client().await;
     let code = "import time\nprint(next(l for l in open('/proc/self/status') if l.startswith('Cpus_allowed_list')).split()[1])\n\
@@ -386,5 +408,44 @@ async fn a_warm_start_and_a_cold_one_get_cpus_of_their_own() {
         assert!(Instant::now() < deadline, "no warm start beside a cold one");
     }
     stop(worker);
+    world.delete_queues().await;
+}
+
+/// A warm sandbox has the same limits as a cold one (docs/protocol.md, Warm starts): the
+/// warm-up's preload (numpy, pandas, matplotlib: about 100 MiB resident) sits in the job's
+/// memory cgroup, so a job that fits its SKU's memory cold must not be OOM-killed warm; at
+/// handover the limit grows by what the warm-up holds. (`tests/warm/warm_usage.sh` compares the
+/// `usage` a warm and a cold start report, by hand.)
+#[tokio::test]
+async fn a_warm_start_leaves_the_job_the_memory_of_a_cold_one() {
+    let world = Isolated::new().await;
+    // Set after worker_env's `0` (the later value of a variable wins).
+    let env = sandq_tests::small_worker_env(&[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__RUNTIMES", "python")]);
+    let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env);
+    let mut client = world.client().await;
+    // 440 MiB touched, of S's 512 MiB (memory + swap): what a cold start leaves a cell.
+    let job = |cold: bool| {
+        let mut spec =
+            python_job("b = bytearray(440 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint(len(b) >> 20)\n", Sku::S);
+        if cold {
+            // Read by the interpreter at start-up: such a job always starts cold.
+            spec.env.insert("TZ".into(), "UTC".into());
+        }
+        spec
+    };
+    let cold = run_until(&mut client, || job(true), false).await;
+    assert_eq!((cold.status, cold.stdout.text.as_str()), (JobStatus::Succeeded, "440\n"), "{:?}", cold.reason);
+    let warm = run_until(&mut client, || job(false), true).await;
+    assert_eq!(
+        (warm.status, warm.stdout.text.as_str()),
+        (JobStatus::Succeeded, "440\n"),
+        "the same job cold: succeeded (peak {:?}); warm: {:?} ({:?}, peak {:?})",
+        cold.usage.map(|u| u.peak_memory_bytes),
+        warm.status,
+        warm.reason,
+        warm.usage.map(|u| u.peak_memory_bytes)
+    );
+    drop(worker.stdin.take());
+    assert!(exits_within(&mut worker, Duration::from_secs(60)));
     world.delete_queues().await;
 }

@@ -20,8 +20,9 @@ import redis
 SCHEMA_VERSION = 1
 TERMINAL = {"succeeded", "failed", "timed_out", "oom_killed", "rejected", "cancelled", "expired", "internal_error"}
 
-# The compare-and-set script of docs/protocol.md ("Writing a status").
-CAS_SCRIPT = """
+# The compare-and-set script of docs/protocol.md ("Writing a status"): schemas/protocol/cas.lua,
+# byte for byte (Rust test: every_copy_of_the_cas_script_is_cas_lua). Edit that file, then this.
+CAS_SCRIPT = """\
 local function rank(s)
   if not s then return 0 end
   if s == 'queued' then return 1 end

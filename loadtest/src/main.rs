@@ -21,13 +21,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use sandq_client::Client;
+use sandq_core::config::{self, ServiceConfig};
+use sandq_core::time::now_ms;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Runtime, Sku};
-use sandq_submitter::client::now_ms;
-use sandq_submitter::config::{self, ServiceConfig};
-use sandq_submitter::Client;
 
 mod plot;
+mod report;
 mod throughput;
 
 /// Load runs against real sandq workers: the chaos run (no subcommand) or a throughput run.
@@ -124,7 +125,8 @@ impl OwnRedis {
             .context("redis-server")?;
         self.child = Some(child);
         for _ in 0..100 {
-            if Command::new("redis-cli").args(["-p", &self.port.to_string(), "ping"]).output().is_ok_and(|o| o.stdout.starts_with(b"PONG")) {
+            if Command::new("redis-cli").args(["-p", &self.port.to_string(), "ping"]).output().is_ok_and(|o| o.stdout.starts_with(b"PONG"))
+            {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -190,15 +192,18 @@ fn job(n: usize, namespace: &str) -> JobSpec {
 }
 
 async fn dead_letter_count(config: &ServiceConfig) -> anyhow::Result<usize> {
-    let connection = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
+    let connection = sandq_core::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
     let channel = connection.create_channel().await?;
-    Ok(sandq_submitter::topology::dead_letter_count(&channel, &Names::new(config.namespace.clone())).await? as usize)
+    Ok(sandq_core::topology::dead_letter_count(&channel, &Names::new(config.namespace.clone())).await? as usize)
 }
 
 async fn delete_queues(config: &ServiceConfig) {
-    let Ok((connection, _)) = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await else { return };
+    let Ok((connection, _)) = sandq_core::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await
+    else {
+        return;
+    };
     let Ok(channel) = connection.create_channel().await else { return };
-    let _ = sandq_submitter::topology::delete_queues(&channel, &Names::new(config.namespace.clone())).await;
+    let _ = sandq_core::topology::delete_queues(&channel, &Names::new(config.namespace.clone())).await;
 }
 
 #[tokio::main]

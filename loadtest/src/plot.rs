@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::throughput::Report;
+use crate::report::Report;
 
 const SIZE: (u32, u32) = (900, 560);
 
@@ -16,11 +16,15 @@ const SIZE: (u32, u32) = (900, 560);
 /// When the bytes are not a font.
 pub fn register_font(font: Vec<u8>) -> anyhow::Result<()> {
     let bytes: &'static [u8] = Box::leak(font.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| anyhow::anyhow!("the plot font is not a TrueType font"))
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow::anyhow!("the plot font is not a TrueType font"))
 }
 
 fn title(report: &Report) -> String {
-    format!("{} x {:?} ({}, SKU {}), {}, {} worker(s), {} build", report.jobs, report.code, report.mode, report.sku, report.load, report.workers, report.build)
+    format!(
+        "{} x {:?} ({}, SKU {}), {}, {} worker(s), {} build",
+        report.jobs, report.code, report.mode, report.sku, report.load, report.workers, report.build
+    )
 }
 
 /// Histogram of submitted -> finished latencies (ms), with p50 and p99 marked.
@@ -45,7 +49,13 @@ pub fn latency_histogram(path: &Path, latencies: &[u64], report: &Report) -> any
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(0f64..x_end, 0u32..top + top / 10 + 1)?;
-    chart.configure_mesh().x_label_formatter(&|v| format!("{v:.0}")).x_desc("submitted -> finished (ms)").y_desc("jobs").label_style(("sans-serif", 14)).draw()?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .x_desc("submitted -> finished (ms)")
+        .y_desc("jobs")
+        .label_style(("sans-serif", 14))
+        .draw()?;
     chart.draw_series(counts.iter().enumerate().map(|(i, &c)| {
         let x0 = i as f64 * width as f64;
         Rectangle::new([(x0, 0), (x0 + width as f64, c)], BLUE.mix(0.6).filled())
@@ -106,7 +116,13 @@ pub fn throughput(path: &Path, submitted: &[u64], finished: &[u64], depth: &[(u6
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(0f64..seconds as f64, 0u32..deepest + deepest / 10 + 1)?;
-    chart.configure_mesh().x_label_formatter(&|v| format!("{v:.0}")).x_desc("seconds since the start").y_desc("queue depth").label_style(("sans-serif", 14)).draw()?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .x_desc("seconds since the start")
+        .y_desc("queue depth")
+        .label_style(("sans-serif", 14))
+        .draw()?;
     chart.draw_series(LineSeries::new(depth.iter().map(|&(t, d)| (t as f64 / 1000.0, d)), RED.stroke_width(2)))?;
     root.present().with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())

@@ -18,13 +18,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use sandq_client::Client;
+use sandq_core::config::{self, ServiceConfig};
+use sandq_core::time::now_ms;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobResult, JobSpec, RunMode, Runtime, Sku};
-use sandq_submitter::client::now_ms;
-use sandq_submitter::config::{self, ServiceConfig};
-use sandq_submitter::Client;
 
 use crate::plot;
+use crate::report::{Percentiles, Report};
 
 /// Options of a throughput run.
 #[derive(Debug, clap::Args)]
@@ -97,75 +98,6 @@ pub struct JobTimes {
     pub warm: Option<bool>,
 }
 
-/// Percentiles of one latency, milliseconds (nearest rank).
-#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
-pub struct Percentiles {
-    /// Median.
-    pub p50: u64,
-    /// 90th percentile.
-    pub p90: u64,
-    /// 99th percentile.
-    pub p99: u64,
-    /// Largest.
-    pub max: u64,
-    /// Mean.
-    pub mean: f64,
-}
-
-impl Percentiles {
-    fn of(mut values: Vec<u64>) -> Self {
-        if values.is_empty() {
-            return Percentiles::default();
-        }
-        values.sort_unstable();
-        let rank = |p: f64| values[((p / 100.0 * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1];
-        Percentiles {
-            p50: rank(50.0),
-            p90: rank(90.0),
-            p99: rank(99.0),
-            max: values[values.len() - 1],
-            mean: values.iter().sum::<u64>() as f64 / values.len() as f64,
-        }
-    }
-}
-
-/// The summary of a run (`report.json`).
-#[derive(Debug, serde::Serialize)]
-pub struct Report {
-    /// `rate 10/s` or `concurrency 4`.
-    pub load: String,
-    /// Jobs submitted.
-    pub jobs: usize,
-    /// The program, its mode and SKU.
-    pub code: String,
-    /// `notebook` or `script`.
-    pub mode: String,
-    /// The SKU.
-    pub sku: String,
-    /// Workers started by the run (0: existing ones).
-    pub workers: usize,
-    /// `debug` or `release`: how this binary (and the workers beside it) was built.
-    pub build: &'static str,
-    /// Terminal statuses.
-    pub statuses: BTreeMap<String, usize>,
-    /// Jobs without a terminal result at the end.
-    pub unfinished: usize,
-    /// First submission to last finish, seconds.
-    pub seconds: f64,
-    /// Finished jobs per second over that span.
-    pub jobs_per_second: f64,
-    /// `finished_at_ms - queued_at_ms`.
-    pub submitted_to_finished_ms: Percentiles,
-    /// `started_at_ms - queued_at_ms`.
-    pub queue_wait_ms: Percentiles,
-    /// `usage.wall_ms`.
-    pub run_ms: Percentiles,
-    /// Jobs handed a warm sandbox.
-    pub warm_starts: usize,
-    /// Largest queue depth sampled.
-    pub max_queue_depth: u32,
-}
-
 fn times(result: &JobResult, submitted_ms: u64) -> JobTimes {
     JobTimes {
         job_id: result.job_id.clone(),
@@ -226,8 +158,14 @@ fn spec(args: &ThroughputArgs, namespace: &str, n: usize) -> JobSpec {
 }
 
 /// Samples the queue depth every `every` until `stop`; (ms since `t0`, ready messages).
-async fn sample_depth(config: ServiceConfig, sku: Sku, every: Duration, t0_ms: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<(u64, u32)>> {
-    let connection = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
+async fn sample_depth(
+    config: ServiceConfig,
+    sku: Sku,
+    every: Duration,
+    t0_ms: u64,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Vec<(u64, u32)>> {
+    let connection = sandq_core::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
     let channel = connection.create_channel().await?;
     let queue = Names::new(config.namespace.clone()).jobs_queue(sku);
     let mut samples = Vec::new();
@@ -270,7 +208,15 @@ async fn run_concurrency(args: &ThroughputArgs, config: &ServiceConfig, lanes: u
                     Ok(result) => done.push(times(&result, submitted)),
                     Err(e) => {
                         eprintln!("job {}: {e}", spec.job_id);
-                        done.push(JobTimes { job_id: spec.job_id, status: "unfinished".into(), submitted_ms: submitted, started_ms: None, finished_ms: None, run_ms: None, warm: None });
+                        done.push(JobTimes {
+                            job_id: spec.job_id,
+                            status: "unfinished".into(),
+                            submitted_ms: submitted,
+                            started_ms: None,
+                            finished_ms: None,
+                            run_ms: None,
+                            warm: None,
+                        });
                     }
                 }
             }
@@ -309,7 +255,15 @@ async fn run_rate(args: &ThroughputArgs, config: &ServiceConfig, rate: f64, dead
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for (id, at) in pending {
-        done.push(JobTimes { job_id: id, status: "unfinished".into(), submitted_ms: at, started_ms: None, finished_ms: None, run_ms: None, warm: None });
+        done.push(JobTimes {
+            job_id: id,
+            status: "unfinished".into(),
+            submitted_ms: at,
+            started_ms: None,
+            finished_ms: None,
+            run_ms: None,
+            warm: None,
+        });
     }
     Ok(done)
 }
@@ -348,7 +302,11 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     for i in 0..args.workers {
         let mut env = env.clone();
         if !env.iter().any(|(k, _)| k == base_setting) {
-            let own = u32::try_from(i).ok().and_then(|i| i.checked_mul(USERNS_BLOCK * 65_536)).and_then(|o| base.checked_add(o)).context("too many workers for the id space")?;
+            let own = u32::try_from(i)
+                .ok()
+                .and_then(|i| i.checked_mul(USERNS_BLOCK * 65_536))
+                .and_then(|o| base.checked_add(o))
+                .context("too many workers for the id space")?;
             env.push((base_setting.to_owned(), own.to_string()));
         }
         workers.push(spawn_worker(&bin_dir, &config, &format!("{}-w{i}", config.namespace), &env)?);
@@ -390,9 +348,10 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     }
     remove_worker_dirs(&config.namespace, args.workers);
     if own_namespace {
-        if let Ok((connection, _)) = sandq_submitter::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await {
+        if let Ok((connection, _)) = sandq_core::broker::connect(&config.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await
+        {
             if let Ok(channel) = connection.create_channel().await {
-                let _ = sandq_submitter::topology::delete_queues(&channel, &Names::new(config.namespace.clone())).await;
+                let _ = sandq_core::topology::delete_queues(&channel, &Names::new(config.namespace.clone())).await;
             }
         }
     }
@@ -432,7 +391,9 @@ fn summarize(args: &ThroughputArgs, load: String, jobs: &[JobTimes], depth: &[(u
         unfinished: jobs.iter().filter(|j| j.status == "unfinished").count(),
         seconds,
         jobs_per_second: if seconds > 0.0 { finished as f64 / seconds } else { 0.0 },
-        submitted_to_finished_ms: Percentiles::of(jobs.iter().filter_map(|j| Some(j.finished_ms?.saturating_sub(j.submitted_ms))).collect()),
+        submitted_to_finished_ms: Percentiles::of(
+            jobs.iter().filter_map(|j| Some(j.finished_ms?.saturating_sub(j.submitted_ms))).collect(),
+        ),
         queue_wait_ms: Percentiles::of(jobs.iter().filter_map(|j| Some(j.started_ms?.saturating_sub(j.submitted_ms))).collect()),
         run_ms: Percentiles::of(jobs.iter().filter_map(|j| j.run_ms).collect()),
         warm_starts: jobs.iter().filter(|j| j.warm == Some(true)).count(),
@@ -472,7 +433,8 @@ fn write_report(dir: &Path, report: &Report, jobs: &[JobTimes], depth: &[(u64, u
 }
 
 fn print_report(r: &Report, dir: &Path) {
-    let p = |name: &str, v: &Percentiles| println!("  {name:<24} p50 {:>6} | p90 {:>6} | p99 {:>6} | max {:>6} ms", v.p50, v.p90, v.p99, v.max);
+    let p =
+        |name: &str, v: &Percentiles| println!("  {name:<24} p50 {:>6} | p90 {:>6} | p99 {:>6} | max {:>6} ms", v.p50, v.p90, v.p99, v.max);
     println!(
         "{} jobs ({} {} on SKU {}, {}), {} worker(s), {} build: {:.1} jobs/s over {:.1} s; statuses {:?}, unfinished {}, warm starts {}, max queue depth {}",
         r.jobs, r.mode, r.code.escape_debug(), r.sku, r.load, r.workers, r.build, r.jobs_per_second, r.seconds, r.statuses, r.unfinished, r.warm_starts, r.max_queue_depth

@@ -50,8 +50,8 @@ pub fn bytes<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<Opt
 
 /// Most `args` a JobSpec decodes: [`crate::Limits`]' `max_args` (1,024). Counted while the
 /// list is read, so that 13 MB of one-byte empty strings are refused before they become 13
-/// million 24-byte `String`s (tenth security review N2: 13 MB took a worker from 27 MB to
-/// 345 MB before validation refused it).
+/// million 24-byte `String`s (13 MB took a worker from 27 MB to 345 MB before validation
+/// refused it; test: a_body_under_the_cap_does_not_decode_to_many_times_its_size).
 pub const MAX_ARGS: usize = 1024;
 
 /// Most `inputs` a JobSpec decodes: [`crate::Limits`]' `max_inputs` (1,000).
@@ -170,17 +170,17 @@ impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Visitor<'de> for Cappe
 }
 
 /// `args`: at most [`MAX_ARGS`] strings.
-fn args_list<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<Vec<String>, D::Error> {
+pub(crate) fn args_list<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<Vec<String>, D::Error> {
     capped_seq(d, field, MAX_ARGS)
 }
 
 /// `inputs`: at most [`MAX_INPUTS`] entries.
-fn inputs_list<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<Vec<crate::InputFile>, D::Error> {
+pub(crate) fn inputs_list<'de, D: Deserializer<'de>, T: serde::Deserialize<'de>>(d: D, field: &'static str) -> Result<Vec<T>, D::Error> {
     capped_seq(d, field, MAX_INPUTS)
 }
 
 /// `env`: at most [`MAX_ENV`] entries.
-fn env_map<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+pub(crate) fn env_map<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
     capped_map(d, field, MAX_ENV)
 }
 
@@ -310,79 +310,11 @@ macro_rules! fields {
         )*
     };
 }
-
-/// Fields of [`crate::JobSpec`].
-pub mod job {
-    use std::collections::BTreeMap;
-
-    use serde::Deserializer;
-
-    use super::{args_list, bytes, env_map, inputs_list, int, nil_default, opt_int, plain};
-    use crate::{InputFile, NetworkMode, RunMode, Runtime, Sku};
-
-    fields! {
-        schema_version => "schema_version": u32 = int;
-        job_id => "job_id": String = plain;
-        sku => "sku": Sku = plain;
-        runtime => "runtime": Runtime = plain;
-        code => "code": Option<String> = plain;
-        entrypoint => "entrypoint": Option<String> = plain;
-        args => "args": Vec<String> = args_list;
-        inputs => "inputs": Vec<InputFile> = inputs_list;
-        stdin => "stdin": Option<Vec<u8>> = bytes;
-        env => "env": BTreeMap<String, String> = env_map;
-        timeout => "timeout": Option<String> = plain;
-        result_ttl => "result_ttl": Option<String> = plain;
-        network => "network": NetworkMode = nil_default;
-        submitted_at_ms => "submitted_at_ms": Option<u64> = opt_int;
-        deadline_ms => "deadline_ms": Option<u64> = opt_int;
-        mode => "mode": Option<RunMode> = plain;
-        session => "session": Option<String> = plain;
-    }
-}
-
-/// Fields of [`crate::InputFile`] (named `inputs[].<field>` in errors).
-pub mod input {
-    use serde::Deserializer;
-
-    use super::{int, plain};
-
-    fields! {
-        key => "inputs[].key": String = plain;
-        path => "inputs[].path": String = plain;
-        size => "inputs[].size": u64 = int;
-        sha256 => "inputs[].sha256": String = plain;
-    }
-}
+pub(crate) use fields;
 
 /// [`opt_int`], nil giving 0.
 pub fn int_or_nil<'de, D: Deserializer<'de>, T: Unsigned + Default>(d: D, field: &'static str) -> Result<T, D::Error> {
     opt_int(d, field).map(Option::unwrap_or_default)
-}
-
-/// Top-level fields of [`crate::JobResult`] that are not plain optionals (a client writes the
-/// `queued` result, and a JavaScript client may write its integers as floats, or nil for what
-/// it leaves out).
-pub mod result {
-    use serde::Deserializer;
-
-    use super::{int, int_or_nil, nil_default, opt_int};
-    use crate::result::{Artifact, CapturedOutput, Output, SkippedArtifact};
-
-    fields! {
-        schema_version => "schema_version": u32 = int;
-        attempt => "attempt": u32 = int_or_nil;
-        queued_at_ms => "queued_at_ms": Option<u64> = opt_int;
-        started_at_ms => "started_at_ms": Option<u64> = opt_int;
-        finished_at_ms => "finished_at_ms": Option<u64> = opt_int;
-        stdout => "stdout": CapturedOutput = nil_default;
-        stderr => "stderr": CapturedOutput = nil_default;
-        artifacts => "artifacts": Vec<Artifact> = nil_default;
-        skipped_artifacts => "skipped_artifacts": Vec<SkippedArtifact> = nil_default;
-        skipped_artifacts_total => "skipped_artifacts_total": u64 = int_or_nil;
-        outputs => "outputs": Vec<Output> = nil_default;
-        outputs_dropped => "outputs_dropped": u64 = int_or_nil;
-    }
 }
 
 #[cfg(test)]
@@ -418,8 +350,19 @@ mod tests {
     fn nil_is_absent_for_every_optional_field() {
         let absent = decode_spec(vec![]).expect("minimal");
         let optional = [
-            "code", "entrypoint", "args", "inputs", "stdin", "env", "timeout", "result_ttl", "network", "submitted_at_ms",
-            "deadline_ms", "mode", "session",
+            "code",
+            "entrypoint",
+            "args",
+            "inputs",
+            "stdin",
+            "env",
+            "timeout",
+            "result_ttl",
+            "network",
+            "submitted_at_ms",
+            "deadline_ms",
+            "mode",
+            "session",
         ];
         for field in optional {
             let mut extra = vec![(field, Value::Nil)];
@@ -450,11 +393,9 @@ mod tests {
     #[test]
     fn integers_of_every_width_and_integral_floats_are_accepted() {
         let ms: u64 = 1_796_047_054_196;
-        for value in [
-            Value::from(ms),
-            Value::Integer(rmpv::Integer::from(i64::try_from(ms).expect("fits"))),
-            Value::F64(1_796_047_054_196.0),
-        ] {
+        for value in
+            [Value::from(ms), Value::Integer(rmpv::Integer::from(i64::try_from(ms).expect("fits"))), Value::F64(1_796_047_054_196.0)]
+        {
             let spec = decode_spec(vec![("submitted_at_ms", value.clone()), ("deadline_ms", value.clone())]).expect("accepted");
             assert_eq!(spec.submitted_at_ms, Some(ms), "{value:?}");
             assert_eq!(spec.deadline_ms, Some(ms), "{value:?}");
@@ -471,8 +412,16 @@ mod tests {
             ("deadline_ms", Value::from(-1), "deadline_ms: -1 is out of range, expected an integer from 0 to 18446744073709551615"),
             ("deadline_ms", Value::F64(f64::NAN), "deadline_ms: expected an integer or nil, found the float NaN"),
             ("deadline_ms", Value::F64(f64::INFINITY), "deadline_ms: expected an integer or nil, found the float inf"),
-            ("deadline_ms", Value::F64(18_446_744_073_709_551_616.0), "deadline_ms: 18446744073709552000 is out of range, expected an integer from 0 to 18446744073709551615"),
-            ("schema_version", Value::from(4_294_967_296u64), "schema_version: 4294967296 is out of range, expected an integer from 0 to 4294967295"),
+            (
+                "deadline_ms",
+                Value::F64(18_446_744_073_709_551_616.0),
+                "deadline_ms: 18446744073709552000 is out of range, expected an integer from 0 to 18446744073709551615",
+            ),
+            (
+                "schema_version",
+                Value::from(4_294_967_296u64),
+                "schema_version: 4294967296 is out of range, expected an integer from 0 to 4294967295",
+            ),
             ("schema_version", Value::from("1"), "schema_version: expected an integer, found the string \"1\""),
             ("submitted_at_ms", Value::Boolean(true), "submitted_at_ms: expected an integer or nil, found the boolean true"),
         ];
@@ -498,7 +447,7 @@ mod tests {
         assert_eq!(err, "malformed message: inputs[].size: expected an integer, found the float 2.5, which is not integral");
     }
 
-    /// Tenth review N2: lists and maps past the job limits are refused while they are read,
+    /// Lists and maps past the job limits are refused while they are read,
     /// before their elements become strings; at the limits they decode.
     #[test]
     fn lists_and_maps_past_the_limits_are_refused_while_decoding() {

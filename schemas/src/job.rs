@@ -12,65 +12,65 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Wire format version; must equal [`crate::SCHEMA_VERSION`].
-    #[serde(deserialize_with = "crate::de::job::schema_version")]
+    #[serde(deserialize_with = "decode::schema_version")]
     pub schema_version: u32,
     /// Chosen by the client: 1 to 64 of `[A-Za-z0-9_-]` (a UUID fits). Unique per job: the
     /// result key and artifact prefix are derived from it.
-    #[serde(deserialize_with = "crate::de::job::job_id")]
+    #[serde(deserialize_with = "decode::job_id")]
     pub job_id: String,
     /// Sandbox size; decides cpu, memory and pids limits and the queue the job goes to.
-    #[serde(deserialize_with = "crate::de::job::sku")]
+    #[serde(deserialize_with = "decode::sku")]
     pub sku: Sku,
     /// Language runtime that runs `code` or `entrypoint`.
-    #[serde(deserialize_with = "crate::de::job::runtime")]
+    #[serde(deserialize_with = "decode::runtime")]
     pub runtime: Runtime,
     /// Source code to run (UTF-8), at most `Limits::max_code_bytes`. The sandbox sees it as
     /// `/sandq/main.py` (or `main.js`), read-only; the working directory is `/work`.
-    #[serde(default, deserialize_with = "crate::de::job::code")]
+    #[serde(default, deserialize_with = "decode::code")]
     pub code: Option<String>,
     /// Instead of `code`: the path, relative to `/work`, of an uploaded input file to run.
-    #[serde(default, deserialize_with = "crate::de::job::entrypoint")]
+    #[serde(default, deserialize_with = "decode::entrypoint")]
     pub entrypoint: Option<String>,
     /// Command-line arguments passed to the program (`sys.argv[1:]`, `process.argv.slice(2)`).
-    #[serde(default, deserialize_with = "crate::de::job::args")]
+    #[serde(default, deserialize_with = "decode::args")]
     pub args: Vec<String>,
     /// Files staged into `/work` before the program starts.
-    #[serde(default, deserialize_with = "crate::de::job::inputs")]
+    #[serde(default, deserialize_with = "decode::inputs")]
     pub inputs: Vec<InputFile>,
     /// Bytes fed to the program's standard input (MessagePack bin or str); empty when absent.
-    #[serde(default, serialize_with = "serde_bytes::serialize", deserialize_with = "crate::de::job::stdin")]
+    #[serde(default, serialize_with = "serde_bytes::serialize", deserialize_with = "decode::stdin")]
     pub stdin: Option<Vec<u8>>,
     /// Extra environment variables of the program. Names match `[A-Za-z_][A-Za-z0-9_]*`; the
     /// sandbox's own (`PATH`, `HOME`, `SANDQ_*` ...) cannot be overridden.
-    #[serde(default, deserialize_with = "crate::de::job::env")]
+    #[serde(default, deserialize_with = "decode::env")]
     pub env: BTreeMap<String, String>,
     /// Wall-clock limit of the program, humantime (`"60s"`); default 60 s, at most the worker's
     /// configured maximum.
-    #[serde(default, deserialize_with = "crate::de::job::timeout")]
+    #[serde(default, deserialize_with = "decode::timeout")]
     pub timeout: Option<String>,
     /// How long the result stays in Redis after the job ends, humantime; default 24 h.
-    #[serde(default, deserialize_with = "crate::de::job::result_ttl")]
+    #[serde(default, deserialize_with = "decode::result_ttl")]
     pub result_ttl: Option<String>,
     /// Network of the sandbox; default `none` (loopback only).
-    #[serde(default, deserialize_with = "crate::de::job::network")]
+    #[serde(default, deserialize_with = "decode::network")]
     pub network: NetworkMode,
     /// When the client submitted the job, Unix epoch milliseconds (copied to the result).
-    #[serde(default, deserialize_with = "crate::de::job::submitted_at_ms")]
+    #[serde(default, deserialize_with = "decode::submitted_at_ms")]
     pub submitted_at_ms: Option<u64>,
     /// Latest start, Unix epoch milliseconds: a job still queued then is not run (status
     /// `expired`). `None`: no deadline.
-    #[serde(default, deserialize_with = "crate::de::job::deadline_ms")]
+    #[serde(default, deserialize_with = "decode::deadline_ms")]
     pub deadline_ms: Option<u64>,
     /// How the program runs: `notebook` (the default: like one notebook cell, whose last
     /// expression's value (and for Python `display()` calls and figures) comes back as MIME
     /// bundles in `JobResult::outputs`, an uncaught error in `JobResult::error`) or `script`
     /// (`python3 main.py` / `node main.js`). `None`: notebook.
-    #[serde(default, deserialize_with = "crate::de::job::mode")]
+    #[serde(default, deserialize_with = "decode::mode")]
     pub mode: Option<RunMode>,
     /// Session whose files are restored into `/work` before the program runs and saved from
     /// it afterwards: 1 to 64 of `[A-Za-z0-9_.-]`, not starting with `.`. Anyone who knows a
     /// session's name can use its files: choose unguessable names (a UUID). `None`: no session.
-    #[serde(default, deserialize_with = "crate::de::job::session")]
+    #[serde(default, deserialize_with = "decode::session")]
     pub session: Option<String>,
 }
 
@@ -123,16 +123,16 @@ impl JobSpec {
 pub struct InputFile {
     /// S3 object key in the sandq bucket. Clients use the content-addressed layout
     /// [`crate::names::input_key`] (`inputs/sha256/<hex>`).
-    #[serde(deserialize_with = "crate::de::input::key")]
+    #[serde(deserialize_with = "decode_input::key")]
     pub key: String,
     /// Path inside `/work`, relative, `/`-separated, no `..`, no empty or `.` components.
-    #[serde(deserialize_with = "crate::de::input::path")]
+    #[serde(deserialize_with = "decode_input::path")]
     pub path: String,
     /// Size in bytes; the staged object must have exactly this size.
-    #[serde(deserialize_with = "crate::de::input::size")]
+    #[serde(deserialize_with = "decode_input::size")]
     pub size: u64,
     /// SHA-256 of the content, 64 lower-case hex digits; the staged bytes must match it.
-    #[serde(deserialize_with = "crate::de::input::sha256")]
+    #[serde(deserialize_with = "decode_input::sha256")]
     pub sha256: String,
 }
 
@@ -223,4 +223,48 @@ pub enum NetworkMode {
     /// Outbound connections allowed (through NAT), nothing inbound, no private or link-local
     /// destination, not the worker's host. A worker with `outbound_network = false` rejects it.
     Outbound,
+}
+
+/// Decoders of [`JobSpec`]'s fields (see [`crate::de`]): one `deserialize_with` function per field.
+pub mod decode {
+    use std::collections::BTreeMap;
+
+    use serde::Deserializer;
+
+    use crate::de::{args_list, bytes, env_map, fields, inputs_list, int, nil_default, opt_int, plain};
+    use crate::{InputFile, NetworkMode, RunMode, Runtime, Sku};
+
+    fields! {
+        schema_version => "schema_version": u32 = int;
+        job_id => "job_id": String = plain;
+        sku => "sku": Sku = plain;
+        runtime => "runtime": Runtime = plain;
+        code => "code": Option<String> = plain;
+        entrypoint => "entrypoint": Option<String> = plain;
+        args => "args": Vec<String> = args_list;
+        inputs => "inputs": Vec<InputFile> = inputs_list;
+        stdin => "stdin": Option<Vec<u8>> = bytes;
+        env => "env": BTreeMap<String, String> = env_map;
+        timeout => "timeout": Option<String> = plain;
+        result_ttl => "result_ttl": Option<String> = plain;
+        network => "network": NetworkMode = nil_default;
+        submitted_at_ms => "submitted_at_ms": Option<u64> = opt_int;
+        deadline_ms => "deadline_ms": Option<u64> = opt_int;
+        mode => "mode": Option<RunMode> = plain;
+        session => "session": Option<String> = plain;
+    }
+}
+
+/// Decoders of [`InputFile`]'s fields (named `inputs[].<field>` in errors).
+pub mod decode_input {
+    use serde::Deserializer;
+
+    use crate::de::{fields, int, plain};
+
+    fields! {
+        key => "inputs[].key": String = plain;
+        path => "inputs[].path": String = plain;
+        size => "inputs[].size": u64 = int;
+        sha256 => "inputs[].sha256": String = plain;
+    }
 }

@@ -8,6 +8,7 @@
 //! - [`JobSpec`]: what a client publishes to RabbitMQ (one job per message).
 //! - [`JobResult`] and [`JobStatus`]: what the worker writes to Redis, read back by clients.
 //! - [`names`]: exchange, queue and routing names, Redis keys, S3 key layout.
+//! - [`protocol`]: protocol text used verbatim in every language (the compare-and-set script).
 //! - [`validate`]: limits and the checks every job passes before it is staged.
 //! - [`de`]: the lenient field decoders (nil is absent; integers of any width, or integral
 //!   floats), whose errors name the field.
@@ -15,13 +16,14 @@
 pub mod de;
 pub mod job;
 pub mod names;
+pub mod protocol;
 pub mod result;
 pub mod validate;
 
 pub use job::{InputFile, JobSpec, NetworkMode, RunMode, Runtime, Sku};
 pub use result::{
-    Artifact, CapturedOutput, ErrorInfo, ImageSize, JobResult, JobStatus, MimeValue, Output, OutputType, ResourceUsage, SandboxStart, SessionInfo,
-    SessionState, SkippedArtifact, TableShape, UnsavedVariable,
+    Artifact, CapturedOutput, ErrorInfo, ImageSize, JobResult, JobStatus, MimeValue, Output, OutputType, ResourceUsage, SandboxStart,
+    SessionInfo, SessionState, SkippedArtifact, TableShape, UnsavedVariable,
 };
 pub use validate::{Limits, ValidJob, ValidationError};
 
@@ -71,7 +73,7 @@ pub fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, EncodeError> {
 /// Decodes a wire type from MessagePack (a map: [`DecodeError::NotAMap`] otherwise), nested at
 /// most [`MAX_DEPTH`] deep. The lists and maps of a [`JobSpec`] are bounded while they are
 /// decoded ([`de::MAX_ARGS`], [`de::MAX_INPUTS`], [`de::MAX_ENV`]), so a body decodes to at
-/// most its own size plus a fixed amount (tenth security review N2).
+/// most its own size plus a fixed amount, whoever wrote it.
 ///
 /// # Errors
 /// [`DecodeError::NotAMap`] when the bytes do not start with a map; [`DecodeError::Malformed`] if the bytes are not MessagePack or lack a required field, or a
@@ -86,7 +88,8 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeE
 /// The deepest nesting of MessagePack containers any decode of this crate follows (a JobSpec
 /// is at most 3 deep: the message, `inputs`, an input; a JobResult about 5). rmp-serde's own
 /// default is 1,024, and serde's recursion over a body of 600 nested one-byte arrays
-/// (1,084 bytes) overflowed a debug build's 2 MiB tokio stack (tenth security review N8).
+/// (1,084 bytes) overflowed a debug build's 2 MiB tokio stack and aborted the worker (test:
+/// a_deeply_nested_body_is_rejected_and_the_worker_lives).
 pub const MAX_DEPTH: usize = 32;
 
 /// `rmp_serde::from_slice` with the nesting bounded to [`MAX_DEPTH`]: every decode of
@@ -176,7 +179,7 @@ mod tests {
         bytes
     }
 
-    /// Tenth review N8: 600 nested arrays in an ignored field (1,084 bytes) overflowed a debug
+    /// 600 nested arrays in an ignored field (1,084 bytes) overflowed a debug
     /// build's 2 MiB thread stack; past [`MAX_DEPTH`] the body is refused, and the job id is not
     /// peeked out of it. Run on a thread of a 2 MiB stack, as tokio's workers have.
     #[test]

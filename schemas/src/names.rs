@@ -167,7 +167,8 @@ pub fn input_key(sha256_hex: &str) -> String {
 /// S3 prefix of everything one attempt of a job writes: `jobs/<job_id>/<attempt_id>/`. Every
 /// processing of a delivery has its own attempt id (the worker's `a<16 hex digits>`), so that
 /// a duplicate delivery of a job (at-least-once delivery, or a client reusing an id) never
-/// overwrites the objects a stored result points at (security review F3).
+/// overwrites the objects a stored result points at (test:
+/// a_duplicate_delivery_never_changes_a_finished_job).
 pub fn attempt_prefix(job_id: &str, attempt_id: &str) -> String {
     format!("jobs/{job_id}/{attempt_id}/")
 }

@@ -67,7 +67,7 @@ impl std::fmt::Display for JobStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobResult {
     /// Wire format version ([`crate::SCHEMA_VERSION`]).
-    #[serde(deserialize_with = "crate::de::result::schema_version")]
+    #[serde(deserialize_with = "decode::schema_version")]
     pub schema_version: u32,
     /// The job's id, as the client chose it.
     pub job_id: String,
@@ -88,46 +88,46 @@ pub struct JobResult {
     #[serde(default)]
     pub signal: Option<String>,
     /// The program's standard output.
-    #[serde(default, deserialize_with = "crate::de::result::stdout")]
+    #[serde(default, deserialize_with = "decode::stdout")]
     pub stdout: CapturedOutput,
     /// The program's standard error.
-    #[serde(default, deserialize_with = "crate::de::result::stderr")]
+    #[serde(default, deserialize_with = "decode::stderr")]
     pub stderr: CapturedOutput,
     /// Files the program created or changed under `/work`, uploaded to S3.
-    #[serde(default, deserialize_with = "crate::de::result::artifacts")]
+    #[serde(default, deserialize_with = "decode::artifacts")]
     pub artifacts: Vec<Artifact>,
     /// Files under `/work` that were not uploaded, and why (symlink, hard link, special file,
     /// over the count or size cap).
-    #[serde(default, deserialize_with = "crate::de::result::skipped_artifacts")]
+    #[serde(default, deserialize_with = "decode::skipped_artifacts")]
     pub skipped_artifacts: Vec<SkippedArtifact>,
     /// Files not uploaded, in all; `skipped_artifacts` lists at most the first 100.
-    #[serde(default, deserialize_with = "crate::de::result::skipped_artifacts_total")]
+    #[serde(default, deserialize_with = "decode::skipped_artifacts_total")]
     pub skipped_artifacts_total: u64,
     /// Resources the job used; absent when it never ran.
     #[serde(default)]
     pub usage: Option<ResourceUsage>,
     /// When the client submitted the job (from the `JobSpec`), Unix epoch milliseconds.
-    #[serde(default, deserialize_with = "crate::de::result::queued_at_ms")]
+    #[serde(default, deserialize_with = "decode::queued_at_ms")]
     pub queued_at_ms: Option<u64>,
     /// When the worker started the container, Unix epoch milliseconds.
-    #[serde(default, deserialize_with = "crate::de::result::started_at_ms")]
+    #[serde(default, deserialize_with = "decode::started_at_ms")]
     pub started_at_ms: Option<u64>,
     /// When the worker finished the job, Unix epoch milliseconds.
-    #[serde(default, deserialize_with = "crate::de::result::finished_at_ms")]
+    #[serde(default, deserialize_with = "decode::finished_at_ms")]
     pub finished_at_ms: Option<u64>,
     /// Id of the worker that wrote this result.
     #[serde(default)]
     pub worker_id: Option<String>,
     /// Delivery attempt that wrote this result, 1 for the first delivery.
-    #[serde(default, deserialize_with = "crate::de::result::attempt")]
+    #[serde(default, deserialize_with = "decode::attempt")]
     pub attempt: u32,
     /// Rich outputs of a notebook-mode job, in order of appearance (see [`Output`]); empty in
     /// script mode.
-    #[serde(default, deserialize_with = "crate::de::result::outputs")]
+    #[serde(default, deserialize_with = "decode::outputs")]
     pub outputs: Vec<Output>,
     /// Outputs left out because the job produced more than the worker's caps (count
     /// `max_outputs`, 100; bytes `max_outputs_bytes`, 32 MiB).
-    #[serde(default, deserialize_with = "crate::de::result::outputs_dropped")]
+    #[serde(default, deserialize_with = "decode::outputs_dropped")]
     pub outputs_dropped: u64,
     /// The uncaught exception of a notebook-mode job (also the last entry of `outputs`).
     #[serde(default)]
@@ -408,4 +408,29 @@ pub struct ResourceUsage {
     /// Peak memory of the job's cgroup, bytes (v1 `memory.max_usage_in_bytes`, v2
     /// `memory.peak`; 0 when the kernel does not report it).
     pub peak_memory_bytes: u64,
+}
+
+/// Decoders of the top-level fields of [`JobResult`] that are not plain optionals (a client writes the
+/// `queued` result, and a JavaScript client may write its integers as floats, or nil for what
+/// it leaves out).
+pub mod decode {
+    use serde::Deserializer;
+
+    use super::{Artifact, CapturedOutput, Output, SkippedArtifact};
+    use crate::de::{fields, int, int_or_nil, nil_default, opt_int};
+
+    fields! {
+        schema_version => "schema_version": u32 = int;
+        attempt => "attempt": u32 = int_or_nil;
+        queued_at_ms => "queued_at_ms": Option<u64> = opt_int;
+        started_at_ms => "started_at_ms": Option<u64> = opt_int;
+        finished_at_ms => "finished_at_ms": Option<u64> = opt_int;
+        stdout => "stdout": CapturedOutput = nil_default;
+        stderr => "stderr": CapturedOutput = nil_default;
+        artifacts => "artifacts": Vec<Artifact> = nil_default;
+        skipped_artifacts => "skipped_artifacts": Vec<SkippedArtifact> = nil_default;
+        skipped_artifacts_total => "skipped_artifacts_total": u64 = int_or_nil;
+        outputs => "outputs": Vec<Output> = nil_default;
+        outputs_dropped => "outputs_dropped": u64 = int_or_nil;
+    }
 }

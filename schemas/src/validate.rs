@@ -281,12 +281,7 @@ pub fn check_relative_path(path: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
-fn parse_duration(
-    field: &'static str,
-    value: Option<&str>,
-    default: Duration,
-    max: Duration,
-) -> Result<Duration, ValidationError> {
+fn parse_duration(field: &'static str, value: Option<&str>, default: Duration, max: Duration) -> Result<Duration, ValidationError> {
     let Some(value) = value else { return Ok(default) };
     let parsed = humantime::parse_duration(value).map_err(|e| ValidationError::Duration {
         field,
@@ -294,11 +289,7 @@ fn parse_duration(
         message: e.to_string(),
     })?;
     if parsed.is_zero() || parsed > max {
-        return Err(ValidationError::DurationRange {
-            field,
-            value: value.to_owned(),
-            max: humantime::format_duration(max).to_string(),
-        });
+        return Err(ValidationError::DurationRange { field, value: value.to_owned(), max: humantime::format_duration(max).to_string() });
     }
     Ok(parsed)
 }
@@ -328,12 +319,12 @@ impl JobSpec {
         }
         // execve(2) refuses (E2BIG) a single string over MAX_ARG_STRLEN and a total over a
         // quarter of the stack limit: say so here rather than fail in the sandbox with exit
-        // 255 and no reason (security review I3).
+        // 255 and no reason.
         if self.args.iter().any(|a| a.len() >= MAX_ARG_STRLEN) {
             return Err(ValidationError::Args { reason: "an argument is 128 KiB or longer (the kernel's MAX_ARG_STRLEN)" });
         }
-        let exec_bytes = self.args.iter().map(|a| a.len() + 1).sum::<usize>()
-            + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
+        let exec_bytes =
+            self.args.iter().map(|a| a.len() + 1).sum::<usize>() + self.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>();
         if exec_bytes > MAX_EXEC_BYTES {
             return Err(ValidationError::Args { reason: "args and env together exceed 1 MiB" });
         }
@@ -404,7 +395,10 @@ impl JobSpec {
                 return Err(ValidationError::Env { name: name.clone(), reason: "the value contains a NUL byte" });
             }
             if name.len() + value.len() + 1 >= MAX_ARG_STRLEN {
-                return Err(ValidationError::Env { name: name.clone(), reason: "NAME=value is 128 KiB or longer (the kernel's MAX_ARG_STRLEN)" });
+                return Err(ValidationError::Env {
+                    name: name.clone(),
+                    reason: "NAME=value is 128 KiB or longer (the kernel's MAX_ARG_STRLEN)",
+                });
             }
         }
         if let Some(session) = &self.session {
@@ -414,8 +408,7 @@ impl JobSpec {
             return Err(ValidationError::Network { mode: self.network });
         }
         let timeout = parse_duration("timeout", self.timeout.as_deref(), limits.default_timeout, limits.max_timeout)?;
-        let result_ttl =
-            parse_duration("result_ttl", self.result_ttl.as_deref(), limits.default_result_ttl, limits.max_result_ttl)?;
+        let result_ttl = parse_duration("result_ttl", self.result_ttl.as_deref(), limits.default_result_ttl, limits.max_result_ttl)?;
         Ok(ValidJob { spec: self, timeout, result_ttl })
     }
 }
@@ -540,7 +533,8 @@ mod tests {
 
     #[test]
     fn reserved_env_is_refused() {
-        // Every LD_* name, not only LD_PRELOAD and LD_LIBRARY_PATH (security review I2).
+        // Every LD_* name, not only LD_PRELOAD and LD_LIBRARY_PATH: the dynamic loader reads
+        // others (LD_AUDIT loads a library too).
         for name in ["PATH", "SANDQ_X", "1A", "A-B", "", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_BIND_NOW"] {
             let mut j = job();
             j.env.insert(name.into(), "v".into());
@@ -552,7 +546,7 @@ mod tests {
     }
 
     /// What execve(2) would refuse with E2BIG is rejected with a reason instead of failing in
-    /// the sandbox with exit 255 (security review I3); the kernel's limits are 131,072 bytes a
+    /// the sandbox with exit 255; the kernel's limits are 131,072 bytes a
     /// string (with its NUL) and a quarter of the 8 MiB stack in all.
     #[test]
     fn what_execve_refuses_is_rejected_up_front() {

@@ -67,7 +67,9 @@ fn jobresults_decode_to_their_meaning() {
 fn every_status_has_a_result_vector() {
     let statuses: Vec<String> =
         vectors("jobresult").iter().filter_map(|(_, _, s)| s["result"]["status"].as_str().map(str::to_owned)).collect();
-    for status in ["queued", "running", "succeeded", "failed", "timed_out", "oom_killed", "rejected", "cancelled", "expired", "internal_error"] {
+    for status in
+        ["queued", "running", "succeeded", "failed", "timed_out", "oom_killed", "rejected", "cancelled", "expired", "internal_error"]
+    {
         assert!(statuses.iter().any(|s| s == status), "no JobResult vector of status {status}");
     }
 }

@@ -19,10 +19,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use sandq_client::Client;
+use sandq_core::config::{self, ServiceConfig};
+use sandq_core::time::now_ms;
 use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Output, OutputType, RunMode, Runtime, Sku};
-use sandq_submitter::client::now_ms;
-use sandq_submitter::config::{self, ServiceConfig};
-use sandq_submitter::Client;
 
 /// Run code in sandq sandboxes.
 #[derive(Debug, Parser)]
@@ -164,7 +164,11 @@ fn main() {
         Err(e) => {
             let _ = e.print();
             // --help and --version are not failures; a wrong command line is sandq's 125.
-            let code = if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) { 0 } else { EXIT_SANDQ_FAILED };
+            let code = if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) {
+                0
+            } else {
+                EXIT_SANDQ_FAILED
+            };
             std::process::exit(code)
         }
     };
@@ -313,9 +317,9 @@ async fn export(client: &mut Client, ids: Vec<String>, session: Option<&str>, pa
             eprintln!("sandq: the code of job {} was not recorded; its cell says so", result.job_id);
         }
         runtime = runtime.or(source.as_ref().map(|s| s.runtime));
-        cells.push(sandq_submitter::notebook::cell(client, result, source.as_ref()).await?);
+        cells.push(sandq_client::notebook::cell(client, result, source.as_ref()).await?);
     }
-    let notebook = sandq_submitter::notebook::notebook(cells, runtime.unwrap_or(Runtime::Python));
+    let notebook = sandq_client::notebook::notebook(cells, runtime.unwrap_or(Runtime::Python));
     let mut text = serde_json::to_string_pretty(&notebook)?;
     text.push('\n');
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
@@ -340,9 +344,7 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
     };
     let code = match (&args.code, &args.program) {
         (Some(code), _) => code.clone(),
-        (None, Some(program)) => {
-            std::fs::read_to_string(program).with_context(|| format!("cannot read {}", program.display()))?
-        }
+        (None, Some(program)) => std::fs::read_to_string(program).with_context(|| format!("cannot read {}", program.display()))?,
         (None, None) => bail!("give a program file or -c CODE"),
     };
     let mut inputs = Vec::new();
@@ -491,7 +493,11 @@ fn print_outputs(result: &JobResult, saved: &BTreeMap<usize, PathBuf>, out: &mut
             writeln!(out, "[{label} {index}: {what}{size} saved to {}]", path.display())?;
             continue;
         }
-        let text = output.data.get("text/markdown").and_then(|v| v.text.as_ref()).or_else(|| output.data.get("text/plain").and_then(|v| v.text.as_ref()));
+        let text = output
+            .data
+            .get("text/markdown")
+            .and_then(|v| v.text.as_ref())
+            .or_else(|| output.data.get("text/plain").and_then(|v| v.text.as_ref()));
         if let Some(text) = text {
             writeln!(out, "{}", text.trim_end())?;
         }
@@ -555,9 +561,14 @@ fn print_result(
     }
     for artifact in &result.artifacts {
         match downloaded.iter().find(|(a, _)| a.key == artifact.key) {
-            Some((_, path)) => {
-                writeln!(stderr, "    artifact {} ({}, {} bytes) -> {}", artifact.path, artifact.content_type, artifact.size, path.display())?
-            }
+            Some((_, path)) => writeln!(
+                stderr,
+                "    artifact {} ({}, {} bytes) -> {}",
+                artifact.path,
+                artifact.content_type,
+                artifact.size,
+                path.display()
+            )?,
             None => writeln!(
                 stderr,
                 "    artifact {} ({}, {} bytes) at {}",
@@ -569,7 +580,13 @@ fn print_result(
         }
     }
     if let Some(session) = &result.session {
-        let state = if session.expired { " (fresh: the session had expired)" } else if session.fresh { " (fresh)" } else { "" };
+        let state = if session.expired {
+            " (fresh: the session had expired)"
+        } else if session.fresh {
+            " (fresh)"
+        } else {
+            ""
+        };
         writeln!(
             stderr,
             "    session {}{state}: restored {}, saved {}, deleted {} files; now {} files, {} bytes",

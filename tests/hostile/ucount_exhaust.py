@@ -1,5 +1,5 @@
-# Security review F2: exhaust the per-user kernel counters a sandbox can reach (inotify
-# instances and watches, queued signals, POSIX message queues), then hold them. Right: the
+# Exhaust the per-user kernel counters a sandbox can reach (inotify instances and watches,
+# queued signals, POSIX message queues), then hold them. Right: the
 # sandbox hits its own limits; host root and other sandboxes are unaffected (the kernel
 # charges these to the user namespace's owner, a uid of this sandbox's slot).
 import ctypes, errno, os, signal, time

@@ -14,8 +14,8 @@ use sandq_worker::sandbox::spec::{self, IdMap, JobSandbox, SandboxLimits};
 use sandq_worker::sandbox::{Exit, SandboxReport, SandboxRequest};
 
 fn rootfs() -> PathBuf {
-    let path = sandq_submitter::config::config_path(None);
-    let raw: sandq_worker::settings::RawConfig = sandq_submitter::config::load(&path).expect("sandq config");
+    let path = sandq_core::config::config_path(None);
+    let raw: sandq_worker::settings::RawConfig = sandq_core::config::load(&path).expect("sandq config");
     raw.worker.rootfs.expect("worker.rootfs in the sandq config")
 }
 
@@ -87,7 +87,9 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("container_cycle");
     group.sample_size(30);
     let mut n = 0;
-    for (name, userns, seccomp) in [("plain", false, false), ("userns+seccomp", true, true), ("userns", true, false), ("seccomp", false, true)] {
+    for (name, userns, seccomp) in
+        [("plain", false, false), ("userns+seccomp", true, true), ("userns", true, false), ("seccomp", false, true)]
+    {
         let mut phases = Vec::new();
         group.bench_function(name, |b| {
             b.iter(|| {

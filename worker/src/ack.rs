@@ -1,4 +1,4 @@
-//! Stage 7, and the one place that decides what happens to a delivery after every outcome.
+//! Stage 7, and the one place that decides what happens to a delivery after every outcome; also how a consumer takes its next delivery ([`next_delivery`]).
 //!
 //! | outcome | result in Redis | delivery |
 //! |---|---|---|
@@ -13,13 +13,15 @@
 //! The attempt counter is RabbitMQ's own `x-delivery-count` (quorum queues), so a worker that
 //! dies mid-job still counts as an attempt and there is only one counter.
 
-use lapin::Acker;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable};
+use futures::StreamExt;
+use lapin::{Acker, Consumer};
+use tokio::sync::watch;
 
 /// What to do with a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
+pub(crate) enum Disposition {
     /// Done with it: remove from the queue.
     Ack,
     /// Put it back for another attempt.
@@ -30,7 +32,7 @@ pub enum Disposition {
 
 /// How a job's processing ended, as far as delivery is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// A terminal result is stored (ran, rejected with id, or duplicate).
     Stored,
     /// Bad input with no job id to store a result under.
@@ -48,7 +50,7 @@ pub enum Outcome {
 }
 
 /// The classification table of the module doc.
-pub fn classify(outcome: &Outcome, max_attempts: u32) -> Disposition {
+pub(crate) fn classify(outcome: &Outcome, max_attempts: u32) -> Disposition {
     match outcome {
         Outcome::Stored => Disposition::Ack,
         Outcome::Unidentifiable => Disposition::DeadLetter,
@@ -66,9 +68,9 @@ pub fn classify(outcome: &Outcome, max_attempts: u32) -> Disposition {
 /// The delivery's attempt number: RabbitMQ's `x-delivery-count` + 1 (absent on the first).
 /// A first delivery (`redelivered` false) is attempt 1 whatever its headers say: the broker
 /// sets `x-delivery-count` only on redeliveries, so on a first delivery the header can only
-/// come from the publisher (security review I1: a forged count of 8 sent a job straight to
-/// `internal_error` on its first infrastructure failure).
-pub fn attempt_number(headers: Option<&FieldTable>, redelivered: bool) -> u32 {
+/// come from the publisher, and a forged count of 8 would send a job straight to
+/// `internal_error` on its first infrastructure failure (test: attempts_come_from_the_delivery_count).
+pub(crate) fn attempt_number(headers: Option<&FieldTable>, redelivered: bool) -> u32 {
     if !redelivered {
         return 1;
     }
@@ -89,15 +91,16 @@ pub fn attempt_number(headers: Option<&FieldTable>, redelivered: bool) -> u32 {
 ///
 /// # Errors
 /// The broker's error; the delivery then comes back after the channel closes (at-least-once).
-pub async fn settle(acker: &Acker, disposition: Disposition) -> Result<(), lapin::Error> {
+pub(crate) async fn settle(acker: &Acker, disposition: Disposition) -> Result<(), lapin::Error> {
     let sent = match disposition {
         Disposition::Ack => acker.ack(BasicAckOptions::default()).await?,
         Disposition::Requeue => acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?,
         Disposition::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await?,
     };
     // lapin answers false when the delivery's channel is gone (closed by the broker, e.g. its
-    // consumer_timeout): the settlement was not sent and the broker redelivers the message
-    // (seventh review T2: this was taken for success).
+    // consumer_timeout): the settlement was not sent and the broker redelivers the message, so
+    // it is an error, not a success (test: a_channel_closed_by_the_broker_is_reopened_alone_and_the_job_runs_once
+    // in tests/channel_close.rs).
     if !sent {
         return Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
             lapin::ChannelState::Closed,
@@ -105,6 +108,28 @@ pub async fn settle(acker: &Acker, disposition: Disposition) -> Result<(), lapin
         )));
     }
     Ok(())
+}
+
+/// The next delivery of `consumer`; `None` once `shutdown` is signalled.
+///
+/// # Errors
+/// The broker's error, or `cancelled` (a closed-channel error) when the broker cancelled the
+/// consumer without a shutdown: the caller reconnects.
+pub(crate) async fn next_delivery(
+    consumer: &mut Consumer,
+    shutdown: &mut watch::Receiver<bool>,
+    cancelled: &'static str,
+) -> Result<Option<lapin::message::Delivery>, lapin::Error> {
+    let delivery = tokio::select! {
+        next = consumer.next() => next,
+        _ = shutdown.changed() => return Ok(None),
+    };
+    match delivery {
+        Some(Ok(d)) => Ok(Some(d)),
+        Some(Err(e)) => Err(e),
+        None if *shutdown.borrow() => Ok(None),
+        None => Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(lapin::ChannelState::Closed, cancelled))),
+    }
 }
 
 #[cfg(test)]

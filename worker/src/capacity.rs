@@ -6,7 +6,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Cores (in millicores) and memory (in MiB) left to hand out.
 #[derive(Debug)]
-pub struct Capacity {
+pub(crate) struct Capacity {
     total_millicores: usize,
     millicores: Semaphore,
     mebibytes: Semaphore,
@@ -14,7 +14,7 @@ pub struct Capacity {
 
 /// A job's share of the capacity, given back when dropped.
 #[derive(Debug)]
-pub struct Reservation<'a> {
+pub(crate) struct Reservation<'a> {
     capacity: &'a Capacity,
     _cpu: SemaphorePermit<'a>,
     _memory: SemaphorePermit<'a>,
@@ -40,7 +40,7 @@ fn mebibytes(bytes: u64) -> u32 {
 
 impl Capacity {
     /// A capacity of `cpus` cores and `memory_bytes` of memory.
-    pub fn new(cpus: f64, memory_bytes: u64) -> Self {
+    pub(crate) fn new(cpus: f64, memory_bytes: u64) -> Self {
         Capacity {
             total_millicores: millicores(cpus) as usize,
             millicores: Semaphore::new(millicores(cpus) as usize),
@@ -49,14 +49,14 @@ impl Capacity {
     }
 
     /// True when no job holds any of the capacity (nothing runs).
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.millicores.available_permits() == self.total_millicores
     }
 
     /// Waits until `cpus` cores and `memory_bytes` are free and takes them. Always in the same
     /// order (cores, then memory), so two waiting jobs cannot deadlock. A request larger than
     /// the whole capacity would wait forever: settings refuse to serve such a SKU.
-    pub async fn reserve(&self, cpus: f64, memory_bytes: u64) -> Reservation<'_> {
+    pub(crate) async fn reserve(&self, cpus: f64, memory_bytes: u64) -> Reservation<'_> {
         let cpu = self.millicores.acquire_many(millicores(cpus)).await;
         let memory = self.mebibytes.acquire_many(mebibytes(memory_bytes)).await;
         match (cpu, memory) {
@@ -74,9 +74,10 @@ impl Capacity {
 impl Reservation<'_> {
     /// Takes `bytes` more memory for the job if that much is free now, without waiting; false
     /// (nothing taken) when it is not, or when the reservation grew already. A warm start asks
-    /// for what the warm-up holds, so that its job gets the SKU's whole memory (eighth security
-    /// review W2) without the worker's memory being overcommitted.
-    pub fn try_grow_memory(&mut self, bytes: u64) -> bool {
+    /// for what the warm-up holds, so that its job gets the SKU's whole memory without the
+    /// worker's memory being overcommitted (test: a_warm_start_leaves_the_job_the_memory_of_a_cold_one
+    /// in tests/warm.rs).
+    pub(crate) fn try_grow_memory(&mut self, bytes: u64) -> bool {
         if self._extra.is_some() {
             return false;
         }

@@ -5,14 +5,14 @@
 //!
 //! With several broker addresses (`amqp.urls`, the nodes of a cluster), a lost connection is
 //! re-made to the next address first, then round-robin through the others
-//! ([`sandq_submitter::broker::connect`]); the backoff applies between rounds. Every channel
+//! ([`sandq_core::broker::connect`]); the backoff applies between rounds. Every channel
 //! and consumer is opened anew on the new connection: nothing of the old one (no delivery tag)
 //! is used again.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, Consumer};
@@ -21,12 +21,13 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use crate::ack::{self, Disposition, Outcome};
-use crate::job::{self, Context};
+use crate::context::Context;
+use crate::job;
 use crate::metrics;
 
 /// Consumes until `shutdown` becomes true; then stops taking deliveries, lets every in-flight
 /// job finish, and returns.
-pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(200);
     // Index (in `amqp.addresses()`) of the address to try first.
     let mut next = 0;
@@ -62,10 +63,10 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>, next: &mut usize)
     let settings = &ctx.settings;
     let addresses = settings.services.amqp.addresses();
     let properties = ConnectionProperties::default().with_connection_name(format!("sandq-worker {}", settings.worker_id).into());
-    let (connection, index) = sandq_submitter::broker::connect(&addresses, *next, &properties).await?;
+    let (connection, index) = sandq_core::broker::connect(&addresses, *next, &properties).await?;
     *next = index + 1;
-    let address = sandq_submitter::broker::redact(&addresses[index]);
-    let declared = sandq_submitter::topology::declare(&connection, &settings.names, &settings.services).await?;
+    let address = sandq_core::broker::redact(&addresses[index]);
+    let declared = sandq_core::topology::declare(&connection, &settings.names, &settings.services).await?;
     for queue in &declared.with_other_arguments {
         warn!(
             queue,
@@ -92,7 +93,8 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>, next: &mut usize)
     info!(worker_id = %settings.worker_id, slots = job_slots, broker = %address, "consuming");
     // A task that ends with an error while the connection stands lost only its channel (the
     // broker closed it: a consumer_timeout, say): that one is reopened, the other slots' jobs
-    // go on (seventh review T2). When the connection is gone, everything is dropped and the
+    // go on (test: a_channel_closed_by_the_broker_is_reopened_alone_and_the_job_runs_once in
+    // tests/channel_close.rs). When the connection is gone, everything is dropped and the
     // worker reconnects. Ok on shutdown (wait for the others to finish their job).
     let mut outcome = Ok(());
     while let Some(joined) = slots.join_next().await {
@@ -146,7 +148,12 @@ async fn open_slot(ctx: &Context, connection: &Connection, task: Task, shutdown:
             channel.basic_qos(1, BasicQosOptions::default()).await?;
             let tag = format!("{}-{}-{}", settings.worker_id, sku, slot);
             let consumer = channel
-                .basic_consume(settings.names.jobs_queue(sku).into(), tag.clone().into(), BasicConsumeOptions::default(), FieldTable::default())
+                .basic_consume(
+                    settings.names.jobs_queue(sku).into(),
+                    tag.clone().into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
                 .await?;
             Ok(Box::pin(async move { (task, slot_loop(ctx, (sku, index), consumer, shutdown, channel, tag).await) }))
         }
@@ -163,18 +170,8 @@ async fn slot_loop(
     tag: String,
 ) -> Result<(), lapin::Error> {
     loop {
-        let delivery = tokio::select! {
-            next = consumer.next() => next,
-            _ = shutdown.changed() => return Ok(()),
-        };
-        let delivery = match delivery {
-            Some(Ok(d)) => d,
-            Some(Err(e)) => return Err(e),
-            None if *shutdown.borrow() => return Ok(()),
-            None => return Err(lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
-                lapin::ChannelState::Closed,
-                "consumer cancelled",
-            ))),
+        let Some(delivery) = ack::next_delivery(&mut consumer, &mut shutdown, "consumer cancelled").await? else {
+            return Ok(());
         };
         let tracker = metrics::Tracker::new(sku, delivery.redelivered);
         // A panic in one job is caught here, at the job boundary; the job is requeued.

@@ -23,10 +23,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::job::Context;
+use crate::context::Context;
 
 /// Longest a readiness check of Redis or S3 may take.
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest one connection may stay open (a scrape, a probe).
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -36,7 +36,7 @@ static BROKER: Mutex<Option<lapin::ConnectionStatus>> = Mutex::new(None);
 
 /// Records the broker connection the worker consumes on (`Some` once every consumer is set
 /// up), or that it consumes on none (`None`: connecting, or the connection was lost).
-pub fn set_broker(status: Option<lapin::ConnectionStatus>) {
+pub(crate) fn set_broker(status: Option<lapin::ConnectionStatus>) {
     if let Ok(mut broker) = BROKER.lock() {
         *broker = status;
     }
@@ -55,12 +55,12 @@ fn broker_reason() -> Option<String> {
 ///
 /// # Errors
 /// The bind error (address in use, bad address).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
 /// Serves the endpoints on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, ctx: Context, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn serve(listener: TcpListener, ctx: Context, shutdown: watch::Receiver<bool>) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /healthz and /readyz");
     }
@@ -110,11 +110,7 @@ async fn respond(ctx: &Context, shutdown: &watch::Receiver<bool>, request: &Requ
         return text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "GET only\n".into());
     }
     match request.uri().path() {
-        "/metrics" => text(
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            crate::metrics::METRICS.encode(),
-        ),
+        "/metrics" => text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", crate::metrics::METRICS.encode()),
         "/healthz" => text(StatusCode::OK, PLAIN, "ok\n".into()),
         "/readyz" => {
             let reasons = not_ready(ctx, shutdown).await;
@@ -129,7 +125,7 @@ async fn respond(ctx: &Context, shutdown: &watch::Receiver<bool>, request: &Requ
 }
 
 /// Why the worker is not ready to take jobs; empty when it is.
-pub async fn not_ready(ctx: &Context, shutdown: &watch::Receiver<bool>) -> Vec<String> {
+pub(crate) async fn not_ready(ctx: &Context, shutdown: &watch::Receiver<bool>) -> Vec<String> {
     let mut reasons = Vec::new();
     if *shutdown.borrow() {
         reasons.push("shutting down".to_owned());

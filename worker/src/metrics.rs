@@ -38,11 +38,11 @@ use crate::ack::Outcome;
 
 /// A timed stage of a job, the `stage` label of `sandq_job_stage_duration_seconds`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// Submitted (the client's `submitted_at_ms`) to started (capacity taken, `running`).
     QueueWait,
     /// Inputs fetched into the job dir (into a warm sandbox's dir for a warm start).
-    Stage,
+    Staging,
     /// Container created and started (cold starts only).
     SandboxStart,
     /// The program, from start (or handover) to its container deleted.
@@ -55,13 +55,13 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage.
-    pub const ALL: [Stage; 6] = [Stage::QueueWait, Stage::Stage, Stage::SandboxStart, Stage::Run, Stage::Collect, Stage::Publish];
+    pub(crate) const ALL: [Stage; 6] = [Stage::QueueWait, Stage::Staging, Stage::SandboxStart, Stage::Run, Stage::Collect, Stage::Publish];
 
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Stage::QueueWait => "queue_wait",
-            Stage::Stage => "stage",
+            Stage::Staging => "stage",
             Stage::SandboxStart => "sandbox_start",
             Stage::Run => "run",
             Stage::Collect => "collect",
@@ -73,7 +73,7 @@ impl Stage {
 /// Where an infrastructure failure happened: the `kind` label of
 /// `sandq_infrastructure_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
+pub(crate) enum ErrorKind {
     /// Before staging: reading the job's state, its session, writing `running` (Redis, S3).
     Queue,
     /// Fetching inputs (S3) or preparing the job dir.
@@ -94,7 +94,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind.
-    pub const ALL: [ErrorKind; 8] = [
+    pub(crate) const ALL: [ErrorKind; 8] = [
         ErrorKind::Queue,
         ErrorKind::Stage,
         ErrorKind::SandboxStart,
@@ -106,7 +106,7 @@ impl ErrorKind {
     ];
 
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Queue => "queue",
             ErrorKind::Stage => "stage",
@@ -122,7 +122,7 @@ impl ErrorKind {
     fn of(stage: Option<Stage>) -> Self {
         match stage {
             None | Some(Stage::QueueWait) => ErrorKind::Queue,
-            Some(Stage::Stage) => ErrorKind::Stage,
+            Some(Stage::Staging) => ErrorKind::Stage,
             Some(Stage::SandboxStart) => ErrorKind::SandboxStart,
             Some(Stage::Run) => ErrorKind::Run,
             Some(Stage::Collect) => ErrorKind::Collect,
@@ -138,7 +138,7 @@ type Labels1 = [(&'static str, &'static str); 1];
 const DURATION_BUCKETS: [f64; 16] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0];
 
 /// Every metric of the worker, in one registry.
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// The registry `/metrics` encodes.
     pub registry: Registry,
     finished: Family<Labels2, Counter>,
@@ -162,7 +162,7 @@ fn duration_histogram() -> Histogram {
 }
 
 /// The worker's metrics.
-pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 impl Metrics {
     fn new() -> Self {
@@ -181,7 +181,12 @@ impl Metrics {
         let capacity_cpus = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register("sandq_capacity_cpus", "Cores this worker hands out to running jobs in all", capacity_cpus.clone());
         let capacity_memory = Gauge::default();
-        registry.register_with_unit("sandq_capacity_memory", "Memory this worker hands out to running jobs in all", Unit::Bytes, capacity_memory.clone());
+        registry.register_with_unit(
+            "sandq_capacity_memory",
+            "Memory this worker hands out to running jobs in all",
+            Unit::Bytes,
+            capacity_memory.clone(),
+        );
         let cpus_in_use = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register("sandq_capacity_cpus_in_use", "Cores held by running jobs", cpus_in_use.clone());
         let memory_in_use = Gauge::default();
@@ -246,7 +251,7 @@ impl Metrics {
     }
 
     /// The registry in the OpenMetrics text format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
@@ -256,7 +261,7 @@ impl Metrics {
 
 /// Sets the declared capacity, and creates the per-SKU series of the SKUs served (at 0), so that
 /// they are scraped before the first job.
-pub fn init(cpus: f64, memory_bytes: u64, skus: impl IntoIterator<Item = Sku>) {
+pub(crate) fn init(cpus: f64, memory_bytes: u64, skus: impl IntoIterator<Item = Sku>) {
     let m = &*METRICS;
     m.capacity_cpus.set(cpus);
     m.capacity_memory.set(i64::try_from(memory_bytes).unwrap_or(i64::MAX));
@@ -285,44 +290,44 @@ const TERMINAL: [JobStatus; 8] = [
 
 /// A terminal result was stored for a job of `sku` (the delivery's queue when the result names
 /// none).
-pub fn finished(sku: Option<Sku>, status: JobStatus) {
+pub(crate) fn finished(sku: Option<Sku>, status: JobStatus) {
     let sku = sku.or_else(|| JOB.try_with(|j| j.lock().ok().map(|j| j.sku)).ok().flatten());
     let sku = sku.map_or("unknown", Sku::as_str);
     METRICS.finished.get_or_create(&[("sku", sku), ("status", status.as_str())]).inc();
 }
 
 /// Capacity taken (positive) or given back (negative) by a job.
-pub fn capacity_held(cpus: f64, memory_bytes: i64) {
+pub(crate) fn capacity_held(cpus: f64, memory_bytes: i64) {
     METRICS.cpus_in_use.inc_by(cpus);
     METRICS.memory_in_use.inc_by(memory_bytes);
 }
 
 /// `ready` warm sandboxes of `sku` wait for a job.
-pub fn warm_ready(sku: Sku, ready: usize) {
+pub(crate) fn warm_ready(sku: Sku, ready: usize) {
     METRICS.warm_ready.get_or_create(&[("sku", sku.as_str())]).set(i64::try_from(ready).unwrap_or(i64::MAX));
 }
 
 /// Collection read `bytes` of a file under `/work` to hash it.
-pub fn collect_read(bytes: u64) {
+pub(crate) fn collect_read(bytes: u64) {
     METRICS.collect_read.inc_by(bytes);
 }
 
 /// An infrastructure failure outside any job (`kind` [`ErrorKind::Broker`]).
-pub fn infrastructure_error(kind: ErrorKind) {
+pub(crate) fn infrastructure_error(kind: ErrorKind) {
     METRICS.infrastructure_errors.get_or_create(&[("kind", kind.as_str())]).inc();
 }
 
 /// A dead-lettered message was handled: the broker's `reason` ([`crate::dead_letter::DeathReason::as_str`])
 /// and the `action` taken (`result_written`, `already_final`, `no_job_id`).
-pub fn dead_letter(reason: &'static str, action: &'static str) {
+pub(crate) fn dead_letter(reason: &'static str, action: &'static str) {
     METRICS.dead_letters.get_or_create(&[("reason", reason), ("action", action)]).inc();
 }
 
 /// The `event` values of `sandq_session_index_events_total`.
-pub const SESSION_INDEX_EVENTS: [&str; 3] = ["update_failed", "reset", "rebuilt"];
+pub(crate) const SESSION_INDEX_EVENTS: [&str; 3] = ["update_failed", "reset", "rebuilt"];
 
 /// An event of the sessions index: one of [`SESSION_INDEX_EVENTS`].
-pub fn session_index(event: &'static str) {
+pub(crate) fn session_index(event: &'static str) {
     METRICS.session_index.get_or_create(&[("event", event)]).inc();
 }
 
@@ -350,7 +355,7 @@ fn observe(stage: Stage, took: Duration) {
 }
 
 /// The job moves on to `stage`: the stage it was in is observed as ended.
-pub fn enter(stage: Stage) {
+pub(crate) fn enter(stage: Stage) {
     with_job(|job| {
         if let Some((previous, since)) = job.stage.replace((stage, Instant::now())) {
             observe(previous, since.elapsed());
@@ -360,18 +365,18 @@ pub fn enter(stage: Stage) {
 
 /// The job started (capacity taken, `running` written at `started_at_ms`) and begins staging:
 /// observes its queue wait from the client's `submitted_at_ms` (when given, and not after the
-/// start by the clocks' skew) and enters [`Stage::Stage`].
-pub fn started(submitted_at_ms: Option<u64>, started_at_ms: u64) {
+/// start by the clocks' skew) and enters [`Stage::Staging`].
+pub(crate) fn started(submitted_at_ms: Option<u64>, started_at_ms: u64) {
     if let Some(submitted) = submitted_at_ms.filter(|s| *s <= started_at_ms) {
         if JOB.try_with(|_| ()).is_ok() {
             observe(Stage::QueueWait, Duration::from_millis(started_at_ms - submitted));
         }
     }
-    enter(Stage::Stage);
+    enter(Stage::Staging);
 }
 
 /// The job's program starts: in a warm sandbox or a cold one (counted), entering [`Stage::Run`].
-pub fn running(warm: bool) {
+pub(crate) fn running(warm: bool) {
     with_job(|job| {
         let warm = if warm { "true" } else { "false" };
         METRICS.warm_starts.get_or_create(&[("sku", job.sku.as_str()), ("warm", warm)]).inc();
@@ -381,13 +386,13 @@ pub fn running(warm: bool) {
 
 /// One delivery being processed: counted in flight while it lives.
 #[derive(Debug)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     job: Arc<Mutex<Job>>,
 }
 
 impl Tracker {
     /// A delivery taken from the queue of `sku`; `redelivered` as the broker flagged it.
-    pub fn new(sku: Sku, redelivered: bool) -> Self {
+    pub(crate) fn new(sku: Sku, redelivered: bool) -> Self {
         METRICS.in_flight.inc();
         if redelivered {
             METRICS.redeliveries.inc();
@@ -396,13 +401,13 @@ impl Tracker {
     }
 
     /// Runs the delivery's processing with this tracker as the current job.
-    pub async fn scope<F: std::future::Future>(&self, processing: F) -> F::Output {
+    pub(crate) async fn scope<F: std::future::Future>(&self, processing: F) -> F::Output {
         JOB.scope(self.job.clone(), processing).await
     }
 
     /// Records how the processing ended: an infrastructure failure counted by where it happened
     /// (`panicked`: [`ErrorKind::Panic`]); a stored result ends its publish stage.
-    pub fn settled(&self, outcome: &Outcome, panicked: bool) {
+    pub(crate) fn settled(&self, outcome: &Outcome, panicked: bool) {
         let Ok(mut job) = self.job.lock() else { return };
         let current = job.stage.take();
         match outcome {

@@ -1,4 +1,4 @@
-//! Stage 5 (with [`crate::collect`]): the rich outputs of a notebook-mode job.
+//! Stage 5 (with [`crate::artifacts`]): the rich outputs of a notebook-mode job.
 //!
 //! The runner (`oci-bundles/runner/sandq_runner.py`) appends one JSON object a line to
 //! `/sandq/out/outputs.jsonl`, a tmpfs of `max_outputs_bytes` on the host (`<job dir>/out`).
@@ -13,19 +13,19 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use base64::Engine;
+use sandq_core::storage::{self, TransferError};
 use sandq_schemas::names::output_key;
 use sandq_schemas::{Artifact, ErrorInfo, ImageSize, MimeValue, Output, OutputType, TableShape};
-use sandq_submitter::storage::{self, TransferError};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// Inline bytes of all outputs of one job together: keeps the Redis value small (the result
 /// is read whole by every poll).
-pub const INLINE_BUDGET: u64 = 256 << 10;
+pub(crate) const INLINE_BUDGET: u64 = 256 << 10;
 
 /// The rich outputs of a job.
 #[derive(Debug, Clone, Default)]
-pub struct Outputs {
+pub(crate) struct Outputs {
     /// In order of appearance.
     pub outputs: Vec<Output>,
     /// Lines dropped: malformed, or past the count cap.
@@ -36,7 +36,7 @@ pub struct Outputs {
 
 /// Why outputs could not be stored (S3 trouble: retried).
 #[derive(Debug, thiserror::Error)]
-pub enum OutputsError {
+pub(crate) enum OutputsError {
     /// Uploading a representation failed.
     #[error("cannot store output {key}: {source}")]
     Upload {
@@ -48,9 +48,9 @@ pub enum OutputsError {
 }
 
 /// Most representations (MIME types) kept per output; Jupyter bundles have a handful.
-pub const MAX_MIME_PER_OUTPUT: usize = 16;
+pub(crate) const MAX_MIME_PER_OUTPUT: usize = 16;
 /// Most S3 objects (images, large values) stored per job.
-pub const MAX_STORED_PER_JOB: usize = 100;
+pub(crate) const MAX_STORED_PER_JOB: usize = 100;
 /// Longest `ename` / `evalue` / traceback line kept, bytes; most traceback lines kept.
 const MAX_ERROR_TEXT: usize = 4096;
 
@@ -184,7 +184,7 @@ fn extension(mime: &str) -> &'static str {
 }
 
 /// Width and height from a PNG's IHDR chunk (bytes 16..24), `None` when not a PNG.
-pub fn png_size(bytes: &[u8]) -> Option<ImageSize> {
+pub(crate) fn png_size(bytes: &[u8]) -> Option<ImageSize> {
     if bytes.len() < 24 || !bytes.starts_with(b"\x89PNG\r\n\x1a\n") || &bytes[12..16] != b"IHDR" {
         return None;
     }
@@ -195,7 +195,7 @@ pub fn png_size(bytes: &[u8]) -> Option<ImageSize> {
 
 /// A MIME type the worker accepts as a key: `type/subtype`, lower-case letters, digits and
 /// `.+-`, at most 100 bytes (it becomes an S3 `Content-Type` header).
-pub fn valid_mime(mime: &str) -> bool {
+pub(crate) fn valid_mime(mime: &str) -> bool {
     let part = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b));
     mime.len() <= 100 && mime.split_once('/').is_some_and(|(t, s)| part(t) && part(s))
 }
@@ -235,8 +235,9 @@ fn decode_value(mime: &str, raw: &RawValue) -> Option<Vec<u8>> {
 }
 
 /// Jupyter's text as a list of lines, joined while it is read: one `String` no longer than the
-/// JSON text, whatever the number of lines (third review R1: a `Vec<String>` of a million
-/// one-letter lines cost the worker ~15 times the outputs file).
+/// JSON text, whatever the number of lines (a `Vec<String>` of a million one-letter lines
+/// cost the worker ~15 times the outputs file; test:
+/// a_text_output_of_millions_of_lines_costs_the_worker_little_memory in tests/hostile.rs).
 struct Joined(String);
 
 impl<'de> Deserialize<'de> for Joined {
@@ -273,7 +274,7 @@ fn clip(mut text: String, max: usize) -> String {
 
 /// What the worker needs to store outputs.
 #[derive(Debug, Clone, Copy)]
-pub struct Caps {
+pub(crate) struct Caps {
     /// Most outputs kept.
     pub max_outputs: usize,
     /// Bytes read from the outputs file.
@@ -378,7 +379,7 @@ fn parse(bytes: &[u8], max_outputs: usize) -> ParseResult {
 ///
 /// # Errors
 /// [`OutputsError::Upload`] when S3 fails.
-pub async fn collect(
+pub(crate) async fn collect(
     job_id: &str,
     attempt_id: &str,
     out_dir: &Path,
@@ -414,15 +415,8 @@ pub async fn collect(
                 storage::put_bytes(s3, bucket, &key, bytes, &mime)
                     .await
                     .map_err(|source| OutputsError::Upload { key: key.clone(), source })?;
-                let artifact = Artifact {
-                    path: file.clone(),
-                    key,
-                    size,
-                    sha256,
-                    content_type: mime.clone(),
-                    url: None,
-                    url_expires_at_ms: None,
-                };
+                let artifact =
+                    Artifact { path: file.clone(), key, size, sha256, content_type: mime.clone(), url: None, url_expires_at_ms: None };
                 MimeValue { text: None, artifact: Some(artifact), size }
             };
             output.data.insert(mime, value);

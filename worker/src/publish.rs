@@ -1,20 +1,20 @@
 //! Stage 6: turn what happened into a [`JobResult`] and write it to Redis (compare-and-set:
-//! a terminal result is never overwritten; see `sandq_submitter::results`).
+//! a terminal result is never overwritten; see `sandq_core::results`).
 
 use std::time::Duration;
 
-use sandq_submitter::redis_conn::RedisConn;
+use sandq_core::redis_conn::RedisConn;
+use sandq_core::results::{self, ResultError};
 use sandq_schemas::names::Names;
 use sandq_schemas::{CapturedOutput, JobResult, JobStatus, ResourceUsage, ValidJob};
-use sandq_submitter::results::{self, ResultError};
 
-use crate::collect::Collected;
+use crate::artifacts::Collected;
 use crate::run::{Captured, RunOutput};
 use crate::sandbox::Exit;
 
 /// The inline part of a stream: at most `inline_cap` bytes, cut back to a character boundary
 /// when the bytes are valid UTF-8 (so a cut never invents a U+FFFD).
-pub fn output(captured: &Captured, inline_cap: u64, log_key: Option<String>) -> CapturedOutput {
+pub(crate) fn output(captured: &Captured, inline_cap: u64, log_key: Option<String>) -> CapturedOutput {
     let bytes = &captured.bytes;
     let valid = std::str::from_utf8(bytes).is_ok();
     let mut cut = bytes.len().min(usize::try_from(inline_cap).unwrap_or(usize::MAX));
@@ -35,7 +35,7 @@ pub fn output(captured: &Captured, inline_cap: u64, log_key: Option<String>) -> 
 
 /// Where the captured streams went, and how much of them is inlined.
 #[derive(Debug, Clone, Default)]
-pub struct Logs {
+pub(crate) struct Logs {
     /// Inline cap per stream, bytes.
     pub inline_cap: u64,
     /// S3 key of stdout, if it was stored.
@@ -46,7 +46,7 @@ pub struct Logs {
 
 /// Identity of the attempt that writes a result.
 #[derive(Debug, Clone)]
-pub struct Attempt {
+pub(crate) struct Attempt {
     /// This worker.
     pub worker_id: String,
     /// This processing's own id (`a<16 hex digits>`): every S3 object it writes is under
@@ -61,7 +61,7 @@ pub struct Attempt {
 }
 
 /// A result with the job's identity filled in and `status`.
-pub fn base(job: &ValidJob, attempt: &Attempt, status: JobStatus) -> JobResult {
+pub(crate) fn base(job: &ValidJob, attempt: &Attempt, status: JobStatus) -> JobResult {
     let mut result = JobResult::new(job.spec.job_id.clone(), status);
     result.sku = Some(job.spec.sku);
     result.queued_at_ms = job.spec.submitted_at_ms;
@@ -73,7 +73,7 @@ pub fn base(job: &ValidJob, attempt: &Attempt, status: JobStatus) -> JobResult {
 /// The terminal result of a job whose container ran. Status precedence: an OOM kill seen in
 /// the cgroup wins over everything (the exit code may be 0 when a child was the victim), then
 /// the timeout, then the exit status.
-pub fn finished(
+pub(crate) fn finished(
     job: &ValidJob,
     attempt: &Attempt,
     run: &RunOutput,
@@ -109,37 +109,32 @@ pub fn finished(
     }
     if report.stats.oom_kills > 0 {
         result.status = JobStatus::OomKilled;
-        result.reason = Some(format!(
-            "memory limit of {memory_limit} bytes exceeded ({} process(es) killed by the kernel)",
-            report.stats.oom_kills
-        ));
+        result.reason =
+            Some(format!("memory limit of {memory_limit} bytes exceeded ({} process(es) killed by the kernel)", report.stats.oom_kills));
     }
     result.stdout = output(&run.stdout, logs.inline_cap, logs.stdout_key.clone());
     result.stderr = output(&run.stderr, logs.inline_cap, logs.stderr_key.clone());
     result.artifacts = collected.artifacts;
     result.skipped_artifacts = collected.skipped;
     result.skipped_artifacts_total = collected.skipped_total;
-    result.usage = Some(ResourceUsage {
-        wall_ms: report.wall_ms,
-        cpu_ms: report.stats.cpu_ms,
-        peak_memory_bytes: report.stats.peak_memory_bytes,
-    });
+    result.usage =
+        Some(ResourceUsage { wall_ms: report.wall_ms, cpu_ms: report.stats.cpu_ms, peak_memory_bytes: report.stats.peak_memory_bytes });
     result.started_at_ms = Some(attempt.started_at_ms);
-    result.finished_at_ms = Some(sandq_submitter::client::now_ms());
+    result.finished_at_ms = Some(sandq_core::time::now_ms());
     result
 }
 
 /// Fills in a presigned GET URL valid for `ttl` on every artifact and every S3-stored output
 /// representation (nothing when `ttl` is zero). Signing is local; a failure leaves `url` empty
 /// and is logged.
-pub async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &str, ttl: Duration) {
+pub(crate) async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &str, ttl: Duration) {
     if ttl.is_zero() {
         return;
     }
-    let expires_at_ms = sandq_submitter::client::now_ms() + ttl.as_millis() as u64;
+    let expires_at_ms = sandq_core::time::now_ms() + ttl.as_millis() as u64;
     let from_outputs = result.outputs.iter_mut().flat_map(|o| o.data.values_mut()).filter_map(|v| v.artifact.as_mut());
     for artifact in result.artifacts.iter_mut().chain(from_outputs) {
-        match sandq_submitter::storage::presign_get(s3, bucket, &artifact.key, ttl).await {
+        match sandq_core::storage::presign_get(s3, bucket, &artifact.key, ttl).await {
             Ok(url) => {
                 artifact.url = Some(url);
                 artifact.url_expires_at_ms = Some(expires_at_ms);
@@ -154,12 +149,7 @@ pub async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &s
 ///
 /// # Errors
 /// [`ResultError`] (Redis trouble: retried).
-pub async fn publish(
-    redis: &mut RedisConn,
-    names: &Names,
-    result: &JobResult,
-    ttl: Duration,
-) -> Result<bool, ResultError> {
+pub(crate) async fn publish(redis: &mut RedisConn, names: &Names, result: &JobResult, ttl: Duration) -> Result<bool, ResultError> {
     let written = results::write(redis, names, result, ttl).await?;
     if written && result.status.is_terminal() {
         crate::metrics::finished(result.sku, result.status);

@@ -10,34 +10,27 @@ use sandq_schemas::{Runtime, ValidJob};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
+use crate::jobdir::JobDir;
 use crate::sandbox::spec::{self, JobSandbox, SandboxLimits, SpecError};
 use crate::sandbox::{SandboxReport, SandboxRequest};
 use crate::settings::Settings;
-use crate::stage::JobDir;
 
 /// Time the helper gets beyond the job's timeout to kill, reap and delete the container before
 /// the worker kills the helper itself.
-pub const HELPER_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const HELPER_GRACE: Duration = Duration::from_secs(30);
 
 /// A captured output stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Captured {
+pub(crate) struct Captured {
     /// The first `cap` bytes.
     pub bytes: Vec<u8>,
     /// Bytes the program wrote in all.
     pub total: u64,
 }
 
-impl Captured {
-    /// True when some output was dropped.
-    pub fn truncated(&self) -> bool {
-        self.total > self.bytes.len() as u64
-    }
-}
-
 /// What running the program produced.
 #[derive(Debug, Clone)]
-pub struct RunOutput {
+pub(crate) struct RunOutput {
     /// The helper's report: exit, usage, lifecycle timings.
     pub report: SandboxReport,
     /// stdout.
@@ -48,7 +41,7 @@ pub struct RunOutput {
 
 /// Why the sandbox could not be run (infrastructure: retried).
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     /// The OCI config could not be made or written.
     #[error(transparent)]
     Spec(#[from] SpecError),
@@ -56,12 +49,13 @@ pub enum RunError {
     #[error("cannot run sandq-container: {0}")]
     Helper(std::io::Error),
     /// The helper ended without a readable report.
-    #[error("sandq-container exited with {status} without a report: {message}")]
+    #[error("sandq-container exited with {status} without a report: {source}")]
     NoReport {
-        /// Its exit status.
+        /// Its exit status, as [`std::process::ExitStatus`] prints it (`exit status: 2`).
         status: String,
         /// Why the report could not be read.
-        message: String,
+        #[source]
+        source: ReportError,
     },
     /// A warm start's handover could not be made (the runner is not waiting).
     #[error("cannot hand the job over to the warm sandbox: {0}")]
@@ -73,13 +67,13 @@ pub enum RunError {
 
 /// Where the notebook runner writes its outputs inside the sandbox (one JSON object a line;
 /// `oci-bundles/runner/README.md`).
-pub const OUTPUTS_FILE: &str = "/sandq/out/outputs.jsonl";
+pub(crate) const OUTPUTS_FILE: &str = "/sandq/out/outputs.jsonl";
 
 /// The program's argv inside the sandbox: `python3 /sandq/sandq_runner.py <script> args...`
 /// or `node --require /sandq/sandq_stdio.js /sandq/sandq_runner.js <script> args...` in
 /// notebook mode, `python3 <script> args...` or `node --require /sandq/sandq_stdio.js <script>
 /// args...` in script mode.
-pub fn command(job: &ValidJob) -> Vec<String> {
+pub(crate) fn command(job: &ValidJob) -> Vec<String> {
     let interpreter = match job.spec.runtime {
         Runtime::Python => "python3",
         Runtime::Node => "node",
@@ -90,10 +84,10 @@ pub fn command(job: &ValidJob) -> Vec<String> {
     };
     let mut argv = vec![interpreter.to_owned()];
     if job.spec.runtime == Runtime::Node {
-        argv.extend(["--require".to_owned(), format!("/sandq/{}", crate::stage::NODE_STDIO)]);
+        argv.extend(["--require".to_owned(), format!("/sandq/{}", crate::layout::NODE_STDIO)]);
     }
     if job.spec.run_mode() == sandq_schemas::RunMode::Notebook {
-        if let Some((runner, _)) = crate::stage::runner_files(job.spec.runtime).first() {
+        if let Some((runner, _)) = crate::layout::runner_files(job.spec.runtime).first() {
             argv.push(format!("/sandq/{runner}"));
         }
     }
@@ -104,7 +98,7 @@ pub fn command(job: &ValidJob) -> Vec<String> {
 
 /// A notebook cell's place in its session, for the runner.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Cell {
+pub(crate) struct Cell {
     /// This cell's `execution_count` (`SANDQ_EXECUTION_COUNT`).
     pub execution_count: u64,
     /// For a session job: save the state after the cell, within this many bytes
@@ -123,7 +117,7 @@ pub struct Cell {
 /// Notebook mode adds `SANDQ_OUTPUTS` ([`OUTPUTS_FILE`]), `SANDQ_OUTPUT_LIMIT` (bytes the
 /// runner may write there: `outputs_bytes` less 64 KiB of slack for the tmpfs's own use) and
 /// the session state variables of [`Cell`].
-pub fn environment(
+pub(crate) fn environment(
     job: &ValidJob,
     packages: &crate::packages::Packages,
     limits: &SandboxLimits,
@@ -138,13 +132,13 @@ pub fn environment(
     if notebook {
         env.push(format!("SANDQ_EXECUTION_COUNT={}", cell.execution_count.max(1)));
         if let Some((bytes, time)) = cell.save_state {
-            env.push(format!("SANDQ_STATE_OUT=/sandq/out/{}", crate::stage::STATE_OUT));
-            env.push(format!("SANDQ_STATE_REPORT=/sandq/out/{}", crate::stage::STATE_REPORT));
+            env.push(format!("SANDQ_STATE_OUT=/sandq/out/{}", crate::layout::STATE_OUT));
+            env.push(format!("SANDQ_STATE_REPORT=/sandq/out/{}", crate::layout::STATE_REPORT));
             env.push(format!("SANDQ_STATE_LIMIT={bytes}"));
             env.push(format!("SANDQ_STATE_TIME_LIMIT={}", time.as_secs_f64()));
         }
         if cell.restore_state {
-            env.push(format!("SANDQ_STATE_IN=/sandq/out/{}", crate::stage::STATE_IN));
+            env.push(format!("SANDQ_STATE_IN=/sandq/out/{}", crate::layout::STATE_IN));
         }
     }
     env.extend(job.spec.env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -155,7 +149,7 @@ pub fn environment(
 /// starts with before its job's environment replaces it. `outputs_bytes`: notebook mode's
 /// outputs budget (`SANDQ_OUTPUTS`, `SANDQ_OUTPUT_LIMIT`). `packages`: where installed
 /// packages go and which indexes and CAs the installers use ([`crate::packages`]).
-pub fn sandbox_environment(
+pub(crate) fn sandbox_environment(
     packages: &crate::packages::Packages,
     sku: sandq_schemas::Sku,
     limits: &SandboxLimits,
@@ -201,8 +195,9 @@ pub fn sandbox_environment(
 /// Bytes per second the worker drains from a stream past its capture cap. Past the cap the
 /// bytes are spliced to `/dev/null` (no copy through the worker), and a program writing
 /// faster than this waits on its full pipe: an output flood costs the worker a few
-/// milliseconds of CPU a second instead of as much CPU as the job (security review F5).
-pub const DISCARD_BYTES_PER_S: u64 = 64 << 20;
+/// milliseconds of CPU a second instead of as much CPU as the job (test:
+/// an_output_flood_costs_the_worker_little_cpu in tests/hostile.rs).
+pub(crate) const DISCARD_BYTES_PER_S: u64 = 64 << 20;
 
 /// Pipe size while discarding, bytes: the most one splice moves.
 const DISCARD_PIPE_BYTES: usize = 1 << 20;
@@ -220,8 +215,8 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
         return captured;
     };
     // A 1 MiB pipe, read at most every DISCARD_INTERVAL: a program writing a byte at a time
-    // wakes the worker 200 times a second, not once per write (security re-review N2); the
-    // pipe holds what comes meanwhile (best effort: the default size only costs more wake-ups).
+    // wakes the worker 200 times a second, not once per write; the pipe holds what comes
+    // meanwhile (best effort: the default size only costs more wake-ups).
     let _ = crate::sys::set_pipe_size(stream.get_ref().as_fd(), DISCARD_PIPE_BYTES as i32);
     let mut buf = vec![0u8; DISCARD_PIPE_BYTES];
     while (captured.bytes.len() as u64) < cap {
@@ -260,7 +255,7 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
 
 /// What a sandbox is started with.
 #[derive(Debug, Clone)]
-pub struct Launch<'a> {
+pub(crate) struct Launch<'a> {
     /// Its container id (random).
     pub container_id: &'a str,
     /// The program's argv.
@@ -282,7 +277,7 @@ pub struct Launch<'a> {
 /// A started helper and its container (running, or for a warm start waiting for its job).
 /// Dropped unfinished, its control pipe closes and the helper kills and deletes the container.
 #[derive(Debug)]
-pub struct Started {
+pub(crate) struct Started {
     container_id: String,
     child: tokio::process::Child,
     control: tokio::process::ChildStdin,
@@ -293,14 +288,15 @@ pub struct Started {
     /// until its job is handed over ([`Started::pin`]).
     _cpus: Option<crate::sandbox::cpuset::CpuLease>,
     /// CPU time the sandbox used before its job was handed over (a warm sandbox's warm-up),
-    /// ms: not the job's, taken off the report's usage (eighth review W1).
+    /// ms: not the job's, taken off the report's usage (a warm job's `cpu_ms` would count the
+    /// warm-up: 1,027 ms against 194 cold).
     cpu_ms_before_job: u64,
 }
 
 /// A warm start's handover: the job's environment and arguments (the program after the
 /// runner's own argv).
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Handover {
+pub(crate) struct Handover {
     /// `NAME` -> value, the whole environment a cold start would have had.
     pub env: std::collections::BTreeMap<String, String>,
     /// Arguments after the script.
@@ -311,13 +307,13 @@ pub struct Handover {
 ///
 /// # Errors
 /// [`RunError`], infrastructure failures.
-pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Result<Started, RunError> {
-    let cgroups_path = format!("/sandq/{}", launch.container_id);
-    let resolv_conf = dir.src.join(crate::stage::RESOLV_CONF);
-    let ca_bundle = dir.src.join(crate::stage::CA_BUNDLE);
-    // A warm sandbox holds no CPUs while it waits (fifth review P2: idle warm sandboxes' pins
-    // made running jobs share CPUs): it may run on any, at the lowest weight, and is pinned
-    // when its job arrives.
+pub(crate) async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Result<Started, RunError> {
+    let cgroups_path = crate::layout::cgroup_path(launch.container_id);
+    let resolv_conf = dir.src.join(crate::layout::RESOLV_CONF);
+    let ca_bundle = dir.src.join(crate::layout::CA_BUNDLE);
+    // A warm sandbox holds no CPUs while it waits (idle warm sandboxes' pins would make running
+    // jobs share CPUs): it may run on any, at the lowest weight, and is pinned when its job
+    // arrives (test: a_warm_start_and_a_cold_one_get_cpus_of_their_own in tests/warm.rs).
     let pool = crate::sandbox::cpuset::CpuPool::global();
     let cpus = (!launch.warm).then(|| pool.lease(launch.limits.cpus));
     let cpuset = cpus.as_ref().map_or_else(|| pool.all_list(), crate::sandbox::cpuset::CpuLease::cpu_list);
@@ -380,7 +376,16 @@ pub async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>) -> Re
     };
     let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
     let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
-    Ok(Started { container_id: launch.container_id.to_owned(), child, control, stdout, stderr, warm: launch.warm, _cpus: cpus, cpu_ms_before_job: 0 })
+    Ok(Started {
+        container_id: launch.container_id.to_owned(),
+        child,
+        control,
+        stdout,
+        stderr,
+        warm: launch.warm,
+        _cpus: cpus,
+        cpu_ms_before_job: 0,
+    })
 }
 
 impl Started {
@@ -390,29 +395,30 @@ impl Started {
     ///
     /// # Errors
     /// The cgroup write's error.
-    pub fn pin(&mut self, cores: f64) -> std::io::Result<()> {
+    pub(crate) fn pin(&mut self, cores: f64) -> std::io::Result<()> {
         let lease = crate::sandbox::cpuset::CpuPool::global().lease(cores);
-        crate::sandbox::cgroup::set_cpuset(&format!("/sandq/{}", self.container_id), &lease.cpu_list())?;
+        crate::sandbox::cgroup::set_cpuset(&crate::layout::cgroup_path(&self.container_id), &lease.cpu_list())?;
         self._cpus = Some(lease);
         Ok(())
     }
 
     /// The memory a warm sandbox's warm-up holds now (the interpreter and its preloaded
     /// modules), at most `reserve` (`warm.memory_bytes`), bytes; `reserve` when unreadable.
-    pub fn warmup_memory(&self, reserve: u64) -> u64 {
-        crate::sandbox::cgroup::memory_current(&format!("/sandq/{}", self.container_id)).unwrap_or(reserve).min(reserve)
+    pub(crate) fn warmup_memory(&self, reserve: u64) -> u64 {
+        crate::sandbox::cgroup::memory_current(&crate::layout::cgroup_path(&self.container_id)).unwrap_or(reserve).min(reserve)
     }
 
     /// Hands a warm sandbox's resources to its job: notes the warm-up's CPU time, which is not
-    /// the job's usage (eighth security review W1), and, when `extra_memory_bytes` is not 0,
-    /// raises its memory limit to `memory_bytes` (the SKU's) plus that, so that a program that
-    /// fits a cold start fits a warm one (W2). The caller takes `extra_memory_bytes` from the
-    /// worker's capacity first ([`crate::capacity::Reservation::try_grow_memory`]).
+    /// the job's usage, and, when `extra_memory_bytes` is not 0, raises its memory limit to
+    /// `memory_bytes` (the SKU's) plus that, so that a program that fits a cold start fits a
+    /// warm one (test: a_warm_start_leaves_the_job_the_memory_of_a_cold_one in tests/warm.rs).
+    /// The caller takes `extra_memory_bytes` from the worker's capacity first
+    /// ([`crate::capacity::Reservation::try_grow_memory`]).
     ///
     /// # Errors
     /// The cgroup write's error.
-    pub fn hand_over_resources(&mut self, memory_bytes: u64, extra_memory_bytes: u64) -> std::io::Result<()> {
-        let path = format!("/sandq/{}", self.container_id);
+    pub(crate) fn hand_over_resources(&mut self, memory_bytes: u64, extra_memory_bytes: u64) -> std::io::Result<()> {
+        let path = crate::layout::cgroup_path(&self.container_id);
         self.cpu_ms_before_job = crate::sandbox::cgroup::read(&path).cpu_ms;
         if extra_memory_bytes == 0 {
             return Ok(());
@@ -423,13 +429,13 @@ impl Started {
 
 impl Started {
     /// True while the helper runs (a warm sandbox that died is discarded).
-    pub fn alive(&mut self) -> bool {
+    pub(crate) fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Stops a container nobody will use (a warm sandbox at shutdown) and waits for its
     /// helper to delete it, so that dropping `dir` then removes the dir at once.
-    pub async fn discard(mut self, dir: &JobDir) {
+    pub(crate) async fn discard(mut self, dir: &JobDir) {
         let _ = self.control.write_all(b"kill\n").await;
         drop(self.control);
         if tokio::time::timeout(HELPER_GRACE, self.child.wait()).await.is_ok() {
@@ -446,7 +452,7 @@ impl Started {
     /// # Errors
     /// [`RunError`], all infrastructure failures; the program's own failures are in the
     /// report.
-    pub async fn finish(
+    pub(crate) async fn finish(
         mut self,
         dir: &JobDir,
         settings: &Settings,
@@ -492,9 +498,7 @@ impl Started {
         // guards against a leaked writer keeping a reader task alive.
         let stdout = tokio::time::timeout(Duration::from_secs(5), stdout).await.ok().and_then(Result::ok).unwrap_or_default();
         let stderr = tokio::time::timeout(Duration::from_secs(5), stderr).await.ok().and_then(Result::ok).unwrap_or_default();
-        let report = read_report(&dir.report)
-            .await
-            .map_err(|message| RunError::NoReport { status: status.to_string(), message })?;
+        let report = read_report(&dir.report).await.map_err(|source| RunError::NoReport { status: status.to_string(), source })?;
         let mut report = report;
         report.stats.cpu_ms = report.stats.cpu_ms.saturating_sub(cpu_ms_before_job);
         Ok(RunOutput { report, stdout, stderr })
@@ -507,7 +511,7 @@ impl Started {
 async fn hand_over(dir: &JobDir, handover: &Handover) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let bytes = serde_json::to_vec(handover).map_err(std::io::Error::other)?;
-    let path = dir.src.join(crate::stage::WARM_HANDOVER);
+    let path = dir.src.join(crate::layout::WARM_HANDOVER);
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -515,13 +519,10 @@ async fn hand_over(dir: &JobDir, handover: &Handover) -> std::io::Result<()> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))?;
-    let go = dir.out.join(crate::stage::WARM_GO);
+    let go = dir.out.join(crate::layout::WARM_GO);
     let mut last = None;
     for _ in 0..100 {
-        let opened = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&go);
+        let opened = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&go);
         match opened {
             Ok(mut fifo) => return std::io::Write::write_all(&mut fifo, b"g"),
             // ENXIO: the runner has not opened its end yet (it is about to).
@@ -533,20 +534,27 @@ async fn hand_over(dir: &JobDir, handover: &Handover) -> std::io::Result<()> {
     Err(last.unwrap_or_else(|| std::io::Error::other("the warm runner is not waiting")))
 }
 
-async fn read_report(path: &Path) -> Result<SandboxReport, String> {
-    let bytes = tokio::fs::read(path).await.map_err(|e| e.to_string())?;
-    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+/// Why the helper's report file could not be read ([`read_report`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReportError {
+    /// The file could not be read (the helper died before writing it).
+    #[error("{0}")]
+    Read(#[source] std::io::Error),
+    /// The file is not a [`SandboxReport`] in JSON (a partial write).
+    #[error("{0}")]
+    Decode(#[source] serde_json::Error),
+}
+
+/// The [`SandboxReport`] the helper wrote at `path`.
+async fn read_report(path: &Path) -> Result<SandboxReport, ReportError> {
+    let bytes = tokio::fs::read(path).await.map_err(ReportError::Read)?;
+    serde_json::from_slice(&bytes).map_err(ReportError::Decode)
 }
 
 /// Deletes one container through the helper (never from this process).
-pub async fn delete_container(settings: &Settings, container_id: &str) {
-    let status = Command::new(&settings.container_helper)
-        .arg("delete")
-        .arg(&settings.state_root)
-        .arg(container_id)
-        .env_clear()
-        .status()
-        .await;
+pub(crate) async fn delete_container(settings: &Settings, container_id: &str) {
+    let status =
+        Command::new(&settings.container_helper).arg("delete").arg(&settings.state_root).arg(container_id).env_clear().status().await;
     if let Err(e) = status {
         tracing::error!(container_id, error = %e, "cannot run sandq-container delete");
     }
@@ -555,7 +563,7 @@ pub async fn delete_container(settings: &Settings, container_id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandq_schemas::{JobSpec, RunMode, Sku, validate::Limits};
+    use sandq_schemas::{validate::Limits, JobSpec, RunMode, Sku};
 
     fn argv(runtime: Runtime, mode: Option<RunMode>) -> Vec<String> {
         let mut spec = JobSpec::new("job-1", Sku::S, runtime, "1");
@@ -569,13 +577,17 @@ mod tests {
         assert_eq!(argv(Runtime::Python, None), ["python3", "/sandq/sandq_runner.py", "/sandq/main.py", "a"]);
         let stdio = ["--require", "/sandq/sandq_stdio.js"];
         assert_eq!(argv(Runtime::Node, None), ["node", stdio[0], stdio[1], "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
-        assert_eq!(argv(Runtime::Node, Some(RunMode::Notebook)), ["node", stdio[0], stdio[1], "/sandq/sandq_runner.js", "/sandq/main.js", "a"]);
+        assert_eq!(
+            argv(Runtime::Node, Some(RunMode::Notebook)),
+            ["node", stdio[0], stdio[1], "/sandq/sandq_runner.js", "/sandq/main.js", "a"]
+        );
         assert_eq!(argv(Runtime::Python, Some(RunMode::Script)), ["python3", "/sandq/main.py", "a"]);
         assert_eq!(argv(Runtime::Node, Some(RunMode::Script)), ["node", stdio[0], stdio[1], "/sandq/main.js", "a"]);
         // The runner and preload named are files the stage writes.
         for runtime in [Runtime::Python, Runtime::Node] {
-            for file in argv(runtime, None).iter().filter_map(|a| a.strip_prefix("/sandq/")).filter(|f| *f != "main.py" && *f != "main.js") {
-                assert!(crate::stage::runner_files(runtime).iter().any(|(name, _)| *name == file), "{runtime:?} {file}");
+            for file in argv(runtime, None).iter().filter_map(|a| a.strip_prefix("/sandq/")).filter(|f| *f != "main.py" && *f != "main.js")
+            {
+                assert!(crate::layout::runner_files(runtime).iter().any(|(name, _)| *name == file), "{runtime:?} {file}");
             }
         }
     }

@@ -10,7 +10,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 ///
 /// # Errors
 /// The kernel's error (`ESRCH` when the process is gone, `ENOSYS` on old kernels).
-pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and a flags word, touches no memory of ours, and returns
     // either -1 (errno set) or a new fd that nothing else owns.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
@@ -28,7 +28,7 @@ pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
 ///
 /// # Errors
 /// The kernel's error (`EPERM` without `CAP_NET_ADMIN` over the namespace).
-pub fn loopback_up() -> io::Result<()> {
+pub(crate) fn loopback_up() -> io::Result<()> {
     // SAFETY: socket() takes three integers and returns a new fd or -1.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -59,18 +59,19 @@ pub fn loopback_up() -> io::Result<()> {
 
 /// Moves up to `len` bytes from the pipe `from` to `to` without copying them through user
 /// space (`splice(2)` with `SPLICE_F_NONBLOCK`): how the worker discards a stream's bytes past
-/// its capture cap at a small fraction of the CPU a `read` costs (security review F5).
+/// its capture cap at a small fraction of the CPU a `read` costs (test:
+/// an_output_flood_costs_the_worker_little_cpu in tests/hostile.rs).
 ///
 /// # Errors
 /// The kernel's error; `WouldBlock` when the pipe is empty.
-pub fn splice_out(from: std::os::fd::BorrowedFd<'_>, to: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+pub(crate) fn splice_out(from: std::os::fd::BorrowedFd<'_>, to: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<usize> {
     use nix::fcntl::{splice, SpliceFFlags};
     splice(from, None, to, None, len, SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE).map_err(io::Error::from)
 }
 
 /// `CLOCK_REALTIME_COARSE` in nanoseconds since the epoch: the clock file timestamps come from
 /// (`clock_gettime(2)`; cannot fail for this clock id, 0 if it did).
-pub fn coarse_realtime_ns() -> i128 {
+pub(crate) fn coarse_realtime_ns() -> i128 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)
         .map_or(0, |t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
 }
@@ -79,7 +80,7 @@ pub fn coarse_realtime_ns() -> i128 {
 ///
 /// # Errors
 /// The kernel's error; `WouldBlock` when nothing is there yet.
-pub fn read_once(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_once(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
     nix::unistd::read(fd.as_raw_fd(), buf).map_err(io::Error::from)
 }
@@ -89,7 +90,7 @@ pub fn read_once(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
 ///
 /// # Errors
 /// The kernel's error (`EPERM` past `/proc/sys/fs/pipe-max-size` without `CAP_SYS_RESOURCE`).
-pub fn set_pipe_size(fd: std::os::fd::BorrowedFd<'_>, bytes: i32) -> io::Result<i32> {
+pub(crate) fn set_pipe_size(fd: std::os::fd::BorrowedFd<'_>, bytes: i32) -> io::Result<i32> {
     use nix::fcntl::{fcntl, FcntlArg};
     use std::os::fd::AsRawFd;
     fcntl(fd.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(bytes)).map_err(io::Error::from)
@@ -99,7 +100,7 @@ pub fn set_pipe_size(fd: std::os::fd::BorrowedFd<'_>, bytes: i32) -> io::Result<
 ///
 /// # Errors
 /// The kernel's error.
-pub fn set_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     use std::os::fd::AsRawFd;
     let flags = OFlag::from_bits_truncate(fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).map_err(io::Error::from)?);
@@ -112,7 +113,7 @@ pub fn set_nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
 ///
 /// # Errors
 /// The kernel's error from `fcntl`, or the reactor's from registering.
-pub fn async_pipe(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+pub(crate) fn async_pipe(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     use std::os::fd::AsFd;
     set_nonblocking(fd.as_fd())?;
     // SAFETY: an `OwnedFd` is a valid open descriptor that it alone closes, on drop; while the
@@ -124,13 +125,14 @@ pub fn async_pipe(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> 
 /// container to join (`linux.namespaces[user].path`). Dropping it lets the process exit (the
 /// namespace lives on while the container's processes are in it) and reaps it.
 ///
-/// Why (security review F2): the kernel charges per-user counters of everything inside a user
+/// Why: the kernel charges per-user counters of everything inside a user
 /// namespace (inotify instances and watches, pending signals, POSIX message queue bytes...)
 /// to the namespace's *owner* in the parent namespace as well. A namespace youki creates is
 /// owned by host root, so one sandbox could exhaust root's counters for the host and for every
-/// other sandbox. Owned by a uid of its own slot's range, a sandbox can only exhaust that uid's.
+/// other sandbox. Owned by a uid of its own slot's range, a sandbox can only exhaust that uid's
+/// (test: a_sandbox_cannot_exhaust_host_roots_per_user_limits in tests/hostile.rs).
 #[derive(Debug)]
-pub struct UsernsHolder {
+pub(crate) struct UsernsHolder {
     pid: nix::unistd::Pid,
     /// Write end of the pipe the holder blocks on (closed with the helper, should the helper
     /// die before it kills the holder; the holder also has `PR_SET_PDEATHSIG`).
@@ -139,7 +141,7 @@ pub struct UsernsHolder {
 
 impl UsernsHolder {
     /// `/proc/<pid>/ns/user`, the path a spec's user namespace entry takes.
-    pub fn ns_path(&self) -> std::path::PathBuf {
+    pub(crate) fn ns_path(&self) -> std::path::PathBuf {
         std::path::PathBuf::from(format!("/proc/{}/ns/user", self.pid))
     }
 }
@@ -162,7 +164,7 @@ impl Drop for UsernsHolder {
 /// # Errors
 /// The kernel's error from `pipe2`, `fork`, the holder's set-up (reported through a pipe), or
 /// writing the maps.
-pub fn spawn_userns_holder(owner: u32, host_base: u32, size: u32) -> io::Result<UsernsHolder> {
+pub(crate) fn spawn_userns_holder(owner: u32, host_base: u32, size: u32) -> io::Result<UsernsHolder> {
     use nix::fcntl::OFlag;
     use nix::unistd::{ForkResult, Gid, Uid};
     use std::io::{Read, Write};

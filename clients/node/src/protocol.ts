@@ -12,8 +12,9 @@ export const SKUS: readonly Sku[] = ["S", "M", "L", "XL"];
 /** Longest single BLPOP on a done list (s): the hash is read again after each. */
 export const BLOCK_S = 5;
 
-/** The compare-and-set script of docs/protocol.md ("Writing a status"). */
-export const CAS_SCRIPT = `
+/** The compare-and-set script of docs/protocol.md ("Writing a status"): schemas/protocol/cas.lua,
+ * byte for byte (Rust test: every_copy_of_the_cas_script_is_cas_lua). Edit that file, then this. */
+export const CAS_SCRIPT = `\
 local function rank(s)
   if not s then return 0 end
   if s == 'queued' then return 1 end

@@ -2,8 +2,8 @@
 /etc/sandq/sandq.toml), with a worker of their own in a namespace of their own
 (`sandq-test-sdk-python`), as the Rust tests do (tests/harness.rs): the worker binary of
 `${CARGO_TARGET_DIR:-target}/debug`, started with `--exit-on-stdin-eof` so that it stops when
-the tests end; it inherits the environment (`SANDQ__WORKER__DATA_DIR`/`STATE_DIR` when CI set
-them)."""
+the tests end, on a metrics port of its own (`start_worker`); it inherits the environment
+(`SANDQ__WORKER__DATA_DIR`/`STATE_DIR` when CI set them)."""
 from __future__ import annotations
 
 import os
@@ -29,6 +29,43 @@ def worker_binary() -> Path:
     return target / "debug" / "sandq-worker"
 
 
+def start_worker(worker_id: str, env: dict[str, str]) -> subprocess.Popen:
+    """Starts the worker binary as `worker_id`, with `env` over the inherited environment, and
+    waits (up to 60 s) until it consumes. Its metrics endpoint takes any free port: other workers
+    run on this machine (other tests, CI, a demo), and one of them may hold the default
+    127.0.0.1:9464, which would make this one exit. A worker that exits before consuming fails
+    the test at once, with its log."""
+    binary = worker_binary()
+    assert binary.exists(), f"{binary} missing: build the workspace first (cargo build --workspace)"
+    log_path = Path(tempfile.gettempdir()) / f"sandq-{worker_id}-worker.log"
+    env = {**os.environ, "SANDQ__WORKER__ID": worker_id, "SANDQ__WORKER__METRICS_ADDR": "127.0.0.1:0", **env}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([str(binary), "--exit-on-stdin-eof"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=log, env=env)
+    started = time.monotonic()
+    while b"consuming" not in log_path.read_bytes():
+        code = process.poll()
+        if code is not None:
+            pytest.fail(f"worker {worker_id} exited ({code}) before consuming; its log:\n{log_path.read_text(errors='replace')}")
+        if time.monotonic() - started > 60:
+            process.kill()
+            process.wait()
+            pytest.fail(f"worker {worker_id} did not consume within 60 s; its log:\n{log_path.read_text(errors='replace')}")
+        time.sleep(0.05)
+    return process
+
+
+def stop_worker(process: subprocess.Popen) -> None:
+    """Stops a worker of `start_worker`: closes its stdin, then waits up to 60 s (kills it after)."""
+    assert process.stdin is not None
+    process.stdin.close()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def purge_queues(config: sandq.Config) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(config.amqp_url))
     try:
@@ -50,29 +87,10 @@ def worker(config: sandq.Config):
     with sandq.Client(config) as client:
         client.declare_topology()
     purge_queues(config)
-    binary = worker_binary()
-    assert binary.exists(), f"{binary} missing: build the workspace first (cargo build --workspace)"
-    log_path = Path(tempfile.gettempdir()) / f"sandq-{WORKER_ID}-worker.log"
-    env = dict(os.environ, SANDQ__NAMESPACE=NAMESPACE, SANDQ__WORKER__ID=WORKER_ID,
-               SANDQ__WORKER__CAPACITY_CPUS="16", SANDQ__WORKER__CAPACITY_MEMORY_BYTES=str(64 << 30),
-               # Workers of other tests and instances run beside it (docs/STYLE.md): any free port.
-               SANDQ__WORKER__METRICS_ADDR="127.0.0.1:0")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(binary), "--exit-on-stdin-eof"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, stderr=log, env=env)
-    started = time.monotonic()
-    while b"consuming" not in log_path.read_bytes():
-        assert process.poll() is None, f"worker exited: {log_path.read_text(errors='replace')}"
-        assert time.monotonic() - started < 60, f"worker did not start: {log_path.read_text(errors='replace')}"
-        time.sleep(0.05)
+    process = start_worker(WORKER_ID, dict(SANDQ__NAMESPACE=NAMESPACE, SANDQ__WORKER__CAPACITY_CPUS="16",
+                                           SANDQ__WORKER__CAPACITY_MEMORY_BYTES=str(64 << 30)))
     yield process
-    assert process.stdin is not None
-    process.stdin.close()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_worker(process)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import sandq
-from conftest import worker_binary
+from conftest import start_worker, stop_worker
 
 NAMESPACE = "sandq-test-sdk-python-cluster"
 WORKER_ID = "test-sdk-python-cluster"
@@ -88,22 +88,13 @@ def cluster_config(cluster) -> sandq.Config:
 def cluster_worker(cluster_config: sandq.Config):
     with sandq.Client(cluster_config) as client:
         client.declare_topology()
-    log_path = Path(tempfile.gettempdir()) / f"sandq-{WORKER_ID}-worker.log"
-    env = dict(os.environ, SANDQ__NAMESPACE=NAMESPACE, SANDQ__WORKER__ID=WORKER_ID,
-               SANDQ__WORKER__CAPACITY_CPUS="16", SANDQ__WORKER__CAPACITY_MEMORY_BYTES=str(64 << 30),
-               SANDQ__REDIS__MODE="cluster", SANDQ__REDIS__NODES=",".join(cluster_config.redis_nodes))
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(worker_binary()), "--exit-on-stdin-eof"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, stderr=log, env=env)
-    wait_for(lambda: b"consuming" in log_path.read_bytes(), 60, f"worker did not start: {log_path.read_text(errors='replace')}")
+    # A metrics port of its own, and a worker that exits at start fails at once with its log
+    # (start_worker): another worker on this machine may hold the default port.
+    process = start_worker(WORKER_ID, dict(SANDQ__NAMESPACE=NAMESPACE, SANDQ__WORKER__CAPACITY_CPUS="16",
+                                           SANDQ__WORKER__CAPACITY_MEMORY_BYTES=str(64 << 30), SANDQ__REDIS__MODE="cluster",
+                                           SANDQ__REDIS__NODES=",".join(cluster_config.redis_nodes)))
     yield process
-    assert process.stdin is not None
-    process.stdin.close()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_worker(process)
 
 
 def test_jobs_and_a_cancel_through_a_redis_cluster(cluster_config: sandq.Config, cluster_worker) -> None:

@@ -16,8 +16,9 @@ pub struct CgroupStats {
     /// Peak memory, bytes (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`, Linux 5.19+).
     pub peak_memory_bytes: u64,
     /// Processes the kernel OOM-killed in this cgroup (v1 `memory.oom_control` `oom_kill`, v2
-    /// `memory.events` `oom_kill`). The exit status does not show an OOM kill of a child
-    /// (`../shared/notes/youki.md`), so this counter decides `oom_killed`.
+    /// `memory.events` `oom_kill`). The exit status does not show an OOM kill of a child, so
+    /// this counter decides `oom_killed` (test: oom_of_a_child_is_reported_even_with_exit_code_zero
+    /// in tests/hostile.rs).
     pub oom_kills: u64,
 }
 
@@ -55,11 +56,7 @@ pub fn dirs(cgroups_path: &str) -> Vec<PathBuf> {
     }
     std::fs::read_dir(root)
         .map(|entries| {
-            entries
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| join(&e.path(), cgroups_path))
-                .collect()
+            entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| join(&e.path(), cgroups_path)).collect()
         })
         .unwrap_or_default()
 }
@@ -201,7 +198,8 @@ pub fn set_cpuset(cgroups_path: &str, cpus: &str) -> std::io::Result<()> {
 }
 
 /// A cgroup for work the worker does on a job's behalf outside its sandbox (the session
-/// packages `tar`: tenth security review N5), limited like the job: `cpus` cores of CFS quota
+/// packages `tar`; test: the_packages_tar_runs_confined_to_a_cgroup_of_the_jobs_size in
+/// `session::packages`), limited like the job: `cpus` cores of CFS quota
 /// (v1 `cpu.cfs_quota_us` over a 100 ms period, v2 `cpu.max`), `memory_bytes` (v1
 /// `memory.limit_in_bytes`, v2 `memory.max`) and [`SIDE_PIDS_MAX`] processes, at
 /// `/sandq/side-<owner>-<name>` beside the sandboxes' cgroups, so that the work competes for the CPU
@@ -228,8 +226,8 @@ static SIDE_OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Sets this worker's part of the side cgroups' names: 8 hex digits of a hash of `owner`, the
 /// worker's id and its state root together (two workers of one id but their own state dirs
-/// leave each other's alone, as the container clean-up does: fifteenth review N15-1). Before
-/// it is set (unit tests), `0` is used.
+/// leave each other's alone, as the container clean-up, scoped to the state root, does).
+/// Before it is set (unit tests), `0` is used.
 pub fn set_side_owner(owner: &str) {
     let hash = owner.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
     let _ = SIDE_OWNER.set(format!("{hash:08x}"));
@@ -241,7 +239,8 @@ fn side_owner() -> &'static str {
 
 /// Kills every process left in this worker's side cgroups by an earlier run (a worker killed
 /// while a packages `tar` ran leaves the cgroup, and the `tar` writing into a job dir as the
-/// slot's uid: fourteenth review R14-2), then removes the cgroups; returns how many it removed.
+/// slot's uid), then removes the cgroups; returns how many it removed (test:
+/// leftover_side_cgroups_are_emptied_and_removed_and_only_this_workers).
 /// Run at start, before the job dirs are removed. v1: each controller's `/sandq/side-<owner>-*`;
 /// v2: the unified one (`cgroup.kill` where the kernel has it, else each pid).
 pub fn remove_leftover_side_cgroups() -> usize {
@@ -367,9 +366,9 @@ mod tests {
         assert_eq!(available_cpus(), online);
     }
 
-    /// Fourteenth review R14-2: a side cgroup a killed worker left, with a process in it, is
-    /// emptied (the process killed) and removed at the next start; another worker's is not
-    /// touched. Root only (it makes cgroups).
+    /// A side cgroup a killed worker left, with a process in it, is emptied (the process
+    /// killed) and removed at the next start; another worker's is not touched. Root only (it
+    /// makes cgroups).
     #[test]
     fn leftover_side_cgroups_are_emptied_and_removed_and_only_this_workers() {
         if !nix::unistd::geteuid().is_root() {

@@ -1,8 +1,10 @@
 //! The `sandq-container` helper: a single-threaded process exec'd per container that drives
 //! libcontainer through the whole lifecycle: create -> start -> wait -> stats -> delete.
 //!
-//! The pattern (pidfd before start, kill with `all = true`, reap the init ourselves, read the
-//! cgroup before delete) is the one measured in `../shared/notes/youki.md`.
+//! The pattern: pidfd before start (a recycled pid is never signalled), kill with `all = true`
+//! (through the cgroup), reap the init ourselves, read the cgroup before delete (which removes
+//! it). Its cost is timed in `docs/benchmarks.md` (Container cycle) by
+//! `worker/benches/container_cycle.rs`.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -91,30 +93,58 @@ fn run_main() -> i32 {
         }
     };
     let report = run(&request, &control);
-    let written = serde_json::to_vec(&report)
-        .map_err(io::Error::other)
-        .and_then(|bytes| File::create(&request.report_path)?.write_all(&bytes));
+    let written =
+        serde_json::to_vec(&report).map_err(io::Error::other).and_then(|bytes| File::create(&request.report_path)?.write_all(&bytes));
     match written {
         Ok(()) => 0,
         Err(_) => 4,
     }
 }
 
+/// Why the container's own user namespace could not be made ready ([`join_own_userns`]).
+#[derive(Debug, thiserror::Error)]
+enum UsernsError {
+    /// The process holding the namespace could not be spawned.
+    #[error("user namespace: {0}")]
+    Holder(#[source] io::Error),
+    /// The bundle's `config.json` could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    ReadSpec {
+        /// `<bundle>/config.json`.
+        path: PathBuf,
+        /// The OCI spec error.
+        #[source]
+        source: oci_spec::OciSpecError,
+    },
+    /// The spec declares no user namespace whose path could be set.
+    #[error("the spec has no user namespace to point at the holder's")]
+    NoUserNamespace,
+    /// The rewritten `config.json` could not be saved.
+    #[error("cannot write {}: {source}", path.display())]
+    WriteSpec {
+        /// `<bundle>/config.json`.
+        path: PathBuf,
+        /// The OCI spec error.
+        #[source]
+        source: oci_spec::OciSpecError,
+    },
+}
+
 /// Creates the user namespace of `map` owned by `map.host_base` ([`sys::spawn_userns_holder`])
 /// and rewrites `<bundle>/config.json` so that the container joins it.
-fn join_own_userns(bundle: &Path, map: super::spec::IdMap) -> Result<sys::UsernsHolder, String> {
+fn join_own_userns(bundle: &Path, map: super::spec::IdMap) -> Result<sys::UsernsHolder, UsernsError> {
     use oci_spec::runtime::{LinuxNamespaceType, Spec};
-    let holder = sys::spawn_userns_holder(map.host_base, map.host_base, map.size).map_err(|e| format!("user namespace: {e}"))?;
+    let holder = sys::spawn_userns_holder(map.host_base, map.host_base, map.size).map_err(UsernsError::Holder)?;
     let config = bundle.join("config.json");
-    let mut spec = Spec::load(&config).map_err(|e| format!("cannot read {}: {e}", config.display()))?;
+    let mut spec = Spec::load(&config).map_err(|source| UsernsError::ReadSpec { path: config.clone(), source })?;
     let user = spec
         .linux_mut()
         .as_mut()
         .and_then(|l| l.namespaces_mut().as_mut())
         .and_then(|n| n.iter_mut().find(|n| n.typ() == LinuxNamespaceType::User))
-        .ok_or_else(|| "the spec has no user namespace to point at the holder's".to_owned())?;
+        .ok_or(UsernsError::NoUserNamespace)?;
     user.set_path(Some(holder.ns_path()));
-    spec.save(&config).map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+    spec.save(&config).map_err(|source| UsernsError::WriteSpec { path: config.clone(), source })?;
     Ok(holder)
 }
 
@@ -152,8 +182,8 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
     // The user namespace, owned by the slot's own uid: made here, joined by the container.
     let holder = match request.userns.map(|map| join_own_userns(&request.bundle, map)).transpose() {
         Ok(holder) => holder,
-        Err(message) => {
-            report.exit = failed("create", message);
+        Err(e) => {
+            report.exit = failed("create", e.to_string());
             return report;
         }
     };
@@ -341,11 +371,34 @@ fn poll_two(pidfd: BorrowedFd<'_>, control: BorrowedFd<'_>, timeout_ms: i32) -> 
     Ok((exited, control_ready))
 }
 
+/// Why a sandbox's network namespace could not be set up ([`setup_network`]).
+#[derive(Debug, thiserror::Error)]
+enum NetworkSetupError {
+    /// Reserving an address, the veth pair or the configuration inside failed.
+    #[error(transparent)]
+    Network(#[from] network::NetworkError),
+    /// The helper's own network namespace could not be opened (to come back to).
+    #[error("own netns: {0}")]
+    OwnNamespace(#[source] io::Error),
+    /// The container's network namespace (`/proc/<pid>/ns/net`) could not be opened.
+    #[error("sandbox netns: {0}")]
+    SandboxNamespace(#[source] io::Error),
+    /// `setns` into the container's network namespace failed.
+    #[error("setns: {0}")]
+    Enter(#[source] nix::errno::Errno),
+    /// `lo` could not be brought up inside (the `SIOCSIFFLAGS` ioctl failed).
+    #[error("SIOCSIFFLAGS: {0}")]
+    Loopback(#[source] io::Error),
+    /// `setns` back into the helper's own network namespace failed.
+    #[error("setns back: {0}")]
+    Leave(#[source] nix::errno::Errno),
+}
+
 /// Sets up the network namespace of `pid` (the created, not yet started init): `lo` up, and
 /// for an outbound job a veth on the host bridge with a reserved address. The helper is
 /// single-threaded, so `setns` moves the whole helper (and the `ip` commands it runs) there
 /// and back.
-fn setup_network(pid: i32, request: &SandboxRequest, address: &mut Option<std::net::Ipv4Addr>) -> Result<(), String> {
+fn setup_network(pid: i32, request: &SandboxRequest, address: &mut Option<std::net::Ipv4Addr>) -> Result<(), NetworkSetupError> {
     use nix::sched::{setns, CloneFlags};
     let mut device = None;
     if request.outbound {
@@ -354,14 +407,14 @@ fn setup_network(pid: i32, request: &SandboxRequest, address: &mut Option<std::n
         *address = Some(reserved);
         device = Some((network::attach(pid, &owner)?, reserved));
     }
-    let own = File::open("/proc/self/ns/net").map_err(|e| format!("own netns: {e}"))?;
-    let target = File::open(format!("/proc/{pid}/ns/net")).map_err(|e| format!("sandbox netns: {e}"))?;
-    setns(&target, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns: {e}"))?;
-    let inside = sys::loopback_up().map_err(|e| format!("SIOCSIFFLAGS: {e}")).and_then(|()| match &device {
-        Some((name, reserved)) => network::configure_inside(name, *reserved),
+    let own = File::open("/proc/self/ns/net").map_err(NetworkSetupError::OwnNamespace)?;
+    let target = File::open(format!("/proc/{pid}/ns/net")).map_err(NetworkSetupError::SandboxNamespace)?;
+    setns(&target, CloneFlags::CLONE_NEWNET).map_err(NetworkSetupError::Enter)?;
+    let inside = sys::loopback_up().map_err(NetworkSetupError::Loopback).and_then(|()| match &device {
+        Some((name, reserved)) => network::configure_inside(name, *reserved).map_err(NetworkSetupError::from),
         None => Ok(()),
     });
-    setns(&own, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns back: {e}"))?;
+    setns(&own, CloneFlags::CLONE_NEWNET).map_err(NetworkSetupError::Leave)?;
     inside
 }
 
@@ -403,7 +456,8 @@ pub fn cleanup(state_root: &Path) -> usize {
     // processes are gone (a cgroup with processes cannot be removed), for up to 5 s.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let left: Vec<PathBuf> = ids.iter().flat_map(|id| cgroup::dirs(&format!("/sandq/{}", id.to_string_lossy()))).filter(|d| d.exists()).collect();
+        let left: Vec<PathBuf> =
+            ids.iter().flat_map(|id| cgroup::dirs(&crate::layout::cgroup_path(&id.to_string_lossy()))).filter(|d| d.exists()).collect();
         for dir in &left {
             let _ = std::fs::remove_dir(dir);
         }

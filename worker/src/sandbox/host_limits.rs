@@ -1,6 +1,6 @@
 //! Host-wide kernel tables that every sandbox draws from, sized at start-up so that a
 //! sandbox's own cgroup limits (memory, pids) run out before a table the host shares does
-//! (eighth security review G1, G2).
+//! (test: a_sandbox_takes_a_bounded_share_of_the_hosts_tables in tests/limits.rs).
 //!
 //! - `fs.file-max`, the open file table: a program can hold open files beyond its
 //!   `RLIMIT_NOFILE` (a mapping keeps its file open after the descriptor is closed; measured:
@@ -18,8 +18,8 @@
 //!
 //! Each is sized for the node, not for this worker: several workers may share a node (the
 //! Kubernetes pools, `worker.userns_lease_dir`), and one that raised a table to its own need
-//! left it at the largest single worker's rather than their sum (thirteenth security review
-//! R13-6). So `file-max` counts the node's memory (`MemTotal`), and `pid_max` and `pty.max` go
+//! would leave it at the largest single worker's rather than their sum. So `file-max` counts
+//! the node's memory (`MemTotal`), and `pid_max` and `pty.max` go
 //! to the kernel's largest values, as systemd sets `pid_max` by default: every sandbox is
 //! bounded by its own `pids` limit and devpts `max=` first.
 //!
@@ -28,10 +28,9 @@
 
 use std::path::Path;
 
-use crate::settings::Settings;
 
 /// Memory a held open file costs its job at the least, bytes (a `struct file` is ~256 bytes;
-/// 406 were measured with its mapping, eighth review G1).
+/// 406 were measured with its mapping).
 pub const BYTES_PER_FILE: u64 = 256;
 
 /// The most ptys one sandbox may open (its devpts `max=`, `oci-bundles/config.template.json`).
@@ -59,9 +58,9 @@ pub enum HostLimitError {
     Raise {
         /// The `/proc/sys` file.
         path: String,
-        /// Its value.
+        /// Its current value.
         from: u64,
-        /// The value needed.
+        /// The value the sandboxes' limits need.
         to: u64,
         /// The write's error.
         source: std::io::Error,
@@ -74,20 +73,25 @@ pub enum HostLimitError {
 /// A limit raised at start: (the `/proc/sys` file, old value, new value).
 pub type Raised = (&'static str, u64, u64);
 
-/// Raises the host tables the sandboxes share to what the node needs (`settings` gives this
-/// worker's memory capacity, a floor when `/proc/meminfo` cannot be read); returns what was
-/// raised.
+/// Raises the host tables the sandboxes share to what the node needs (`capacity_memory_bytes`,
+/// this worker's memory capacity in bytes, is a floor when `/proc/meminfo` cannot be read);
+/// returns what was raised.
 ///
 /// # Errors
 /// [`HostLimitError`] when a table is too small and cannot be raised.
-pub fn ensure(settings: &Settings) -> Result<Vec<Raised>, HostLimitError> {
-    let files = node_memory_bytes().unwrap_or(0).max(settings.capacity_memory_bytes) / BYTES_PER_FILE;
+pub fn ensure(capacity_memory_bytes: u64) -> Result<Vec<Raised>, HostLimitError> {
+    let files = node_memory_bytes().unwrap_or(0).max(capacity_memory_bytes) / BYTES_PER_FILE;
     let (pids, ptys) = (PID_MAX_LIMIT, PTY_MAX_LIMIT);
     let mut raised = Vec::new();
     for (path, needed) in [("/proc/sys/fs/file-max", files), ("/proc/sys/kernel/pid_max", pids), ("/proc/sys/kernel/pty/max", ptys)] {
         let now = read(path)?;
         if now < needed {
-            std::fs::write(path, needed.to_string()).map_err(|source| HostLimitError::Raise { path: path.to_owned(), from: now, to: needed, source })?;
+            std::fs::write(path, needed.to_string()).map_err(|source| HostLimitError::Raise {
+                path: path.to_owned(),
+                from: now,
+                to: needed,
+                source,
+            })?;
             raised.push((path, now, needed));
         }
     }
@@ -150,7 +154,8 @@ mod tests {
     #[test]
     fn a_read_only_sysfs_superblock_is_found_and_a_read_only_mount_alone_is_not() {
         // A privileged container's mountinfo in a pod (containerd 1.6, cgroup v1), and a host's.
-        let pod = "475 196 0:117 / / rw,relatime - overlay overlay rw\n478 475 0:112 / /sys rw,nosuid,nodev,noexec,relatime - sysfs sysfs ro\n";
+        let pod =
+            "475 196 0:117 / / rw,relatime - overlay overlay rw\n478 475 0:112 / /sys rw,nosuid,nodev,noexec,relatime - sysfs sysfs ro\n";
         let host = "25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw\n";
         let ro_mount = "25 30 0:23 / /sys ro,nosuid - sysfs sysfs rw\n";
         assert!(super::sysfs_read_only(pod));

@@ -1,7 +1,7 @@
 //! The sandbox: an OCI bundle per job ([`spec`]) run by libcontainer in a single-threaded
 //! helper process ([`helper`], the `sandq-container` binary), never in the worker's
-//! multi-threaded tokio process (libcontainer forks and `chdir`s the whole process; hangs and
-//! races were reproduced: `../shared/notes/youki.md`).
+//! multi-threaded tokio process (libcontainer forks and `chdir`s the whole process: hangs and
+//! races were reproduced there; `docs/STYLE.md`, The sandbox).
 //!
 //! Protocol between the worker and the helper, one helper process per container:
 //! - argv: `sandq-container run` (or `sandq-container cleanup <state_root>`);

@@ -5,10 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::{
-    LinuxCpu, LinuxIdMapping, LinuxMemory, LinuxNamespace, LinuxNamespaceType, LinuxPids,
-    LinuxSeccomp, Spec,
-};
+use oci_spec::runtime::{LinuxCpu, LinuxIdMapping, LinuxMemory, LinuxNamespace, LinuxNamespaceType, LinuxPids, LinuxSeccomp, Spec};
 
 /// The template, compiled in so that a worker binary and its sandbox policy cannot drift apart.
 pub const TEMPLATE: &str = include_str!("../../../oci-bundles/config.template.json");
@@ -82,10 +79,10 @@ pub struct JobSandbox<'a> {
     /// For outbound sandboxes: a file bind-mounted read-only at `/etc/resolv.conf`.
     pub resolv_conf: Option<&'a Path>,
     /// A file bind-mounted read-only over the image's CA bundle
-    /// ([`crate::packages::SANDBOX_CA_BUNDLE`]): the image's CAs and the worker's extra ones.
+    /// ([`crate::layout::SANDBOX_CA_BUNDLE`]): the image's CAs and the worker's extra ones.
     pub ca_bundle: Option<&'a Path>,
     /// A host directory (the job disk's `packages/`) bind-mounted read-write at
-    /// [`crate::packages::SANDBOX_PACKAGES`]: packages the job installs; `src_dir` must hold a
+    /// [`crate::layout::SANDBOX_PACKAGES`]: packages the job installs; `src_dir` must hold a
     /// `packages` directory.
     pub packages_dir: Option<&'a Path>,
     /// A host directory (the job's outputs tmpfs) bind-mounted read-write at `/sandq/out`,
@@ -109,9 +106,9 @@ pub enum SpecError {
     /// Writing `config.json` failed.
     #[error("cannot write {path}: {source}")]
     Write {
-        /// The file.
+        /// `<bundle>/config.json`.
         path: PathBuf,
-        /// The error.
+        /// The I/O error of creating or writing it.
         source: std::io::Error,
     },
 }
@@ -135,13 +132,13 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
             mount.set_source(Some(job.src_dir.to_path_buf()));
         }
     }
-    // The host's load average, task count and last pid show every job's activity (twelfth
-    // review R12-3): a file of the job's own is bound over it (libcontainer allows binds over
-    // /proc/loadavg, as over the other files LXCFS virtualises).
+    // The host's load average, task count and last pid show every job's activity: a file of
+    // the job's own is bound over it (libcontainer allows binds over /proc/loadavg, as over
+    // the other files LXCFS virtualises; test: host_disk_activity_and_paths_are_not_visible).
     let loadavg = oci_spec::runtime::MountBuilder::default()
         .destination("/proc/loadavg")
         .typ("bind")
-        .source(job.src_dir.join(crate::stage::LOADAVG_FILE))
+        .source(job.src_dir.join(crate::layout::LOADAVG_FILE))
         .options(["rbind", "ro", "nosuid", "nodev", "noexec"].map(str::to_owned).to_vec())
         .build()
         .map_err(|_| SpecError::Missing("a valid loadavg mount"))?;
@@ -156,11 +153,12 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
             .map_err(|_| SpecError::Missing("a valid outputs mount"))?;
         spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
-    // The image's /etc/hostname and /etc/resolv.conf are the build host's (seventeenth review
-    // R17-1): every sandbox gets files of its own over them; an outbound one its resolvers.
-    let no_resolv = job.src_dir.join(crate::stage::NO_RESOLV_FILE);
+    // The image's /etc/hostname and /etc/resolv.conf are the build host's: every sandbox gets
+    // files of its own over them; an outbound one its resolvers (test:
+    // no_host_path_visible_in_the_sandbox_names_the_job).
+    let no_resolv = job.src_dir.join(crate::layout::NO_RESOLV_FILE);
     for (destination, source) in [
-        ("/etc/hostname", job.src_dir.join(crate::stage::HOSTNAME_FILE)),
+        ("/etc/hostname", job.src_dir.join(crate::layout::HOSTNAME_FILE)),
         ("/etc/resolv.conf", job.resolv_conf.map_or(no_resolv, Path::to_path_buf)),
     ] {
         let mount = oci_spec::runtime::MountBuilder::default()
@@ -175,7 +173,7 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     if let Some(packages_dir) = job.packages_dir {
         // Executable: installed packages hold native extensions and commands (like /work).
         let mount = oci_spec::runtime::MountBuilder::default()
-            .destination(crate::packages::SANDBOX_PACKAGES)
+            .destination(crate::layout::SANDBOX_PACKAGES)
             .typ("bind")
             .source(packages_dir)
             .options(["rbind", "rw", "nosuid", "nodev"].map(str::to_owned).to_vec())
@@ -185,7 +183,7 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     }
     if let Some(ca_bundle) = job.ca_bundle {
         let mount = oci_spec::runtime::MountBuilder::default()
-            .destination(crate::packages::SANDBOX_CA_BUNDLE)
+            .destination(crate::layout::SANDBOX_CA_BUNDLE)
             .typ("bind")
             .source(ca_bundle)
             .options(["rbind", "ro", "nosuid", "nodev", "noexec"].map(str::to_owned).to_vec())
@@ -210,8 +208,9 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     memory.set_swap(Some(bytes));
     if !super::cgroup::is_v2() {
         // cgroup v1 charges TCP socket buffers to a job only once its kmem.tcp limit is set;
-        // otherwise they count against the host's `tcp_mem` alone (third review R3: 2.2 GB of
-        // buffers queued by a job whose peak memory was 10 MiB). v2 charges them to memory.max.
+        // otherwise they count against the host's `tcp_mem` alone (2.2 GB of buffers were
+        // queued by a job whose peak memory was 10 MiB). v2 charges them to memory.max (test:
+        // tcp_buffers_are_charged_to_the_job in tests/hostile.rs).
         memory.set_kernel_tcp(Some(tcp_buffer_limit(job.limits.memory_bytes)));
     }
     resources.set_memory(Some(memory));
@@ -222,9 +221,10 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
         let profile: LinuxSeccomp = serde_json::from_str(SECCOMP)?;
         linux.set_seccomp(Some(profile));
     }
-    // The host's disks under their real sysfs paths (tenth review N6): `/sys/block` and its
-    // aliases are masked in the template, but each link leads to a directory under
-    // `/sys/devices` whose `stat` shows the disk's reads and writes, other jobs' included.
+    // The host's disks under their real sysfs paths: `/sys/block` and its aliases are masked
+    // in the template, but each link leads to a directory under `/sys/devices` whose `stat`
+    // shows the disk's reads and writes, other jobs' included (test:
+    // host_disk_activity_and_paths_are_not_visible in tests/hostile.rs).
     linux.masked_paths_mut().get_or_insert_with(Vec::new).extend(block_device_dirs().iter().cloned());
     if let Some(map) = job.id_map {
         let mapping: LinuxIdMapping = oci_spec::runtime::LinuxIdMappingBuilder::default()
@@ -244,10 +244,10 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
 
 /// The real sysfs directories of the host's disks and their controllers: the targets of the
 /// links in `/sys/block` (but those under `/sys/devices/virtual/block`, masked whole in the
-/// template; NVMe multipath disks under `/sys/devices/virtual/nvme-subsystem` included:
-/// fourteenth review R14-3), of the SCSI devices and hosts behind them
-/// (`/sys/class/scsi_device/*/device`, whose `iorequest_cnt` counts the disk's commands:
-/// thirteenth review R13-5; `/sys/class/scsi_host/*`, whose `host_busy` counts those in flight)
+/// template; NVMe multipath disks under `/sys/devices/virtual/nvme-subsystem` included), of
+/// the SCSI devices and hosts behind them (`/sys/class/scsi_device/*/device`, whose
+/// `iorequest_cnt` counts the disk's commands; `/sys/class/scsi_host/*`, whose `host_busy`
+/// counts those in flight)
 /// and of the NVMe controllers and subsystems (`/sys/class/nvme*`: a volume's `serial`), read
 /// once (a disk added later is not masked until the worker restarts).
 pub fn block_device_dirs() -> &'static [String] {
@@ -328,8 +328,7 @@ mod tests {
         let packages = mounts.iter().find(|m| m["destination"] == "/sandq/packages").expect("packages mount");
         assert_eq!(packages["source"], "/jobs/a/disk/packages");
         assert!(packages["options"].as_array().expect("options").contains(&serde_json::json!("rw")));
-        let namespaces: Vec<&str> =
-            json["linux"]["namespaces"].as_array().expect("ns").iter().filter_map(|n| n["type"].as_str()).collect();
+        let namespaces: Vec<&str> = json["linux"]["namespaces"].as_array().expect("ns").iter().filter_map(|n| n["type"].as_str()).collect();
         assert_eq!(json["linux"]["uidMappings"][0]["hostID"], 100_000);
         assert_eq!(json["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
         for ns in ["pid", "network", "ipc", "uts", "mount", "user"] {

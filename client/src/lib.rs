@@ -1,0 +1,11 @@
+//! sandq's Rust client: [`Client`] uploads inputs to S3, submits jobs to the broker with
+//! publisher confirms, waits for and reads results in Redis, cancels jobs and downloads
+//! artifacts; [`notebook`] exports finished jobs as a Jupyter notebook.
+//!
+//! It is built on `sandq-core` (configuration, broker, Redis, S3); the `sandq` CLI
+//! (`submitter/`) is a thin binary over it.
+
+pub mod client;
+pub mod notebook;
+
+pub use client::{Client, ClientError};

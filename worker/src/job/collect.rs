@@ -1,0 +1,147 @@
+//! What the program left -> the job's result: artifacts from `/work`, rich outputs, the
+//! session's files, state and packages saved, the captured streams stored, URLs presigned.
+
+use sandq_schemas::{JobResult, JobStatus, RunMode, SandboxStart, ValidJob};
+use tracing::info;
+
+use super::conclude::{Failure, InfraError};
+use super::watch::Ran;
+use crate::context::Context;
+use crate::jobdir::JobDir;
+use crate::publish::{self, Attempt};
+use crate::run::{Cell, RunOutput};
+use crate::sandbox::Exit;
+use crate::session::{self, Opened};
+use crate::settings::SkuSettings;
+use crate::placed::{Restore, Staged};
+use crate::{artifacts, outputs};
+
+/// What [`result`] needs of the launch (the rest of [`Launched`](super::launch::Launched) was
+/// used up by the run).
+pub(super) struct Launch {
+    /// The SKU's settings.
+    pub sku: SkuSettings,
+    /// What staging recorded of the inputs.
+    pub staged: Staged,
+    /// The session files restored into `/work`.
+    pub restore: Vec<Restore>,
+    /// The cell's place in its session.
+    pub cell: Cell,
+    /// The sandbox's uid on the host.
+    pub sandbox_uid: u32,
+    /// Whether a warm sandbox ran the job.
+    pub warm: bool,
+    /// From `running` to the sandbox ready, ms.
+    pub staged_ms: u64,
+}
+
+/// The job's result from its run: a cancelled one's streams only; otherwise artifacts,
+/// outputs and (for a session job) the session saved.
+///
+/// # Errors
+/// Infrastructure failures of S3, Redis or the session save.
+pub(super) async fn result(
+    ctx: &Context,
+    job: &ValidJob,
+    who: &Attempt,
+    opened: Option<&Opened>,
+    dir: &JobDir,
+    launch: Launch,
+    ran: Ran,
+) -> Result<JobResult, Failure> {
+    let (settings, sku) = (&ctx.settings, launch.sku);
+    let bucket = &settings.services.s3.bucket;
+    let Ran { output, cancelled } = ran;
+    // Until the program started: staging (and the handover), or for a cold start also making
+    // and starting the container.
+    let start_ms = if launch.warm { 0 } else { (output.report.create_us + output.report.start_us) / 1000 };
+    let sandbox = SandboxStart { warm: launch.warm, sandbox_wait_ms: launch.staged_ms + start_ms };
+    if cancelled {
+        let logs = store_logs(ctx, job, who, &output).await?;
+        let mut result = publish::finished(job, who, &output, artifacts::Collected::default(), sku.limits.memory_bytes, &logs);
+        result.status = JobStatus::Cancelled;
+        result.signal = Some("SIGKILL".into());
+        result.reason = Some("cancelled while running".into());
+        result.session = opened.map(session::unchanged);
+        result.sandbox = Some(sandbox);
+        return Ok(result);
+    }
+    let r = &output.report;
+    info!(create_us = r.create_us, start_us = r.start_us, delete_us = r.delete_us, wall_ms = r.wall_ms, "container cycle");
+    let notebook = job.spec.run_mode() == RunMode::Notebook;
+    let cell = launch.cell;
+    let baseline = Opened::baseline(&launch.restore, job, &launch.staged);
+    let collected = artifacts::collect(
+        job,
+        &who.id,
+        &dir.work,
+        &baseline,
+        sku.disk_bytes != 0,
+        &ctx.s3,
+        bucket,
+        settings.max_artifacts,
+        settings.max_artifact_bytes,
+    )
+    .await
+    .map_err(InfraError::Artifacts)?;
+    let caps = outputs::Caps {
+        max_outputs: settings.max_outputs,
+        max_bytes: settings.max_outputs_bytes,
+        max_inline_value: settings.max_inline_output_bytes,
+    };
+    let rich = if notebook {
+        outputs::collect(&job.spec.job_id, &who.id, &dir.out, caps, &ctx.s3, bucket).await.map_err(InfraError::Outputs)?
+    } else {
+        outputs::Outputs::default()
+    };
+    let session_info = match opened {
+        Some(opened) => {
+            let left = match cell.save_state {
+                Some(_) => {
+                    // Saved only when the cell ended by itself: a timeout or an OOM kill leaves
+                    // the previous state.
+                    let by_itself = matches!(output.report.exit, Exit::Exited { .. }) && output.report.stats.oom_kills == 0;
+                    Some(session::read_state(&dir.out, settings.max_state_bytes, by_itself).await)
+                }
+                None => None,
+            };
+            let count = notebook.then_some(cell.execution_count);
+            let packages = session::left_packages(ctx, dir, launch.sandbox_uid, sku.limits.cpus).await;
+            let left = session::Left { state: left, packages };
+            let saved = session::save(ctx, job, opened, &collected.files, collected.skipped_total, count, left).await;
+            Some(saved.map_err(InfraError::Session)?)
+        }
+        None => None,
+    };
+    let logs = store_logs(ctx, job, who, &output).await?;
+    let mut result = publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs);
+    result.outputs = rich.outputs;
+    result.outputs_dropped = rich.dropped;
+    result.error = rich.error;
+    result.session = session_info;
+    result.execution_count = notebook.then_some(cell.execution_count);
+    result.sandbox = Some(sandbox);
+    publish::presign(&mut result, &ctx.s3, bucket, settings.artifact_url_ttl).await;
+    Ok(result)
+}
+
+/// Stores the captured streams' exact bytes in S3 (`jobs/<id>/<attempt id>/stdout` and `stderr`).
+async fn store_logs(ctx: &Context, job: &ValidJob, who: &Attempt, output: &RunOutput) -> Result<publish::Logs, InfraError> {
+    let bucket = &ctx.settings.services.s3.bucket;
+    let mut logs = publish::Logs { inline_cap: ctx.settings.max_inline_output_bytes, ..Default::default() };
+    for (stream, captured) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+        if captured.bytes.is_empty() {
+            continue;
+        }
+        let key = sandq_schemas::names::log_key(&job.spec.job_id, &who.id, stream);
+        sandq_core::storage::put_bytes(&ctx.s3, bucket, &key, captured.bytes.clone(), "application/octet-stream")
+            .await
+            .map_err(|source| InfraError::StoreLog { stream, source })?;
+        if stream == "stdout" {
+            logs.stdout_key = Some(key);
+        } else {
+            logs.stderr_key = Some(key);
+        }
+    }
+    Ok(logs)
+}

@@ -1,0 +1,74 @@
+//! The program runs to its end (exit, timeout, OOM kill), or until the client cancels the job
+//! or the worker's shutdown grace is over, whichever comes first.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use sandq_core::results;
+use sandq_schemas::ValidJob;
+
+use super::conclude::{Failure, InfraError};
+use crate::context::Context;
+use crate::jobdir::JobDir;
+use crate::run::{Handover, RunOutput, Started};
+use crate::sandbox::Exit;
+
+/// How often a running job's cancel key is checked (a cancelled job dies within about this).
+pub(crate) const CANCEL_POLL: Duration = Duration::from_millis(250);
+
+/// Why a running container was stopped early.
+const STOP_NONE: u8 = 0;
+const STOP_CANCEL: u8 = 1;
+const STOP_SHUTDOWN: u8 = 2;
+
+/// How the program's run ended, as far as the job is concerned.
+pub(super) struct Ran {
+    /// The helper's report and the captured streams.
+    pub output: RunOutput,
+    /// The client cancelled the job while it ran (the container was killed).
+    pub cancelled: bool,
+}
+
+/// Runs the started sandbox's program to its end (a warm one is handed `handover` first).
+///
+/// # Errors
+/// [`Failure::Interrupted`] when the worker's shutdown killed it; infrastructure failures of
+/// the helper or of a libcontainer step.
+pub(super) async fn run(
+    ctx: &Context,
+    job: &ValidJob,
+    dir: &JobDir,
+    started: Started,
+    handover: Option<&Handover>,
+) -> Result<Ran, Failure> {
+    let stop_reason = AtomicU8::new(STOP_NONE);
+    let stop = stop_signal(ctx, &job.spec.job_id, &stop_reason);
+    let output = started.finish(dir, &ctx.settings, job.timeout, handover, stop).await.map_err(InfraError::Run)?;
+    crate::metrics::enter(crate::metrics::Stage::Collect);
+    if let Exit::Failed { step, message } = &output.report.exit {
+        return Err(InfraError::Sandbox { step: step.clone(), message: message.clone() }.into());
+    }
+    let killed = output.report.exit == Exit::Killed;
+    if killed && stop_reason.load(Ordering::SeqCst) != STOP_CANCEL {
+        return Err(Failure::Interrupted);
+    }
+    Ok(Ran { output, cancelled: killed })
+}
+
+/// Resolves when the job's cancel key is set or the shutdown grace is over, recording which.
+async fn stop_signal(ctx: &Context, job_id: &str, reason: &AtomicU8) {
+    let mut redis = ctx.redis.clone();
+    let mut abort = ctx.abort.clone();
+    let cancelled = async {
+        loop {
+            tokio::time::sleep(CANCEL_POLL).await;
+            if results::cancel_requested(&mut redis, &ctx.settings.names, job_id).await.unwrap_or(false) {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = cancelled => reason.store(STOP_CANCEL, Ordering::SeqCst),
+        _ = abort.wait_for(|a| *a) => reason.store(STOP_SHUTDOWN, Ordering::SeqCst),
+    }
+}

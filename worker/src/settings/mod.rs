@@ -1,0 +1,403 @@
+//! The worker's configuration: [`RawConfig`] as read (TOML file + `SANDQ__*` environment, see
+//! `sandq_core::config`), converted once into validated [`Settings`].
+//!
+//! [`raw`] holds the sections as written, [`host`] what validation reads of the host.
+//!
+//! Keys are lower-case (the `config` crate lower-cases environment keys), so SKU sections are
+//! `[skus.s]`, `[skus.m]`, `[skus.l]`, `[skus.xl]`.
+
+mod host;
+mod raw;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sandq_core::config::ServiceConfig;
+use sandq_schemas::names::Names;
+use sandq_schemas::{Limits, Sku};
+
+pub use host::{DEFAULT_USERNS_HOST_BASE, USERNS_LEASE_RANGES};
+pub use raw::{default_sku, RawConfig, RawLimits, RawSessions, RawSku, RawWarm, RawWorker};
+
+use crate::sandbox::spec::SandboxLimits;
+/// One SKU as this worker serves it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SkuSettings {
+    /// Limits of each sandbox.
+    pub limits: SandboxLimits,
+    /// Jobs at once.
+    pub slots: usize,
+    /// `/work` quota, bytes; 0: none.
+    pub disk_bytes: u64,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Connection sections, as the client library takes them.
+    pub services: ServiceConfig,
+    /// Names of queues and keys.
+    pub names: Names,
+    /// This worker's id.
+    pub worker_id: String,
+    /// The image rootfs.
+    pub rootfs: PathBuf,
+    /// `<data_dir>/<worker id>`: this worker's job dirs.
+    pub jobs_dir: PathBuf,
+    /// `<state_dir>/<worker id>`: this worker's libcontainer state root.
+    pub state_root: PathBuf,
+    /// The helper binary.
+    pub container_helper: PathBuf,
+    /// uid/gid inside the sandbox.
+    pub sandbox_uid: u32,
+    /// User namespace mapping, if enabled.
+    pub id_map: Option<crate::sandbox::spec::IdMap>,
+    /// The lease file whose `flock` reserves `id_map`'s ranges among the host's workers
+    /// (`worker.userns_lease_dir`), and its index; held as long as any clone of the settings.
+    pub userns_lease: Option<(usize, std::sync::Arc<std::fs::File>)>,
+    /// Seccomp on.
+    pub seccomp: bool,
+    /// Outbound network mode served.
+    pub outbound_network: bool,
+    /// Nameservers of outbound sandboxes.
+    pub nameservers: Vec<std::net::Ipv4Addr>,
+    /// Extra ranges outbound sandboxes may not reach, canonical CIDR text.
+    pub blocked_ranges: Vec<String>,
+    /// Run-time package installs: trusted CAs, indexes, the user site's path.
+    pub packages: crate::packages::Packages,
+    /// Shutdown grace period.
+    pub shutdown_grace: Duration,
+    /// Output cap per stream, bytes.
+    pub max_output_bytes: u64,
+    /// Inline output cap per stream, bytes.
+    pub max_inline_output_bytes: u64,
+    /// Artifact count cap.
+    pub max_artifacts: usize,
+    /// Artifact bytes cap.
+    pub max_artifact_bytes: u64,
+    /// Presigned URL validity; zero: no URLs.
+    pub artifact_url_ttl: Duration,
+    /// Rich outputs per job.
+    pub max_outputs: usize,
+    /// Rich output bytes per job (the outputs tmpfs size).
+    pub max_outputs_bytes: u64,
+    /// Session inactivity timeout.
+    pub session_idle_timeout: Duration,
+    /// Session lock wait.
+    pub session_lock_wait: Duration,
+    /// Session reaper period.
+    pub session_reap_interval: Duration,
+    /// Period of the sessions index rebuild from S3 (cluster-wide).
+    pub session_rebuild_interval: Duration,
+    /// Largest notebook state of a session, bytes.
+    pub max_state_bytes: u64,
+    /// Longest time the runner spends saving a notebook state.
+    pub max_state_save: Duration,
+    /// Warm sandboxes kept per SKU served (0: none).
+    pub warm_per_sku: usize,
+    /// Memory set aside in the capacity for each warm sandbox (`warm.memory_bytes`, default
+    /// 256 MiB), bytes; also the most of a warm-up's memory a job is given on top of its
+    /// SKU's at handover.
+    pub warm_memory_bytes: u64,
+    /// Modules a warm runner preloads (`SANDQ_PRELOAD`).
+    pub warm_preload: String,
+    /// Runtimes with warm sandboxes.
+    pub warm_runtimes: Vec<sandq_schemas::Runtime>,
+    /// Infrastructure attempts per job.
+    pub max_attempts: u32,
+    /// Job limits.
+    pub limits: Limits,
+    /// Served SKUs.
+    pub skus: BTreeMap<Sku, SkuSettings>,
+    /// Declared capacity: cores.
+    pub capacity_cpus: f64,
+    /// Memory jobs get, bytes: the declared capacity less the warm sandboxes' share
+    /// (`warm.memory_bytes` each).
+    pub capacity_memory_bytes: u64,
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    pub metrics_addr: std::net::SocketAddr,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A value is wrong; the message names the key.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    /// A run-time package setting (CA certificates, index URLs) is wrong.
+    #[error("invalid configuration: {0}")]
+    Packages(#[from] crate::packages::PackageSettingsError),
+}
+
+impl RawConfig {
+    /// Checks and converts the raw config.
+    ///
+    /// # Errors
+    /// [`SettingsError::Invalid`] naming the offending key; [`SettingsError::Packages`].
+    pub fn validate(self) -> Result<Settings, SettingsError> {
+        let bad = |m: String| Err(SettingsError::Invalid(m));
+        if self.namespace.is_empty() || !self.namespace.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return bad(format!("namespace {:?}: use [A-Za-z0-9_-]", self.namespace));
+        }
+        let worker_id = match self.worker.id {
+            Some(id) => id,
+            None => host::hostname(),
+        };
+        if worker_id.is_empty() || !worker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return bad(format!("worker.id {worker_id:?}: use [A-Za-z0-9_-]"));
+        }
+        let Some(rootfs) = self.worker.rootfs else {
+            return bad("worker.rootfs is not set: run oci-bundles/build-rootfs.sh and put its output there".into());
+        };
+        if !rootfs.join("usr/bin/python3").exists() {
+            return bad(format!("worker.rootfs {} holds no sandbox image (no usr/bin/python3)", rootfs.display()));
+        }
+        let packages = crate::packages::RawPackages {
+            extra_ca_certs: self.worker.extra_ca_certs.as_deref(),
+            pip_index_url: self.worker.pip_index_url.as_deref(),
+            pip_extra_index_urls: self.worker.pip_extra_index_urls.as_deref(),
+            pip_trusted_hosts: self.worker.pip_trusted_hosts.as_deref(),
+            npm_registry: self.worker.npm_registry.as_deref(),
+        }
+        .validate(&rootfs)?;
+        let container_helper = match self.worker.container_helper {
+            Some(p) => p,
+            None => {
+                host::beside_own_binary("sandq-container").map_err(|e| SettingsError::Invalid(format!("cannot find own binary: {e}")))?
+            }
+        };
+        if !container_helper.exists() {
+            return bad(format!("worker.container_helper {} does not exist", container_helper.display()));
+        }
+        let capacity_cpus =
+            self.worker.capacity_cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
+        let capacity_memory_bytes = self.worker.capacity_memory_bytes.unwrap_or_else(host::host_memory_bytes);
+        let mut skus = BTreeMap::new();
+        for key in self.skus.keys() {
+            if key.parse::<Sku>().is_err() || key.to_ascii_lowercase() != *key {
+                return bad(format!("skus.{key}: expected one of s, m, l, xl"));
+            }
+        }
+        for sku in Sku::ALL {
+            let raw = self.skus.get(&sku.as_str().to_ascii_lowercase()).cloned().unwrap_or_else(|| default_sku(sku));
+            if !raw.cpus.is_finite() || raw.cpus <= 0.0 || raw.memory_bytes < (64 << 20) || raw.pids < 16 {
+                return bad(format!("skus.{sku}: cpus > 0, memory_bytes >= 64 MiB and pids >= 16 are required"));
+            }
+            let fits = raw.cpus <= capacity_cpus && raw.memory_bytes <= capacity_memory_bytes;
+            if raw.slots > 0 && !fits {
+                tracing::warn!(
+                    %sku, cpus = raw.cpus, memory_bytes = raw.memory_bytes, capacity_cpus, capacity_memory_bytes,
+                    "SKU is larger than this worker's capacity; not serving it"
+                );
+            }
+            if raw.slots > 0 && fits {
+                let limits = SandboxLimits { cpus: raw.cpus, memory_bytes: raw.memory_bytes, pids: raw.pids };
+                let disk_bytes = raw.disk_bytes.unwrap_or_else(|| default_sku(sku).disk_bytes.unwrap_or(0));
+                if disk_bytes != 0 && disk_bytes < (16 << 20) {
+                    return bad(format!("skus.{sku}.disk_bytes: at least 16 MiB, or 0 for no quota"));
+                }
+                skus.insert(sku, SkuSettings { limits, slots: raw.slots, disk_bytes });
+            }
+        }
+        if skus.is_empty() {
+            return bad("no SKU has slots > 0 and fits worker.capacity_cpus / capacity_memory_bytes".into());
+        }
+        let mut limits = Limits::default();
+        if let Some(t) = self.limits.default_timeout {
+            limits.default_timeout = t;
+        }
+        if let Some(t) = self.limits.max_timeout {
+            limits.max_timeout = t;
+        }
+        if let Some(t) = self.limits.max_result_ttl {
+            limits.max_result_ttl = t;
+        }
+        if let Some(b) = self.limits.max_input_bytes {
+            limits.max_input_bytes = b;
+        }
+        limits.outbound_network = self.worker.outbound_network.unwrap_or(true);
+        if limits.default_timeout > limits.max_timeout {
+            return bad("limits.default_timeout is above limits.max_timeout".into());
+        }
+        let max_attempts = self.worker.max_attempts.unwrap_or(3).max(1);
+        if max_attempts >= self.amqp.delivery_limit {
+            return bad(format!("worker.max_attempts {max_attempts} must be below amqp.delivery_limit {}", self.amqp.delivery_limit));
+        }
+        let mut blocked_ranges = Vec::new();
+        for item in self.worker.blocked_ranges.as_deref().unwrap_or("").split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match crate::sandbox::network::parse_range(item) {
+                Ok(range) => blocked_ranges.push(range),
+                Err(e) => return bad(format!("worker.blocked_ranges: {e}")),
+            }
+        }
+        let nameservers = match &self.worker.nameservers {
+            None => crate::sandbox::network::default_nameservers(&blocked_ranges),
+            Some(list) => {
+                let mut parsed = Vec::new();
+                for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+                    match item.parse::<std::net::Ipv4Addr>() {
+                        Ok(a) => parsed.push(a),
+                        Err(_) => return bad(format!("worker.nameservers: {item:?} is not an IPv4 address")),
+                    }
+                }
+                parsed
+            }
+        };
+        let mut warm_runtimes = Vec::new();
+        for name in self.warm.runtimes.as_deref().unwrap_or("python,node").split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let runtime = match name {
+                "python" => sandq_schemas::Runtime::Python,
+                "node" => sandq_schemas::Runtime::Node,
+                other => return bad(format!("warm.runtimes: unknown runtime {other:?} (python, node)")),
+            };
+            if !warm_runtimes.contains(&runtime) {
+                warm_runtimes.push(runtime);
+            }
+        }
+        // The warm pool's memory comes off the capacity jobs get.
+        let warm_sandboxes = self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
+        let warm_memory_bytes = self.warm.memory_bytes.unwrap_or(256 << 20);
+        let warm_reserve = warm_sandboxes as u64 * warm_memory_bytes;
+        let capacity_memory_bytes = match capacity_memory_bytes.checked_sub(warm_reserve) {
+            Some(left) if skus.values().all(|s| s.limits.memory_bytes <= left) => left,
+            _ => {
+                return bad(format!(
+                    "{warm_sandboxes} warm sandboxes take {warm_reserve} bytes of the {capacity_memory_bytes} bytes of \
+                     worker.capacity_memory_bytes, leaving too little for the largest SKU served: lower warm.per_sku or warm.memory_bytes"
+                ))
+            }
+        };
+        let mut id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
+            host_base: self.worker.userns_host_base.unwrap_or(DEFAULT_USERNS_HOST_BASE),
+            size: 65_536,
+        });
+        let mut userns_lease = None;
+        if let Some(map) = id_map.as_mut() {
+            // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
+            // keeps its range while its job runs, and one is made meanwhile).
+            let slots: usize =
+                skus.values().map(|s| s.slots).sum::<usize>() + 2 * self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
+            let span = slots as u64 * u64::from(map.size);
+            if let Some(dir) = &self.worker.userns_lease_dir {
+                if slots as u64 > USERNS_LEASE_RANGES {
+                    return bad(format!(
+                        "worker.userns_lease_dir: this worker needs {slots} id ranges, a lease holds {USERNS_LEASE_RANGES}: lower the slots or warm sandboxes"
+                    ));
+                }
+                let lease_span = USERNS_LEASE_RANGES * u64::from(map.size);
+                let leases = (u64::from(u32::MAX) - u64::from(map.host_base)) / lease_span;
+                let (k, file) = host::take_userns_lease(dir, leases as usize).map_err(|e| SettingsError::Invalid(e.to_string()))?;
+                map.host_base = u32::try_from(u64::from(map.host_base) + k as u64 * lease_span)
+                    .map_err(|_| SettingsError::Invalid(format!("worker.userns_lease_dir: lease {k} is past the id space")))?;
+                userns_lease = Some((k, std::sync::Arc::new(file)));
+            }
+            let map = *map;
+            let end = u64::from(map.host_base) + span;
+            if end > u64::from(u32::MAX) {
+                return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
+            }
+            if let Some((file, entry)) = host::subordinate_conflict(u64::from(map.host_base)..end) {
+                return bad(format!(
+                    "worker.userns_host_base {}: its ids {}..{end} overlap {file} entry {entry:?}; choose a range no host user is given",
+                    map.host_base, map.host_base
+                ));
+            }
+        }
+        let sandbox_uid = self.worker.sandbox_uid.unwrap_or(1000);
+        if sandbox_uid >= 65_536 {
+            return bad(format!("worker.sandbox_uid {sandbox_uid} must be below 65536 (the mapped range)"));
+        }
+        let artifact_url_ttl = self.worker.artifact_url_ttl.unwrap_or(Duration::from_secs(24 * 3600));
+        if artifact_url_ttl > Duration::from_secs(7 * 24 * 3600) {
+            return bad("worker.artifact_url_ttl: at most 7days (the SigV4 presigning limit)".into());
+        }
+        let metrics_addr = self.worker.metrics_addr.as_deref().unwrap_or("127.0.0.1:9464");
+        let Ok(metrics_addr) = metrics_addr.parse::<std::net::SocketAddr>() else {
+            return bad(format!(
+                "worker.metrics_addr {metrics_addr:?}: expected an address and port (127.0.0.1:9464, 0.0.0.0:9464, [::]:9464)"
+            ));
+        };
+        let data_dir = self.worker.data_dir.unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
+        let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
+        Ok(Settings {
+            names: Names::new(self.namespace.clone()),
+            services: ServiceConfig { namespace: self.namespace, amqp: self.amqp, redis: self.redis, s3: self.s3, queues: self.queues },
+            jobs_dir: data_dir.join(&worker_id),
+            state_root: state_dir.join(&worker_id),
+            worker_id,
+            rootfs,
+            container_helper,
+            sandbox_uid,
+            id_map,
+            userns_lease,
+            seccomp: self.worker.seccomp.unwrap_or(true),
+            outbound_network: self.worker.outbound_network.unwrap_or(true),
+            nameservers,
+            blocked_ranges,
+            packages,
+            shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
+            max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),
+            max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),
+            max_artifacts: self.worker.max_artifacts.unwrap_or(100),
+            max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
+            artifact_url_ttl,
+            max_outputs: self.worker.max_outputs.unwrap_or(100),
+            max_outputs_bytes: self.worker.max_outputs_bytes.unwrap_or(32 << 20).max(1 << 20),
+            session_idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
+            session_lock_wait: self.sessions.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
+            session_reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
+            session_rebuild_interval: self.sessions.rebuild_interval.unwrap_or(Duration::from_secs(3600)).max(Duration::from_secs(1)),
+            max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
+            max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
+            warm_per_sku: self.warm.per_sku.unwrap_or(1),
+            warm_memory_bytes,
+            warm_preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
+            warm_runtimes,
+            max_attempts,
+            limits,
+            skus,
+            capacity_cpus,
+            capacity_memory_bytes,
+            metrics_addr,
+        })
+    }
+}
+
+impl Settings {
+    /// The `resolv.conf` bind-mounted into outbound sandboxes (written at start), beside the
+    /// state root (which holds only container state dirs): `<state_dir>/<worker id>.resolv.conf`.
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.state_root.with_file_name(format!("{}.resolv.conf", self.worker_id))
+    }
+
+    /// The user namespace mapping of the job in consumer slot `slot` (0-based, over all SKUs):
+    /// each slot has a range of its own, `host_base + slot * size`, so that no per-user kernel
+    /// counter (pipe buffers, epoll watches, and those charged to the namespace's owner: inotify,
+    /// pending signals, message queues) is shared between concurrent sandboxes (test:
+    /// a_sandbox_cannot_exhaust_host_roots_per_user_limits in tests/hostile.rs). `None` without
+    /// user namespaces.
+    pub fn id_map_for(&self, slot: usize) -> Option<crate::sandbox::spec::IdMap> {
+        self.id_map.map(|m| crate::sandbox::spec::IdMap {
+            host_base: m.host_base + u32::try_from(slot).unwrap_or(u32::MAX / m.size) * m.size,
+            size: m.size,
+        })
+    }
+
+    /// Consumer slots over all SKUs: slot indexes are `0..total_slots()`; warm sandboxes
+    /// take the indexes after them, `total_slots()..total_slots() + warm_ranges()`.
+    pub fn total_slots(&self) -> usize {
+        self.skus.values().map(|s| s.slots).sum()
+    }
+
+    /// User namespace ranges set aside for warm sandboxes.
+    pub fn warm_ranges(&self) -> usize {
+        2 * self.warm_per_sku * self.skus.len() * self.warm_runtimes.len()
+    }
+
+    /// The host uid (and gid) that owns files the program in slot `slot` writes: the sandbox
+    /// uid, shifted by the slot's user namespace mapping when there is one.
+    pub fn host_sandbox_uid(&self, slot: usize) -> u32 {
+        self.id_map_for(slot).map_or(self.sandbox_uid, |m| m.host_base + self.sandbox_uid)
+    }
+}

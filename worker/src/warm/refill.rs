@@ -1,0 +1,134 @@
+//! The refill: while the worker is idle, starts warm sandboxes until the pool holds
+//! `warm.per_sku` of each SKU and runtime, at the lowest CPU weight.
+
+use std::time::{Duration, Instant};
+
+use sandq_schemas::{Runtime, Sku};
+use tracing::{info, warn};
+
+use super::pool::{IndexLease, WarmSandbox};
+use super::src_bytes;
+use crate::context::Context;
+use crate::jobdir::{self, JobDirError, Shape};
+use crate::layout;
+use crate::run::{self, Launch, RunError};
+
+/// How often the refill looks at the pool.
+const REFILL_PERIOD: Duration = Duration::from_millis(200);
+
+/// Why a warm sandbox could not be started (logged; tried again later).
+#[derive(Debug, thiserror::Error)]
+enum WarmError {
+    /// The worker does not serve the SKU.
+    #[error("sku not served")]
+    NotServed,
+    /// Its job dir could not be made.
+    #[error(transparent)]
+    JobDir(#[from] JobDirError),
+    /// Its container could not be started.
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// Starts one warm sandbox of `sku` for `runtime`.
+async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> Result<WarmSandbox, WarmError> {
+    let settings = &ctx.settings;
+    let sku_settings = settings.skus.get(&sku).copied().ok_or(WarmError::NotServed)?;
+    let container_id = format!("j-{:032x}", rand::random::<u128>());
+    let id_map = settings.id_map_for(index.index);
+    let sandbox_uid = id_map.map_or(settings.sandbox_uid, |m| m.host_base + settings.sandbox_uid);
+    // The outputs tmpfs a cold job of the runtime gets: Python notebook jobs have room for a
+    // session state (crate::job::launch), Node.js jobs do not.
+    let state_bytes = if runtime == Runtime::Python { 2 * settings.max_state_bytes } else { 0 };
+    let shape = Shape {
+        jobs_dir: &settings.jobs_dir,
+        container_id: &container_id,
+        sandbox_uid,
+        disk_bytes: sku_settings.disk_bytes,
+        python_site: &settings.packages.python_site,
+        out_bytes: settings.max_outputs_bytes + state_bytes,
+        src_bytes: src_bytes(settings),
+        runner: Some(runtime),
+        warm: true,
+    };
+    let dir = jobdir::prepare(&shape).await?;
+    let mut env = run::sandbox_environment(&settings.packages, sku, &sku_settings.limits, Some(settings.max_outputs_bytes));
+    let runner = layout::runner_files(runtime).first().map_or("", |(name, _)| name);
+    let interpreter = match runtime {
+        Runtime::Python => {
+            env.push(format!("SANDQ_PRELOAD={}", settings.warm_preload));
+            "python3"
+        }
+        Runtime::Node => "node",
+    };
+    // As run::command starts a cold job of the runtime, with `--warm` for the script.
+    let mut args = vec![interpreter.to_owned()];
+    if runtime == Runtime::Node {
+        args.extend(["--require".to_owned(), format!("/sandq/{}", layout::NODE_STDIO)]);
+    }
+    args.extend([format!("/sandq/{runner}"), "--warm".to_owned()]);
+    let launch = Launch {
+        container_id: &container_id,
+        args,
+        env,
+        limits: sku_settings.limits,
+        id_map,
+        outbound: false,
+        warm: true,
+        timeout: settings.limits.max_timeout,
+    };
+    // Warming (the preload: ~0.4 s of CPU) yields to any job that arrives meanwhile: the
+    // spec gives a warm sandbox the lowest CPU weight (run::start).
+    let started = run::start(&dir, settings, &launch).await?;
+    Ok(WarmSandbox { container_id, dir, started, sandbox_uid, index })
+}
+
+/// Keeps the pool filled while the worker is idle, until `shutdown` turns true.
+pub(crate) async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let pool = ctx.warm.clone();
+    if pool.per_sku == 0 {
+        return;
+    }
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(REFILL_PERIOD) => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        let kinds: Vec<(Sku, Runtime)> =
+            ctx.settings.skus.keys().flat_map(|sku| ctx.settings.warm_runtimes.iter().map(move |r| (*sku, *r))).collect();
+        for (sku, runtime) in kinds {
+            crate::metrics::warm_ready(sku, pool.ready_count(sku));
+            // Only into idle capacity: never beside a running job.
+            if !ctx.capacity.is_idle() || pool.count(sku, runtime) >= pool.per_sku {
+                continue;
+            }
+            let Some(index) = pool.free.lock().ok().and_then(|mut f| f.pop()) else { continue };
+            let lease = IndexLease { index, free: pool.free.clone() };
+            let t0 = Instant::now();
+            match make(&ctx, sku, runtime, lease).await {
+                Ok(warm) => {
+                    info!(%sku, ?runtime, container_id = warm.container_id, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
+                    let mut warm = Some(warm);
+                    if let Ok(mut ready) = pool.ready.lock() {
+                        // Checked under the lock drain() takes: a sandbox made while the
+                        // worker shuts down is never left in the pool.
+                        if !pool.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                            ready.entry((sku, runtime)).or_default().extend(warm.take());
+                        }
+                    }
+                    if let Some(late) = warm {
+                        late.started.discard(&late.dir).await;
+                        return;
+                    }
+                }
+                Err(e) => {
+                    warn!(%sku, ?runtime, error = %e, "cannot start a warm sandbox; retrying later");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+        }
+    }
+}
