@@ -180,7 +180,10 @@ pub(crate) fn inputs_list<'de, D: Deserializer<'de>, T: serde::Deserialize<'de>>
 }
 
 /// `env`: at most [`MAX_ENV`] entries.
-pub(crate) fn env_map<'de, D: Deserializer<'de>>(d: D, field: &'static str) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+pub(crate) fn env_map<'de, D: Deserializer<'de>>(
+    d: D,
+    field: &'static str,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
     capped_map(d, field, MAX_ENV)
 }
 

@@ -13,9 +13,9 @@
 //! The attempt counter is RabbitMQ's own `x-delivery-count` (quorum queues), so a worker that
 //! dies mid-job still counts as an attempt and there is only one counter.
 
+use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use futures::StreamExt;
 use lapin::{Acker, Consumer};
 use tokio::sync::watch;
 

@@ -6,7 +6,8 @@
 //!   bundle/config.json           the OCI runtime config
 //!   src/                         tmpfs (just large enough), mounted read-only at /sandq:
 //!     main.py                    the source code (or main.js), the notebook runner's files
-//!                                (sandq_runner.py and sandq_mpl.py, or sandq_runner.js),
+//!                                (sandq_runner.py, sandq_mpl.py and the sandq_nb/ package,
+//!                                or sandq_runner.js),
 //!     .resolv.conf               for an outbound job, bind-mounted at /etc/resolv.conf
 //!     .loadavg                   bind-mounted at /proc/loadavg ([`crate::layout::LOADAVG`])
 //!     .hostname                  bind-mounted at /etc/hostname ([`crate::layout::HOSTNAME`])
@@ -244,8 +245,11 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), JobDirError
     // no_host_path_visible_in_the_sandbox_names_the_job in tests/hostile.rs).
     let runner = shape.runner.map(runner_files).unwrap_or_default();
     let runner_bytes: usize = runner.iter().map(|(_, text)| text.len()).sum();
-    // Each file takes whole pages; 64 KiB of slack covers the rounding of the few files.
-    let src_options = format!("size={},nr_inodes=24,mode=0755", shape.src_bytes + runner_bytes + (64 << 10));
+    // Each file takes whole pages: 128 KiB of slack covers the rounding of the ~25 files. The
+    // inodes: the root, `out/`, `packages/`, the runner's 13 files and its `sandq_nb/`, the
+    // sandbox's 3 etc files, `resolv.conf`, the CA bundle, the code, a warm handover (24 at
+    // most), with room to spare.
+    let src_options = format!("size={},nr_inodes=36,mode=0755", shape.src_bytes + runner_bytes + (128 << 10));
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
         .map_err(|e| JobDirError::Filesystem(format!("source tmpfs: {e}")))?;
@@ -275,7 +279,12 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), JobDirError
     mkdir(&dir.src.join("out"), 0o755)?;
     mkdir(&dir.src.join(crate::layout::PACKAGES_MOUNT_POINT), 0o755)?;
     for (name, text) in runner {
-        write_new(&dir.src.join(name), text.as_bytes(), 0o644)?;
+        let path = dir.src.join(name);
+        // The runner's package directory (`sandq_nb/`), made before its first file.
+        if let Some(parent) = path.parent().filter(|p| *p != dir.src.as_path() && !p.exists()) {
+            mkdir(parent, 0o755)?;
+        }
+        write_new(&path, text.as_bytes(), 0o644)?;
     }
     write_new(&dir.src.join(LOADAVG_FILE), LOADAVG, 0o444)?;
     write_new(&dir.src.join(HOSTNAME_FILE), HOSTNAME, 0o444)?;

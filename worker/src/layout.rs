@@ -69,9 +69,20 @@ pub(crate) const STATE_REPORT: &str = "state.json";
 
 /// The Python notebook runner and its matplotlib backend, written next to the user's code
 /// (the image stays as built; see `oci-bundles/runner/README.md`).
-const RUNNER_FILES: [(&str, &str); 2] = [
+const RUNNER_FILES: [(&str, &str); 13] = [
     ("sandq_runner.py", include_str!("../../oci-bundles/runner/sandq_runner.py")),
     ("sandq_mpl.py", include_str!("../../oci-bundles/runner/sandq_mpl.py")),
+    ("sandq_nb/__init__.py", include_str!("../../oci-bundles/runner/sandq_nb/__init__.py")),
+    ("sandq_nb/bundles.py", include_str!("../../oci-bundles/runner/sandq_nb/bundles.py")),
+    ("sandq_nb/common.py", include_str!("../../oci-bundles/runner/sandq_nb/common.py")),
+    ("sandq_nb/formatters.py", include_str!("../../oci-bundles/runner/sandq_nb/formatters.py")),
+    ("sandq_nb/imports.py", include_str!("../../oci-bundles/runner/sandq_nb/imports.py")),
+    ("sandq_nb/outputs.py", include_str!("../../oci-bundles/runner/sandq_nb/outputs.py")),
+    ("sandq_nb/run.py", include_str!("../../oci-bundles/runner/sandq_nb/run.py")),
+    ("sandq_nb/shell.py", include_str!("../../oci-bundles/runner/sandq_nb/shell.py")),
+    ("sandq_nb/state.py", include_str!("../../oci-bundles/runner/sandq_nb/state.py")),
+    ("sandq_nb/tracebacks.py", include_str!("../../oci-bundles/runner/sandq_nb/tracebacks.py")),
+    ("sandq_nb/warm.py", include_str!("../../oci-bundles/runner/sandq_nb/warm.py")),
 ];
 
 /// The Node.js notebook runner, written next to the user's code like [`RUNNER_FILES`].

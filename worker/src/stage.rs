@@ -14,7 +14,7 @@ use sandq_schemas::ValidJob;
 
 use crate::jobdir::{open_new, prepare, prepare_error, write_new, JobDir, JobDirError, Shape};
 use crate::layout::{CA_BUNDLE, NODE_STDIO, NODE_STDIO_JS, RESOLV_CONF, STATE_IN};
-use crate::placed::{Restore, Stamp, Staged};
+use crate::placed::{Restore, Staged, Stamp};
 
 /// Why staging failed.
 #[derive(Debug, thiserror::Error)]

@@ -8,12 +8,12 @@ use super::conclude::{Failure, InfraError};
 use super::watch::Ran;
 use crate::context::Context;
 use crate::jobdir::JobDir;
+use crate::placed::{Restore, Staged};
 use crate::publish::{self, Attempt};
 use crate::run::{Cell, RunOutput};
 use crate::sandbox::Exit;
 use crate::session::{self, Opened};
 use crate::settings::SkuSettings;
-use crate::placed::{Restore, Staged};
 use crate::{artifacts, outputs};
 
 /// What [`result`] needs of the launch (the rest of [`Launched`](super::launch::Launched) was

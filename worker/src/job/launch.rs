@@ -11,11 +11,11 @@ use super::conclude::{Failure, InfraError, CANCELLED_BEFORE_PROGRAM};
 use crate::capacity::Reservation;
 use crate::context::Context;
 use crate::jobdir::JobDir;
+use crate::placed::{Restore, Staged};
 use crate::publish::Attempt;
 use crate::run::{self, Cell, Handover, Started};
 use crate::session::Opened;
 use crate::settings::SkuSettings;
-use crate::placed::{Restore, Staged};
 use crate::stage;
 use crate::warm::IndexLease;
 

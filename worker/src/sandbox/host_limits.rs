@@ -28,7 +28,6 @@
 
 use std::path::Path;
 
-
 /// Memory a held open file costs its job at the least, bytes (a `struct file` is ~256 bytes;
 /// 406 were measured with its mapping).
 pub const BYTES_PER_FILE: u64 = 256;
