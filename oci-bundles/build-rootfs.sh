@@ -5,8 +5,7 @@
 #
 # Cache: $SANDQ_CACHE/rootfs/<key>/rootfs (default SANDQ_CACHE=/var/cache/sandq), where <key> is
 # the sha256 of this script, packages.txt and node/package-lock.json. A second run with the same recipe prints the path
-# in well under a second. Measured facts behind the recipe: ../shared/notes/rootfs.md and
-# docs/sandbox-image.md.
+# in well under a second. Measured facts behind the recipe: docs/sandbox-image.md.
 #
 # Output: the rootfs path, alone on the last line of stdout. Needs root (mmdebstrap --mode=root).
 set -euo pipefail
@@ -92,8 +91,8 @@ mmdebstrap --mode=root --variant=essential --quiet \
   --customize-hook='ln -s ../lib/node_modules/npm/bin/npm-cli.js "$1/usr/local/bin/npm"' \
   --customize-hook='ln -s ../lib/node_modules/npm/bin/npx-cli.js "$1/usr/local/bin/npx"' \
   --customize-hook='chroot "$1" env HOME=/tmp npm --version >/dev/null' \
-  --customize-hook='sed -i "s/^#font\.family:.*/font.family: sans-serif, Noto Sans CJK JP, Lohit Devanagari/" "$1/etc/matplotlibrc"' \
-  --customize-hook='grep -q "^font.family: sans-serif, Noto Sans CJK JP" "$1/etc/matplotlibrc"' \
+  --customize-hook='sed -i "s/^#font\.family:.*/font.family: sans-serif, Noto Sans CJK JP, Lohit Devanagari, Symbola/" "$1/etc/matplotlibrc"' \
+  --customize-hook='grep -q "^font.family: sans-serif, Noto Sans CJK JP, Lohit Devanagari, Symbola" "$1/etc/matplotlibrc"' \
   --customize-hook='mkdir -p "$1/usr/share/sandq/matplotlib"' \
   --customize-hook='chroot "$1" env MPLCONFIGDIR=/usr/share/sandq/matplotlib python3 -c "import matplotlib.font_manager as fm; fm.fontManager"' \
   --customize-hook='ls "$1/usr/share/sandq/matplotlib"/fontlist-*.json' \

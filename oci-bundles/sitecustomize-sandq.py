@@ -28,3 +28,21 @@ def _sandq_seed_matplotlib_cache():
 
 _sandq_seed_matplotlib_cache()
 del _sandq_seed_matplotlib_cache
+
+
+# sandq: whole lines on stdout and stderr. The worker runs Python with PYTHONUNBUFFERED=1, so
+# nothing a program printed waits in a buffer when it is killed; but unbuffered text streams
+# write each print() argument on its own, and lines of two processes then interleave mid-line.
+# Line buffering above the unbuffered byte stream writes each line whole, at its newline: only
+# an unfinished line is lost at a kill. Inherited by forked children (multiprocessing).
+def _sandq_whole_lines():
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
+_sandq_whole_lines()
+del _sandq_whole_lines

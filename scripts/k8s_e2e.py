@@ -4,7 +4,7 @@ cluster (k8s/overlays/local), through the services instance that script starts.
 
 1. The README's main job (examples/macro_summary.py on examples/macrodata.csv, SKU M): its STATS
    line against the same statistics computed here with the csv module, and its chart.
-2. Hostile programs of tests/hostile (the copies of ../shared/cases/hostile) (fork bomb, memory hog, privileged operations,
+2. Hostile programs of tests/hostile (fork bomb, memory hog, privileged operations,
    network probe, environment leak, /proc view, kill everything) with the checks of
    tests/hostile.rs, and after each the next ordinary job runs.
 3. Network modes from inside a pod: `none` reaches nothing; `outbound` reaches a server in a
@@ -38,7 +38,7 @@ import urllib.request
 import uuid
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOSTILE = os.path.join(HERE, "tests", "hostile")  # the repository's copies of ../shared/cases/hostile
+HOSTILE = os.path.join(HERE, "tests", "hostile")
 NODE_IP = "10.210.0.1"
 EXT_NETNS, EXT_IP = "sqk8s-ext", "198.18.0.2"
 failures = []

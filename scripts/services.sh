@@ -123,7 +123,7 @@ fi
 # The largest message the broker takes: 16 MiB, above the largest valid job body (13 MiB with
 # the default limits: code 1 MiB, stdin 8 MiB, 4 MiB for the rest; the worker's
 # validate::max_body_bytes). With the broker's default, 128 MiB, a few oversized messages pinned
-# ~1 GiB of a worker's memory before it refused them (eighth security review R2). Read at the
+# ~1 GiB of a worker's memory before it refused them (test: the_broker_refuses_messages_over_16_mib). Read at the
 # node's start.
 rabbitmq_conf=${RABBITMQ_CONFIG_FILE:-/etc/rabbitmq/rabbitmq.conf}
 mkdir -p "$(dirname "$rabbitmq_conf")"

@@ -483,7 +483,13 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
     let second = world.start_worker_ready(&second_id, &env);
     let mut client = world.client().await;
     let result = wait(&mut client, &lost.job_id).await;
-    let left = zcard(redis.clone(), names.deferred_checks()).await;
+    // The sweeper removes a check once its result is written: the count settles right after.
+    let settle = std::time::Instant::now();
+    let mut left = zcard(redis.clone(), names.deferred_checks()).await;
+    while left != FORGED && settle.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = zcard(redis.clone(), names.deferred_checks()).await;
+    }
     let mut still_running = 0;
     for (_, job_id) in forged.iter().step_by(1000) {
         let status: Vec<u8> = redis::cmd("HGET").arg(names.job_key(job_id)).arg("status").query_async(&mut redis).await.expect("hget");

@@ -589,7 +589,7 @@ async fn a_duplicate_delivery_never_changes_a_finished_job() {
     assert_eq!(first.status, JobStatus::Succeeded);
     assert_eq!(first.stdout.text, "VICTIM OUTPUT\n");
     // Until the duplicate's processing is over. On this (the only) worker it waits for the
-    // running attempt (job::InFlight) and is then acked without running; on another worker it
+    // running attempt (context::InFlight) and is then acked without running; on another worker it
     // would run its 6 s and lose the compare-and-set.
     let acked = || sandq_tests::worker_log().matches("job already has a terminal result; acking the duplicate").count();
     let dropped = || sandq_tests::worker_log().contains("this attempt's result and objects are dropped");
@@ -597,7 +597,7 @@ async fn a_duplicate_delivery_never_changes_a_finished_job() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !(dropped()
         || sandq_tests::worker_log()
-            .contains(&format!("job_id={} attempt=1 sku=S}}: sandq_worker::job: job already has a terminal result", victim.job_id)))
+            .contains(&format!("job_id={} attempt=1 sku=S}}: sandq_worker::job::admit: job already has a terminal result", victim.job_id)))
     {
         assert!(std::time::Instant::now() < deadline, "the duplicate was not dropped:\n{}", sandq_tests::worker_log());
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;

@@ -240,3 +240,78 @@ print(pypdf.PdfReader('t.pdf').pages[0].extract_text())
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
     assert_eq!(result.stdout.text, "city,temp\nOslo,4.5\nLima,19.25\nhello from docx\nhello from fpdf2\n");
 }
+
+#[tokio::test]
+async fn a_seaborn_style_or_theme_keeps_the_cjk_and_emoji_fallbacks() {
+    // Right: Chinese labels and emoji render whatever style or theme the code set first; no
+    // "missing from font" warning.
+    let mut client = client().await;
+    for case in ["seaborn_style_cjk.py", "emoji_title.py"] {
+        let result = run(&mut client, &python_job(&reported(case), Sku::S)).await;
+        assert_eq!(result.status, JobStatus::Succeeded, "{case}: {result:?}");
+        assert!(!result.stderr.text.contains("missing from font"), "{case}: {}", result.stderr.text);
+        assert!(result.outputs.iter().any(|o| o.image.is_some()), "{case}: no figure");
+    }
+    let themed = "import warnings\nwarnings.simplefilter('error')\nimport seaborn as sns\nsns.set_theme(style='whitegrid', font='sans-serif')\n\
+                  import matplotlib.pyplot as plt\nplt.bar(['東京', 'नमस्ते', '🚀'], [1, 2, 3])\nplt.title('売上 ✅')\nplt.show()\nprint('drawn')\n";
+    let result = run(&mut client, &python_job(themed, Sku::S)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}\n{result:?}", result.stderr.text);
+    assert_eq!(result.stdout.text, "drawn\n");
+}
+
+#[tokio::test]
+async fn a_retina_figure_has_twice_the_pixels_and_its_display_size() {
+    // Right, as Jupyter: 1280x960 pixels for the default 6.4x4.8 in at 100 dpi, shown at
+    // 640x480; the same through set_matplotlib_formats; a plain figure stays 640x480.
+    let mut client = client().await;
+    let set_formats = "from matplotlib_inline.backend_inline import set_matplotlib_formats\nset_matplotlib_formats('retina')\nimport matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()\n";
+    for (code, pixels, display) in [
+        (reported("hidpi_figure.py"), (1280, 960), Some((640, 480))),
+        (set_formats.to_owned(), (1280, 960), Some((640, 480))),
+        ("import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()\n".to_owned(), (640, 480), None),
+    ] {
+        let result = run(&mut client, &python_job(&code, Sku::S)).await;
+        assert_eq!(result.status, JobStatus::Succeeded, "{code}: {result:?}");
+        let figure = result.outputs.iter().find(|o| o.image.is_some()).unwrap_or_else(|| panic!("{code}: no figure"));
+        let image = figure.image.expect("size");
+        assert_eq!((image.width, image.height), pixels, "{code}");
+        assert_eq!(figure.display.map(|d| (d.width, d.height)), display, "{code}");
+    }
+}
+
+#[tokio::test]
+async fn pil_image_show_displays_the_image() {
+    // Right, as E2B's interpreter and Jupyter: Image.show() in a cell gives a display_data
+    // output with the image's PNG (before: nothing, Pillow found no viewer).
+    let mut client = client().await;
+    let code = "from PIL import Image\nImage.new('RGB', (120, 80), 'red').show()\nprint('shown')\n";
+    let result = run(&mut client, &python_job(code, Sku::S)).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+    assert_eq!(result.stdout.text, "shown\n");
+    let shown: Vec<_> = result.outputs.iter().filter(|o| o.data.contains_key("image/png")).collect();
+    assert_eq!(shown.len(), 1, "{:?}", result.outputs);
+    assert_eq!(shown[0].image.map(|i| (i.width, i.height)), Some((120, 80)));
+}
+
+#[tokio::test]
+async fn lines_printed_by_several_processes_stay_whole() {
+    // Right (notebook and script mode, SKU M): 800 lines, each exactly "line <i> <k> " and 60
+    // x's: two processes printing whole lines never split each other's lines.
+    let mut client = client().await;
+    let code = reported("interleaved_lines.py");
+    for spec in [python_job(&code, Sku::M), {
+        let mut s = script(&code, Runtime::Python);
+        s.sku = Sku::M;
+        s
+    }] {
+        let result = run(&mut client, &spec).await;
+        assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
+        let lines: Vec<&str> = result.stdout.text.lines().collect();
+        assert_eq!(lines.len(), 800, "{}", result.stdout.text);
+        let mut expected: Vec<String> = (0..4).flat_map(|i| (0..200).map(move |k| format!("line {i} {k} {}", "x".repeat(60)))).collect();
+        let mut got: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+        expected.sort();
+        got.sort();
+        assert_eq!(got, expected, "a line was split or mixed");
+    }
+}

@@ -54,19 +54,65 @@ def has_content(fig):
     return False
 
 
-def render_png(fig):
-    """Render a figure to PNG at exactly figure size x figure dpi.
+def retina():
+    """Whether the cell asked for retina (hidpi) figures, as Jupyter's inline backend reads it:
+    `%config InlineBackend.figure_format = "retina"` (or `figure_formats`), or
+    `set_matplotlib_formats("retina")` (IPython's or matplotlib_inline's; `png2x` too)."""
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except Exception:
+        return False
+    if shell is None:
+        return False
+    names = set()
+    try:
+        config = shell.config.get("InlineBackend", {})
+        one, many = config.get("figure_format"), config.get("figure_formats")
+        if isinstance(one, str):
+            names.add(one)
+        if isinstance(many, (set, list, tuple, frozenset)):
+            names.update(str(name) for name in many)
+    except Exception:
+        pass
+    inline = sys.modules.get("matplotlib_inline.config")
+    try:
+        if inline is not None and inline.InlineBackend.initialized():
+            names.update(inline.InlineBackend.instance().figure_formats)
+    except Exception:
+        pass
+    try:
+        # set_matplotlib_formats registers the PNG formatter of figures in the shell.
+        from matplotlib.figure import Figure
+        formatter = shell.display_formatter.formatters["image/png"].lookup_by_type(Figure)
+        if getattr(getattr(formatter, "func", formatter), "__name__", "") == "retina_figure":
+            names.add("retina")
+    except Exception:
+        pass
+    return bool(names & {"retina", "png2x"})
+
+
+def render_png(fig, scale=1):
+    """Render a figure to PNG at exactly figure size x figure dpi x `scale` (2 for a retina
+    figure, as Jupyter renders one).
 
     Returns (png_bytes, width, height).  Renders with Agg whatever the figure's canvas is.
     """
     buf = io.BytesIO()
+
+    def draw(agg):
+        if scale == 1:
+            agg.print_png(buf)
+        else:
+            agg.print_figure(buf, format="png", dpi=fig.dpi * scale)
+
     canvas = fig.canvas
     if isinstance(canvas, FigureCanvasAgg):
-        canvas.print_png(buf)
+        draw(canvas)
     else:
         agg = FigureCanvasAgg(fig)  # attaches itself to the figure
         try:
-            agg.print_png(buf)
+            draw(agg)
         finally:
             fig.set_canvas(canvas)
     png = buf.getvalue()
@@ -79,7 +125,8 @@ def figure_bundle(fig):
     figure has data, what it shows as CHART_MIME (see chart())."""
     if not has_content(fig):
         return None
-    png, w, h = render_png(fig)
+    scale = 2 if retina() else 1
+    png, w, h = render_png(fig, scale)
     _published.add(fig)
     data = {"image/png": png, "text/plain": repr(fig)}
     try:
@@ -89,7 +136,8 @@ def figure_bundle(fig):
         found = None
     if found is not None:
         data[CHART_MIME] = found
-    return data, {"image/png": {"width": w, "height": h}}
+    # A retina figure has twice the pixels and is displayed at its logical size, as Jupyter's.
+    return data, {"image/png": {"width": w // scale, "height": h // scale}}
 
 
 # --------------------------------------------------------------------------------------

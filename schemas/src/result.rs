@@ -264,6 +264,11 @@ pub struct Output {
     /// Pixel size of the `image/png` (or other image) representation, read from its header.
     #[serde(default)]
     pub image: Option<ImageSize>,
+    /// Size to show the image at, in CSS pixels, when the runner's display metadata gives one
+    /// other than its pixels: a retina (hidpi) figure has twice the pixels of its display
+    /// size, as in Jupyter. `None`: show it at its pixel size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<ImageSize>,
     /// The exception of an `error` output.
     #[serde(default)]
     pub error: Option<ErrorInfo>,
@@ -376,6 +381,10 @@ pub struct SessionState {
     /// Time the runner spent saving it, milliseconds.
     #[serde(default)]
     pub save_ms: u64,
+    /// Time the runner spent restoring the previous state before the cell, milliseconds
+    /// (inside the sandbox, counted in the job's time).
+    #[serde(default)]
+    pub restore_ms: u64,
 }
 
 /// A variable left out of a session's state.

@@ -287,7 +287,7 @@ SESSION = {"name": "0c6f2b1e-0c1b-4b53-9a55-8f3f5bd1d3a4", "fresh": False, "expi
            "expires_at_ms": 1796048855417,
            "state": {"restored": 2, "not_restored": [{"name": "gone", "reason": "ModuleNotFoundError: No module named 'gone'"}],
                      "saved": True, "variables": ["df", "x"], "unsaved": [{"name": "f", "reason": "TypeError: cannot pickle '_io.TextIOWrapper' object"}],
-                     "bytes": 4096, "save_ms": 35}}
+                     "bytes": 4096, "save_ms": 35, "restore_ms": 12}}
 
 RESULTS = [
     ("queued_by_client", "the minimal queued result a client writes (docs/protocol.md)",

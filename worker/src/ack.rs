@@ -1,4 +1,7 @@
-//! Stage 7, and the one place that decides what happens to a delivery after every outcome; also how a consumer takes its next delivery ([`next_delivery`]).
+//! The delivery at the broker: how a consumer takes its next one ([`next_delivery`]), its
+//! attempt number, and, after [`crate::job::process`], what the broker does with it: [`classify`]
+//! maps the job's [`Outcome`] (decided by `job::conclude::decide`, which owns the `max_attempts`
+//! rule) to ack, requeue or dead-letter, and [`settle`] tells the broker.
 //!
 //! | outcome | result in Redis | delivery |
 //! |---|---|---|
@@ -9,6 +12,9 @@
 //! | infrastructure failure, last attempt | `internal_error` | reject, no requeue (dead-lettered; the dead-letter consumer finds its result) |
 //! | a terminal result already exists (duplicate delivery) | unchanged | ack |
 //! | killed by shutdown past its grace period | `running` stays | nack + requeue |
+//! | cancelled, or expired (its deadline passed before it started) | `cancelled` / `expired` | ack |
+//! | another attempt of the job runs and holds its session | `running` stays | nack + requeue |
+//! | last attempt, but its `internal_error` could not be written | `running` stays | nack + requeue (never dropped without a result) |
 //!
 //! The attempt counter is RabbitMQ's own `x-delivery-count` (quorum queues), so a worker that
 //! dies mid-job still counts as an attempt and there is only one counter.
@@ -39,7 +45,8 @@ pub(crate) enum Outcome {
     Unidentifiable,
     /// The worker stopped the job because it is shutting down.
     Interrupted,
-    /// An infrastructure failure; `result_stored` when the final `internal_error` result was
+    /// No result of this attempt is to stand (an infrastructure failure, or another attempt of
+    /// the job holds it); `final_result_stored` when the last attempt's `internal_error` was
     /// written.
     Infrastructure {
         /// Attempt number (1-based).

@@ -1,4 +1,4 @@
-//! Stage 5: upload the files the program created or changed under `/work` as artifacts (each an S3 object and an [`Artifact`] of the result).
+//! Step 7, collect (`crate::job`): upload the files the program created or changed under `/work` as artifacts (each an S3 object and an [`Artifact`] of the result).
 //!
 //! Runs after every process of the job is dead, so nothing changes under the walk. Still,
 //! everything in `/work` was written by hostile code: symlinks are never followed (skipped),

@@ -1,4 +1,4 @@
-//! Stage 1: take deliveries from the SKU queues. One AMQP channel per job slot with prefetch 1
+//! Where deliveries come from (before step 1 of `crate::job`): take deliveries from the SKU queues. One AMQP channel per job slot with prefetch 1
 //! (so the worker's prefetch equals its slots, and a broker `consumer_timeout` closing one
 //! channel cannot requeue another slot's job). The connection is re-made with backoff when the
 //! broker goes away; deliveries in flight then come back as redeliveries (at-least-once).

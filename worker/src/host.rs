@@ -76,14 +76,15 @@ pub fn prepare(settings: &Settings, nameservers_configured: bool) -> Result<(), 
             return Err(HostError::Leftover(entry.path()));
         }
     }
-    if settings.outbound_network {
+    if settings.network.outbound {
         if !nameservers_configured {
-            for ns in crate::sandbox::network::host_nameservers().into_iter().filter(|ns| !settings.nameservers.contains(ns)) {
-                warn!(%ns, nameservers = ?settings.nameservers, "the host's nameserver is in a blocked range: outbound sandboxes use others (set worker.nameservers to name it on purpose)");
+            for ns in crate::sandbox::network::host_nameservers().into_iter().filter(|ns| !settings.network.nameservers.contains(ns)) {
+                warn!(%ns, nameservers = ?settings.network.nameservers, "the host's nameserver is in a blocked range: outbound sandboxes use others (set worker.nameservers to name it on purpose)");
             }
         }
-        crate::sandbox::network::write_resolv_conf(&settings.resolv_conf(), &settings.nameservers).map_err(HostError::ResolvConf)?;
-        crate::sandbox::network::setup_host(&settings.nameservers, &settings.blocked_ranges).map_err(HostError::Network)?;
+        crate::sandbox::network::write_resolv_conf(&settings.resolv_conf(), &settings.network.nameservers)
+            .map_err(HostError::ResolvConf)?;
+        crate::sandbox::network::setup_host(&settings.network.nameservers, &settings.network.blocked_ranges).map_err(HostError::Network)?;
     }
     Ok(())
 }

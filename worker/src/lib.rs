@@ -1,7 +1,8 @@
 //! sandq's worker: consumes jobs from RabbitMQ and runs each in a youki (libcontainer)
 //! sandbox. One delivery's life is [`job::process`], a function that lists its steps in order:
 //!
-//! validate -> admit -> session -> reserve -> launch (warm or cold) -> run -> collect -> conclude -> ack
+//! validate -> admit -> session -> reserve -> launch (warm or cold) -> run -> collect -> conclude,
+//! then [`consume`] settles the delivery as [`ack::classify`] says.
 //!
 //! | module | what it does |
 //! |---|---|

@@ -1,4 +1,4 @@
-//! Stage 5 (with [`crate::artifacts`]): the rich outputs of a notebook-mode job.
+//! Step 7, collect (with [`crate::artifacts`]): the rich outputs of a notebook-mode job.
 //!
 //! The runner (`oci-bundles/runner/sandq_runner.py`) appends one JSON object a line to
 //! `/sandq/out/outputs.jsonl`, a tmpfs of `max_outputs_bytes` on the host (`<job dir>/out`).
@@ -290,6 +290,7 @@ struct Parsed {
     values: Vec<(String, Vec<u8>)>,
     table: Option<TableShape>,
     image: Option<ImageSize>,
+    display: Option<ImageSize>,
     error: Option<ErrorInfo>,
 }
 
@@ -350,15 +351,17 @@ fn parse(bytes: &[u8], max_outputs: usize) -> ParseResult {
                 None => dropped += 1,
             }
         }
-        let image = values.iter().find(|(m, _)| m == "image/png").and_then(|(_, b)| png_size(b)).or_else(|| {
-            // Not a PNG (JPEG, GIF...): the runner's metadata, the only size there is.
-            line.metadata
-                .items
-                .iter()
-                .filter(|(k, _)| k.starts_with("image/"))
-                .find_map(|(_, raw)| serde_json::from_str::<ImageMeta>(raw.get()).ok())
-                .map(|m| ImageSize { width: m.width, height: m.height })
-        });
+        // The runner's display size of the image (its metadata).
+        let meta = line
+            .metadata
+            .items
+            .iter()
+            .filter(|(k, _)| k.starts_with("image/"))
+            .find_map(|(_, raw)| serde_json::from_str::<ImageMeta>(raw.get()).ok())
+            .map(|m| ImageSize { width: m.width, height: m.height });
+        // Not a PNG (JPEG, GIF...): the runner's metadata, the only size there is.
+        let image = values.iter().find(|(m, _)| m == "image/png").and_then(|(_, b)| png_size(b)).or(meta);
+        let display = meta.filter(|m| image.is_some_and(|i| i != *m));
         let table = line
             .metadata
             .items
@@ -366,7 +369,7 @@ fn parse(bytes: &[u8], max_outputs: usize) -> ParseResult {
             .find(|(k, _)| k == "sandq/table")
             .and_then(|(_, raw)| serde_json::from_str::<TableMeta>(raw.get()).ok())
             .map(|t| TableShape { rows: t.rows, columns: t.columns });
-        parsed.push(Parsed { output_type, values, table, image, error });
+        parsed.push(Parsed { output_type, values, table, image, display, error });
     }
     (parsed, dropped, inline_left)
 }
@@ -397,7 +400,14 @@ pub(crate) async fn collect(
     let mut result = Outputs { dropped, ..Outputs::default() };
     let mut stored = 0;
     for (index, p) in parsed.into_iter().enumerate() {
-        let mut output = Output { output_type: p.output_type, data: BTreeMap::new(), table: p.table, image: p.image, error: p.error };
+        let mut output = Output {
+            output_type: p.output_type,
+            data: BTreeMap::new(),
+            table: p.table,
+            image: p.image,
+            display: p.display,
+            error: p.error,
+        };
         for (n, (mime, bytes)) in p.values.into_iter().enumerate() {
             let size = bytes.len() as u64;
             let inline = !is_binary(&mime) && size <= caps.max_inline_value && size <= inline_left;

@@ -1,4 +1,4 @@
-//! Stage 6: turn what happened into a [`JobResult`] and write it to Redis (compare-and-set:
+//! Steps 7 and 8 (collect, conclude): build a [`JobResult`] and write it to Redis (compare-and-set:
 //! a terminal result is never overwritten; see `sandq_core::results`).
 
 use std::time::Duration;

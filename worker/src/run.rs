@@ -1,4 +1,4 @@
-//! Stage 4: run the program in its sandbox through the `sandq-container` helper, capturing
+//! Steps 5 and 6 (launch, run): run the program in its sandbox through the `sandq-container` helper, capturing
 //! stdout and stderr up to a cap (the rest is counted and discarded, so the worker's memory
 //! stays bounded whatever the program prints).
 
@@ -139,6 +139,9 @@ pub(crate) fn environment(
         }
         if cell.restore_state {
             env.push(format!("SANDQ_STATE_IN=/sandq/out/{}", crate::layout::STATE_IN));
+            // What the restore may allocate is bounded by what the SKU's memory leaves: an
+            // allocation past it fails that variable alone (MemoryError), not the whole cell.
+            env.push(format!("SANDQ_STATE_MEMORY_LIMIT={}", limits.memory_bytes));
         }
     }
     env.extend(job.spec.env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -370,7 +373,7 @@ pub(crate) async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>
     }
     let mut control = child.stdin.take().ok_or_else(|| RunError::Helper(std::io::Error::other("no stdin pipe")))?;
     control.write_all(&line).await.map_err(RunError::Helper)?;
-    let cap = settings.max_output_bytes;
+    let cap = settings.outputs.max_output_bytes;
     let pipe = |fd: Option<std::io::Result<std::os::fd::OwnedFd>>, name: &str| {
         fd.unwrap_or_else(|| Err(std::io::Error::other(format!("no {name} pipe")))).map_err(RunError::Helper)
     };

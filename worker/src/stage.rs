@@ -1,4 +1,4 @@
-//! Stage 3: the job's code, stdin, session files and inputs from S3, placed into its job dir
+//! Step 5, launch (`crate::job`): the job's code, stdin, session files and inputs from S3, placed into its job dir
 //! ([`crate::jobdir`]): [`stage`] for a cold start (a new dir), [`fill`] for a warm sandbox's.
 //!
 //! Files are created with `O_EXCL | O_NOFOLLOW` in a directory nothing else has seen yet, and

@@ -1,4 +1,4 @@
-//! Stage 2: decode a delivery's body and check it. Every failure here is the client's: the job
+//! Step 1, validate (`crate::job`): decode a delivery's body and check it. Every failure here is the client's: the job
 //! is `rejected` (never retried) with the error's message as the reason.
 
 use sandq_schemas::{JobSpec, Sku, ValidJob};

@@ -96,6 +96,8 @@ export interface Output {
   table?: { rows: number; columns: number } | null;
   image?: { width: number; height: number } | null;
   error?: ErrorInfo | null;
+  /** The size to show the image at (CSS pixels) when it is not its pixel size (a retina figure). */
+  display?: { width: number; height: number } | null;
 }
 
 export interface SessionState {
@@ -106,6 +108,8 @@ export interface SessionState {
   unsaved: { name: string; reason: string }[];
   bytes: number;
   save_ms: number;
+  /** Time spent restoring the previous state before the cell, ms (0 from older workers). */
+  restore_ms: number;
 }
 
 /** What happened to the job's session. */

@@ -132,14 +132,17 @@ class Output:
     table: Optional[TableInfo] = None
     image: Optional[ImageInfo] = None
     error: Optional[ErrorInfo] = None
+    #: The size to show the image at (CSS pixels) when it is not its pixel size (a retina figure).
+    display: Optional[ImageInfo] = None
 
     @classmethod
     def from_wire(cls, m: dict) -> "Output":
-        t, i = m.get("table"), m.get("image")
+        t, i, d = m.get("table"), m.get("image"), m.get("display")
         return cls(m.get("output_type") or "", {k: MimeValue.from_wire(v) for k, v in (m.get("data") or {}).items()},
                    TableInfo(t.get("rows") or 0, t.get("columns") or 0) if t else None,
                    ImageInfo(i.get("width") or 0, i.get("height") or 0) if i else None,
-                   ErrorInfo.from_wire(m.get("error")))
+                   ErrorInfo.from_wire(m.get("error")),
+                   ImageInfo(d.get("width") or 0, d.get("height") or 0) if d else None)
 
     @property
     def text(self) -> Optional[str]:
@@ -157,13 +160,15 @@ class SessionState:
     unsaved: list[dict] = field(default_factory=list)
     bytes: int = 0
     save_ms: int = 0
+    restore_ms: int = 0
 
     @classmethod
     def from_wire(cls, m: Optional[dict]) -> Optional["SessionState"]:
         if m is None:
             return None
         return cls(m.get("restored") or 0, _list(m.get("not_restored")), bool(m.get("saved")), _list(m.get("variables")),
-                   _list(m.get("unsaved")), m.get("bytes") or 0, m.get("save_ms") or 0)
+                   _list(m.get("unsaved")), m.get("bytes") or 0, m.get("save_ms") or 0,
+                   m.get("restore_ms") or 0)
 
 
 @dataclass(frozen=True)

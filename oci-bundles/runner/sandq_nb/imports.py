@@ -14,6 +14,8 @@ from .common import MPL_BACKEND as _MPL_BACKEND, MPL_FILE
 
 _IMPORT_ENV = {
     "matplotlib": {"MPLBACKEND": _MPL_BACKEND},
+    "matplotlib.font_manager": {},
+    "PIL.ImageShow": {},
     "plotly.io._renderers": {"PLOTLY_RENDERER": "plotly_mimetype"},
 }
 
@@ -35,7 +37,68 @@ def _after_matplotlib(module):
     module.use = sandq_use
 
 
-_AFTER_IMPORT = {"matplotlib": _after_matplotlib}
+# Fonts every text falls back to, in this order, for the glyphs its own fonts lack: CJK,
+# Devanagari, then emoji and symbols (the image's fonts: docs/sandbox-image.md). matplotlib
+# falls back only along a text's `font.family` list, which a style or theme replaces
+# (seaborn's set_style/set_theme, style sheets): so they are added to every text's family when
+# its fonts are looked up, whatever the style. A family that names them already is unchanged.
+FALLBACK_FONTS = ("Noto Sans CJK JP", "Lohit Devanagari", "Symbola")
+
+
+def with_fallbacks(families):
+    """`families` (a text's font family list) followed by the FALLBACK_FONTS it lacks."""
+    families = [families] if isinstance(families, str) else list(families)
+    return families + [name for name in FALLBACK_FONTS if name not in families]
+
+
+def _after_font_manager(module):
+    """FontManager._find_fonts_by_props (matplotlib 3.6+: the fallback chain of Agg, PDF, PS
+    and text paths) looks up the FALLBACK_FONTS after a text's own families."""
+    manager = getattr(module, "FontManager", None)
+    find = getattr(manager, "_find_fonts_by_props", None)
+    if find is None or getattr(find, "_sandq", False):
+        return
+    import functools
+
+    @functools.wraps(find)
+    def find_with_fallbacks(self, prop, *args, **kwargs):
+        families = prop.get_family()
+        wanted = with_fallbacks(families)
+        if len(wanted) != len(families):
+            prop = prop.copy()
+            prop.set_family(wanted)
+        return find(self, prop, *args, **kwargs)
+
+    find_with_fallbacks._sandq = True
+    manager._find_fonts_by_props = find_with_fallbacks
+
+
+class DisplayViewer:
+    """PIL's `Image.show()` viewer in a notebook cell: the image is displayed (a
+    `display_data` output, `image/png`), as Jupyter and E2B's interpreter show it. Without it
+    Pillow finds no image viewer in the sandbox and shows nothing."""
+
+    format = "PNG"
+
+    def show(self, image, **options):
+        from IPython.display import display
+        display(image)
+        return 1
+
+
+def _after_image_show(module):
+    """Registers DisplayViewer first (`PIL.ImageShow.register`, order -1)."""
+    register = getattr(module, "register", None)
+    if register is None or any(isinstance(v, DisplayViewer) for v in getattr(module, "_viewers", ())):
+        return
+    register(DisplayViewer(), order=-1)
+
+
+_AFTER_IMPORT = {
+    "matplotlib": _after_matplotlib,
+    "matplotlib.font_manager": _after_font_manager,
+    "PIL.ImageShow": _after_image_show,
+}
 
 
 class SandqFinder:

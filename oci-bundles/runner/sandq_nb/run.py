@@ -140,7 +140,13 @@ def main():
     state_report = {"restored": 0, "not_restored": []}
     state_in = os.environ.get("SANDQ_STATE_IN")
     if state_in:
-        state_report["restored"], state_report["not_restored"] = load_state(ns, state_in)
+        import time
+        t_restore = time.monotonic()
+        state_report["restored"], state_report["not_restored"] = load_state(
+            ns, state_in,
+            _env_number("SANDQ_STATE_RESTORE_TIME_LIMIT", 30.0, float),
+            _env_number("SANDQ_STATE_RESTORE_VARIABLE_LIMIT", 10.0, float))
+        state_report["restore_ms"] = int((time.monotonic() - t_restore) * 1000)
     shell.execution_count = max(1, _env_number("SANDQ_EXECUTION_COUNT", 1))
 
     if _T0 is not None:

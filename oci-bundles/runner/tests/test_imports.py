@@ -82,3 +82,53 @@ def test_lazy_ipython_package_skips_the_terminal_front_end():
         "True",
         "",
     ]
+
+
+def test_fallback_fonts_follow_a_texts_own_families_once():
+    from sandq_nb.imports import FALLBACK_FONTS, with_fallbacks
+    assert with_fallbacks(["sans-serif"]) == ["sans-serif", *FALLBACK_FONTS]
+    assert with_fallbacks("serif") == ["serif", *FALLBACK_FONTS]
+    # A style that already names one keeps its place; only the missing ones are added.
+    assert with_fallbacks(["sans-serif", "Symbola"]) == ["sans-serif", "Symbola", "Noto Sans CJK JP", "Lohit Devanagari"]
+
+
+def test_font_lookups_get_the_fallbacks_whatever_the_style():
+    font_manager = pytest.importorskip("matplotlib.font_manager")
+    from sandq_nb import imports
+    seen = []
+
+    class Manager:
+        def _find_fonts_by_props(self, prop, fontext="ttf"):
+            seen.append(list(prop.get_family()))
+            return ["x.ttf"]
+
+    module = type("M", (), {"FontManager": Manager})
+    imports._after_font_manager(module)
+    imports._after_font_manager(module)  # installed once
+    prop = font_manager.FontProperties(family=["sans-serif"])
+    assert Manager()._find_fonts_by_props(prop) == ["x.ttf"]
+    assert seen == [["sans-serif", *imports.FALLBACK_FONTS]]
+    assert prop.get_family() == ["sans-serif"], "the text's own properties are not changed"
+
+
+def test_image_show_displays_through_the_registered_viewer(monkeypatch):
+    from sandq_nb import imports
+    registered = []
+
+    class Module:
+        _viewers = registered
+
+        @staticmethod
+        def register(viewer, order=1):
+            assert order == -1, "first, before any viewer Pillow finds"
+            registered.insert(0, viewer)
+
+    imports._after_image_show(Module)
+    imports._after_image_show(Module)  # once
+    assert len(registered) == 1 and isinstance(registered[0], imports.DisplayViewer)
+    shown = []
+    display_module = type("D", (), {"display": staticmethod(shown.append)})
+    monkeypatch.setitem(sys.modules, "IPython.display", display_module)
+    monkeypatch.setitem(sys.modules, "IPython", type("I", (), {"display": display_module}))
+    assert registered[0].show("an image") == 1
+    assert shown == ["an image"]

@@ -9,14 +9,28 @@ from sandq_nb import state
 from sandq_nb.state import load_state, save_state
 
 
-def _size(value):
-    """Bytes the state takes for one value: the same pickler, the same protocol."""
-    return len(state._pickler_module().dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+def _size(name, value):
+    """Bytes one record takes (computed apart from save_state): its name length (4 bytes), the
+    name, its payload length (8 bytes), and the payload, one pickle of the same pickler."""
+    return 4 + len(name.encode()) + 8 + len(state._pickler_module().dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _saved_file(path):
+def _records(path):
+    """The record names and payload lengths of a saved state, read by hand from the format of
+    the module doc."""
+    import struct
     with open(path, "rb") as f:
-        return pickle.load(f)
+        assert f.read(len(b"SANDQ-STATE-2\n")) == b"SANDQ-STATE-2\n"
+        out = []
+        while True:
+            head = f.read(4)
+            if not head:
+                return out
+            (n,) = struct.unpack("<I", head)
+            name = f.read(n).decode()
+            (length,) = struct.unpack("<Q", f.read(8))
+            f.seek(length, 1)
+            out.append((name, length))
 
 
 def test_round_trip_and_what_is_left_out(tmp_path):
@@ -38,9 +52,9 @@ def test_round_trip_and_what_is_left_out(tmp_path):
     assert report["bytes"] == os.path.getsize(path)
     assert isinstance(report["save_ms"], int) and report["save_ms"] >= 0
     assert set(report) == {"variables", "unsaved", "bytes", "save_ms"}
-    saved = _saved_file(path)
-    assert saved["version"] == 1 and sorted(saved["variables"]) == ["a", "b", "changed"]
-    assert all(isinstance(blob, bytes) for blob in saved["variables"].values())
+    records = _records(path)
+    assert [name for name, _ in records] == ["a", "b", "changed"]
+    assert all(length > 0 for _, length in records)
     assert not os.path.exists(path + ".tmp")
 
     target = {"a": "old", "untouched": 5}
@@ -51,7 +65,7 @@ def test_round_trip_and_what_is_left_out(tmp_path):
 def test_size_cap_is_exact_and_counts_what_was_saved(tmp_path):
     path = str(tmp_path / "state.out")
     a, b, c = "a" * 100, "b" * 200, "c"
-    limit = _size(a) + _size(b)
+    limit = len(state.MAGIC) + _size("a", a) + _size("b", b)
     report = save_state({"a": a, "b": b, "c": c}, {}, path, limit, 60.0)
     # a and b fill the cap exactly; c, however small, does not fit any more
     assert report["variables"] == ["a", "b"]
@@ -122,7 +136,7 @@ def test_listing_caps(tmp_path):
     report = save_state(ns, {}, str(tmp_path / "s"), 1 << 20, 60.0)
     assert report["variables"] == ["v%04d" % i for i in range(1000)]
     assert report["unsaved"] == [{"name": "u%03d" % i, "reason": "ValueError: %d" % i} for i in range(100)]
-    assert len(_saved_file(str(tmp_path / "s"))["variables"]) == 1005  # all saved, only the list is capped
+    assert len(_records(str(tmp_path / "s"))) == 1005  # all saved, only the list is capped
 
 
 def test_load_missing_and_unreadable(tmp_path):
@@ -132,6 +146,15 @@ def test_load_missing_and_unreadable(tmp_path):
     count, errors = load_state(ns, str(tmp_path / "bad"))
     assert count == 0 and len(errors) == 1 and errors[0]["name"] == "*"
     assert errors[0]["reason"].startswith("the saved state cannot be read: UnpicklingError: ")
+    # A state cut short: the records before the cut load, the rest is one listed failure.
+    path = str(tmp_path / "cut")
+    save_state({"a": 1, "b": "x" * 1000}, {}, path, 1 << 20, 60.0)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 500)
+    cut = {}
+    count, errors = load_state(cut, path)
+    assert (count, cut) == (1, {"a": 1})
+    assert [e["name"] for e in errors] == ["b"]
     with open(tmp_path / "nodict", "wb") as f:
         pickle.dump([1], f)
     assert load_state(ns, str(tmp_path / "nodict")) == (0, [{
@@ -140,7 +163,7 @@ def test_load_missing_and_unreadable(tmp_path):
     assert ns == {}
 
 
-def test_load_one_bad_variable_leaves_itself_out(tmp_path):
+def test_the_first_format_still_loads_and_one_bad_variable_leaves_itself_out(tmp_path):
     path = tmp_path / "s"
     missing = b"cno_such_module_for_sandq_tests\nThing\n."  # protocol 0: a global reference
     with open(path, "wb") as f:
@@ -162,6 +185,99 @@ def test_functions_defined_by_the_cell_go_by_value(tmp_path):
     target = {}
     assert load_state(target, path) == (2, [])
     assert target["triple"](5) == 15
+
+
+def _cloudpickle():
+    if state._pickler_module().__name__ == "pickle":
+        pytest.skip("neither cloudpickle nor joblib's copy of it is installed")
+
+
+def _cell(ns, code):
+    exec(compile(code, "<cell>", "exec"), ns)
+
+
+def _next_cell(tmp_path, cell1, cell2, **limits):
+    """Runs cell1 in a namespace, saves it, loads it into a new one, runs cell2 there."""
+    path = str(tmp_path / "s")
+    ns = {"__name__": "__main__"}
+    _cell(ns, cell1)
+    report = save_state(ns, {"__name__": "__main__"}, path, 64 << 20, 60.0)
+    target = {"__name__": "__main__"}
+    restored, not_restored = load_state(target, path, **limits)
+    _cell(target, cell2)
+    return target, report, restored, not_restored
+
+
+def test_functions_see_the_restored_namespace_not_a_copy(tmp_path):
+    _cloudpickle()
+    ns, _, _, errors = _next_cell(
+        tmp_path,
+        "rate = 0.1\nhistory = []\ndef charge(a):\n    history.append(a)\n    return a * (1 + rate)\ncharge(10)\n",
+        "rate = 0.5\nresult = (charge(100), history)\n")
+    assert errors == []
+    assert ns["result"] == (150.0, [10, 100])
+    assert ns["charge"].__globals__ is ns
+
+
+def test_two_names_for_one_object_stay_one_object(tmp_path):
+    _cloudpickle()
+    ns, _, _, _ = _next_cell(tmp_path, "rows = [1]\nalias = rows\nboth = {'x': rows}\n", "alias.append(2)\n")
+    assert ns["rows"] is ns["alias"] is ns["both"]["x"] and ns["rows"] == [1, 2]
+
+
+def test_classes_closures_and_lambdas_resolve_the_live_globals(tmp_path):
+    _cloudpickle()
+    ns, _, _, errors = _next_cell(
+        tmp_path,
+        "def make(n):\n    def add(x):\n        return x + n + offset\n    return add\n"
+        "offset = 1\nfs = [make(1), lambda v: v * scale]\nscale = 3\n"
+        "class Acc:\n    def __init__(self):\n        self.items = []\n    def push(self, v):\n        self.items.append(v)\n        return total()\n"
+        "def total():\n    return sum(acc.items)\nacc = Acc()\n",
+        "offset = 10\nscale = 5\nout = (fs[0](1), fs[1](2), acc.push(3), type(acc) is Acc)\n")
+    assert errors == []
+    assert ns["out"] == (12, 10, 3, True)
+
+
+def test_large_buffers_are_kept(tmp_path):
+    np = pytest.importorskip("numpy")
+    ns, report, _, errors = _next_cell(tmp_path, "import numpy as np\nbig = np.arange(200_000) * 0.5\n", "total = big.sum()\n")
+    assert report["unsaved"] == [] and errors == []
+    assert ns["total"] == float(np.arange(200_000).sum()) * 0.5
+    assert report["bytes"] > 200_000 * 8
+
+
+class _Slow:
+    def __reduce__(self):
+        import time
+        return (time.sleep, (3600,))
+
+
+class _Bad:
+    def __reduce__(self):
+        return (int, ("not a number",))
+
+
+def test_a_value_that_hangs_or_raises_on_load_is_dropped_and_the_rest_loads(tmp_path):
+    path = str(tmp_path / "s")
+    save_state({"a_slow": _Slow(), "b_bad": _Bad(), "c_fine": [1, 2], "d_fine": "text"}, {}, path, 1 << 20, 60.0)
+    ns = {}
+    import time
+    t0 = time.monotonic()
+    restored, errors = load_state(ns, path, seconds=30.0, variable_seconds=0.5)
+    assert time.monotonic() - t0 < 5
+    assert (restored, ns) == (2, {"c_fine": [1, 2], "d_fine": "text"})
+    assert errors == [{"name": "a_slow", "reason": "restoring it took over 0.5s"},
+                      {"name": "b_bad", "reason": "ValueError: invalid literal for int() with base 10: 'not a number'"}]
+
+
+def test_the_whole_restore_has_a_time_limit(tmp_path):
+    path = str(tmp_path / "s")
+    save_state({"a": _Slow(), "b": 1}, {}, path, 1 << 20, 60.0)
+    ns = {}
+    restored, errors = load_state(ns, path, seconds=0.3, variable_seconds=10.0)
+    assert (restored, ns) == (0, {})
+    assert errors == [{"name": "a", "reason": "restoring it took over 0.3s"},
+                      {"name": "b", "reason": "over the restore time limit of 0.3s"}]
 
 
 @pytest.mark.parametrize("raw,kind,expected", [

@@ -110,7 +110,7 @@ pub(super) async fn session_failure(ctx: &Context, job: &ValidJob, e: SessionErr
         SessionError::Busy { .. } if running_elsewhere(ctx, job).await => Failure::RunningElsewhere,
         SessionError::Busy { .. } => Failure::Rejected(Rejection::SessionBusy {
             source: e,
-            waited: humantime::format_duration(ctx.settings.session_lock_wait).to_string(),
+            waited: humantime::format_duration(ctx.settings.sessions.lock_wait).to_string(),
         }),
         _ => Failure::Infrastructure(InfraError::Session(e)),
     }

@@ -79,15 +79,15 @@ pub(super) async fn result(
         sku.disk_bytes != 0,
         &ctx.s3,
         bucket,
-        settings.max_artifacts,
-        settings.max_artifact_bytes,
+        settings.outputs.max_artifacts,
+        settings.outputs.max_artifact_bytes,
     )
     .await
     .map_err(InfraError::Artifacts)?;
     let caps = outputs::Caps {
-        max_outputs: settings.max_outputs,
-        max_bytes: settings.max_outputs_bytes,
-        max_inline_value: settings.max_inline_output_bytes,
+        max_outputs: settings.outputs.max_outputs,
+        max_bytes: settings.outputs.max_outputs_bytes,
+        max_inline_value: settings.outputs.max_inline_output_bytes,
     };
     let rich = if notebook {
         outputs::collect(&job.spec.job_id, &who.id, &dir.out, caps, &ctx.s3, bucket).await.map_err(InfraError::Outputs)?
@@ -101,7 +101,7 @@ pub(super) async fn result(
                     // Saved only when the cell ended by itself: a timeout or an OOM kill leaves
                     // the previous state.
                     let by_itself = matches!(output.report.exit, Exit::Exited { .. }) && output.report.stats.oom_kills == 0;
-                    Some(session::read_state(&dir.out, settings.max_state_bytes, by_itself).await)
+                    Some(session::read_state(&dir.out, settings.sessions.max_state_bytes, by_itself).await)
                 }
                 None => None,
             };
@@ -121,14 +121,14 @@ pub(super) async fn result(
     result.session = session_info;
     result.execution_count = notebook.then_some(cell.execution_count);
     result.sandbox = Some(sandbox);
-    publish::presign(&mut result, &ctx.s3, bucket, settings.artifact_url_ttl).await;
+    publish::presign(&mut result, &ctx.s3, bucket, settings.outputs.artifact_url_ttl).await;
     Ok(result)
 }
 
 /// Stores the captured streams' exact bytes in S3 (`jobs/<id>/<attempt id>/stdout` and `stderr`).
 async fn store_logs(ctx: &Context, job: &ValidJob, who: &Attempt, output: &RunOutput) -> Result<publish::Logs, InfraError> {
     let bucket = &ctx.settings.services.s3.bucket;
-    let mut logs = publish::Logs { inline_cap: ctx.settings.max_inline_output_bytes, ..Default::default() };
+    let mut logs = publish::Logs { inline_cap: ctx.settings.outputs.max_inline_output_bytes, ..Default::default() };
     for (stream, captured) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
         if captured.bytes.is_empty() {
             continue;

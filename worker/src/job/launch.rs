@@ -67,7 +67,7 @@ pub(super) async fn launch(
     let packages = opened.and_then(|o| o.packages(ctx));
     let cell = Cell {
         execution_count: opened.map_or(0, |o| o.manifest.execution_count) + 1,
-        save_state: (python_cell && opened.is_some()).then_some((settings.max_state_bytes, settings.max_state_save)),
+        save_state: (python_cell && opened.is_some()).then_some((settings.sessions.max_state_bytes, settings.sessions.max_state_save)),
         restore_state: state.is_some(),
     };
     let outbound = job.spec.network == NetworkMode::Outbound;
@@ -87,7 +87,7 @@ pub(super) async fn launch(
         container_id,
         sandbox_uid,
         disk_bytes: sku.disk_bytes,
-        outputs_bytes: settings.max_outputs_bytes,
+        outputs_bytes: settings.outputs.max_outputs_bytes,
         restore: &restore,
         resolv_conf: resolv_conf.as_deref(),
         ca_bundle: settings.packages.ca_bundle.as_deref().filter(|_| outbound),
@@ -97,10 +97,10 @@ pub(super) async fn launch(
         state: state.as_ref(),
         // Every Python notebook job gets room for a session state: the same tmpfs as a warm
         // sandbox's, session or not.
-        state_bytes: if python_cell { 2 * settings.max_state_bytes } else { 0 },
+        state_bytes: if python_cell { 2 * settings.sessions.max_state_bytes } else { 0 },
         src_bytes: crate::warm::src_bytes(settings),
     };
-    let env = run::environment(job, &settings.packages, &sku.limits, who.number, settings.max_outputs_bytes, &cell);
+    let env = run::environment(job, &settings.packages, &sku.limits, who.number, settings.outputs.max_outputs_bytes, &cell);
     crate::metrics::started(job.spec.submitted_at_ms, who.started_at_ms);
     let (dir, staged, started, handover) = match warm {
         Some(w) => {
@@ -109,7 +109,7 @@ pub(super) async fn launch(
             started.pin(sku.limits.cpus).map_err(InfraError::PinWarm)?;
             // The warm-up's memory, on top of the SKU's, when the worker has it free (else the
             // job runs with the warm-up charged to its SKU's memory).
-            let held = started.warmup_memory(settings.warm_memory_bytes);
+            let held = started.warmup_memory(settings.warm.memory_bytes);
             let extra = if reserved.try_grow_memory(held) { held } else { 0 };
             started.hand_over_resources(sku.limits.memory_bytes, extra).map_err(InfraError::WarmMemory)?;
             let staged = stage::fill(job, &dir, &place, &ctx.s3, bucket).await?;

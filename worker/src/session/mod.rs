@@ -105,7 +105,7 @@ pub(crate) async fn open(ctx: &Context, name: &str, holder: &str) -> Result<Open
     let settings = &ctx.settings;
     let (names, bucket) = (&settings.names, &settings.services.s3.bucket);
     let mut redis = ctx.redis.clone();
-    sessions::lock(&mut redis, names, name, holder, LOCK_LEASE, settings.session_lock_wait).await?;
+    sessions::lock(&mut redis, names, name, holder, LOCK_LEASE, settings.sessions.lock_wait).await?;
     let opened = async {
         let mut expired = sessions::take_expired_mark(&mut redis, names, name).await?;
         let loaded = match sessions::load(&ctx.s3, bucket, names, name).await {
@@ -162,6 +162,8 @@ struct RunnerReport {
     unsaved: Vec<UnsavedVariable>,
     #[serde(default)]
     save_ms: u64,
+    #[serde(default)]
+    restore_ms: u64,
 }
 
 fn clip(text: &mut String, max: usize) {
@@ -213,6 +215,7 @@ pub(crate) async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool
                 clip(name, 200);
             }
             left.report.save_ms = report.save_ms;
+            left.report.restore_ms = report.restore_ms;
         }
     }
     if ended_by_itself {
@@ -259,7 +262,7 @@ pub(crate) async fn left_packages(ctx: &Context, dir: &crate::jobdir::JobDir, sa
         return Some(None);
     }
     let archive = dir.root.join("packages.out.tar");
-    match packages::pack(&dir.disk, &archive, sandbox_uid, ctx.settings.max_artifact_bytes, cpus).await {
+    match packages::pack(&dir.disk, &archive, sandbox_uid, ctx.settings.outputs.max_artifact_bytes, cpus).await {
         Ok(true) => {}
         Ok(false) => return Some(None),
         Err(e) => {
@@ -346,7 +349,7 @@ pub(crate) async fn save(
     for file in files {
         // The whole session within the artifact caps (restored, unchanged files included), so
         // that it cannot grow job after job.
-        if manifest_files.len() >= settings.max_artifacts || bytes + file.size > settings.max_artifact_bytes {
+        if manifest_files.len() >= settings.outputs.max_artifacts || bytes + file.size > settings.outputs.max_artifact_bytes {
             unsaved += 1;
             continue;
         }
@@ -367,7 +370,7 @@ pub(crate) async fn save(
         files: manifest_files,
         created_at_ms: if opened.fresh { now } else { opened.manifest.created_at_ms },
         updated_at_ms: now,
-        expires_at_ms: now + settings.session_idle_timeout.as_millis() as u64,
+        expires_at_ms: now + settings.sessions.idle_timeout.as_millis() as u64,
         last_job_id: job.spec.job_id.clone(),
         state: state_entry,
         packages: packages_entry,

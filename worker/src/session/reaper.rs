@@ -20,7 +20,7 @@ pub(crate) async fn reaper(ctx: Context, mut shutdown: tokio::sync::watch::Recei
     let mut last_rebuild: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            () = tokio::time::sleep(settings.session_reap_interval) => {}
+            () = tokio::time::sleep(settings.sessions.reap_interval) => {}
             _ = shutdown.changed() => return,
         }
         let mut redis = ctx.redis.clone();
@@ -46,7 +46,7 @@ pub(crate) async fn reaper(ctx: Context, mut shutdown: tokio::sync::watch::Recei
         // a_sessions_index_a_client_overwrites_neither_reruns_jobs_nor_keeps_sessions_for_ever
         // in tests/untrusted_state.rs).
         rebuild_pending |= index_reset;
-        let every = settings.session_rebuild_interval;
+        let every = settings.sessions.rebuild_interval;
         let gap = if rebuild_pending { sessions::REBUILD_AFTER_RESET.min(every) } else { every };
         if last_rebuild.is_some_and(|at| at.elapsed() < gap) {
             continue;

@@ -32,6 +32,68 @@ pub struct SkuSettings {
     pub disk_bytes: u64,
 }
 
+/// What a job may leave: captured streams, rich outputs, artifacts, and their URLs (`worker.*`).
+#[derive(Debug, Clone)]
+pub struct OutputSettings {
+    /// Output cap per stream, bytes.
+    pub max_output_bytes: u64,
+    /// Inline output cap per stream, bytes.
+    pub max_inline_output_bytes: u64,
+    /// Rich outputs per job.
+    pub max_outputs: usize,
+    /// Rich output bytes per job (the outputs tmpfs size).
+    pub max_outputs_bytes: u64,
+    /// Artifact count cap.
+    pub max_artifacts: usize,
+    /// Artifact bytes cap.
+    pub max_artifact_bytes: u64,
+    /// Presigned URL validity; zero: no URLs.
+    pub artifact_url_ttl: Duration,
+}
+
+/// Sessions: lifetime, locks, the reaper, notebook state (`[sessions]`).
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    /// Session inactivity timeout.
+    pub idle_timeout: Duration,
+    /// Session lock wait.
+    pub lock_wait: Duration,
+    /// Session reaper period.
+    pub reap_interval: Duration,
+    /// Period of the sessions index rebuild from S3 (cluster-wide).
+    pub rebuild_interval: Duration,
+    /// Largest notebook state of a session, bytes.
+    pub max_state_bytes: u64,
+    /// Longest time the runner spends saving a notebook state.
+    pub max_state_save: Duration,
+}
+
+/// Warm sandboxes (`[warm]`).
+#[derive(Debug, Clone)]
+pub struct WarmSettings {
+    /// Warm sandboxes kept per SKU served (0: none).
+    pub per_sku: usize,
+    /// Memory set aside in the capacity for each warm sandbox (`warm.memory_bytes`, default
+    /// 256 MiB), bytes; also the most of a warm-up's memory a job is given on top of its
+    /// SKU's at handover.
+    pub memory_bytes: u64,
+    /// Modules a warm runner preloads (`SANDQ_PRELOAD`).
+    pub preload: String,
+    /// Runtimes with warm sandboxes.
+    pub runtimes: Vec<sandq_schemas::Runtime>,
+}
+
+/// The outbound network mode (`worker.outbound_network`, `nameservers`, `blocked_ranges`).
+#[derive(Debug, Clone)]
+pub struct NetworkSettings {
+    /// Outbound network mode served.
+    pub outbound: bool,
+    /// Nameservers of outbound sandboxes.
+    pub nameservers: Vec<std::net::Ipv4Addr>,
+    /// Extra ranges outbound sandboxes may not reach, canonical CIDR text.
+    pub blocked_ranges: Vec<String>,
+}
+
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -58,52 +120,18 @@ pub struct Settings {
     pub userns_lease: Option<(usize, std::sync::Arc<std::fs::File>)>,
     /// Seccomp on.
     pub seccomp: bool,
-    /// Outbound network mode served.
-    pub outbound_network: bool,
-    /// Nameservers of outbound sandboxes.
-    pub nameservers: Vec<std::net::Ipv4Addr>,
-    /// Extra ranges outbound sandboxes may not reach, canonical CIDR text.
-    pub blocked_ranges: Vec<String>,
     /// Run-time package installs: trusted CAs, indexes, the user site's path.
     pub packages: crate::packages::Packages,
     /// Shutdown grace period.
     pub shutdown_grace: Duration,
-    /// Output cap per stream, bytes.
-    pub max_output_bytes: u64,
-    /// Inline output cap per stream, bytes.
-    pub max_inline_output_bytes: u64,
-    /// Artifact count cap.
-    pub max_artifacts: usize,
-    /// Artifact bytes cap.
-    pub max_artifact_bytes: u64,
-    /// Presigned URL validity; zero: no URLs.
-    pub artifact_url_ttl: Duration,
-    /// Rich outputs per job.
-    pub max_outputs: usize,
-    /// Rich output bytes per job (the outputs tmpfs size).
-    pub max_outputs_bytes: u64,
-    /// Session inactivity timeout.
-    pub session_idle_timeout: Duration,
-    /// Session lock wait.
-    pub session_lock_wait: Duration,
-    /// Session reaper period.
-    pub session_reap_interval: Duration,
-    /// Period of the sessions index rebuild from S3 (cluster-wide).
-    pub session_rebuild_interval: Duration,
-    /// Largest notebook state of a session, bytes.
-    pub max_state_bytes: u64,
-    /// Longest time the runner spends saving a notebook state.
-    pub max_state_save: Duration,
-    /// Warm sandboxes kept per SKU served (0: none).
-    pub warm_per_sku: usize,
-    /// Memory set aside in the capacity for each warm sandbox (`warm.memory_bytes`, default
-    /// 256 MiB), bytes; also the most of a warm-up's memory a job is given on top of its
-    /// SKU's at handover.
-    pub warm_memory_bytes: u64,
-    /// Modules a warm runner preloads (`SANDQ_PRELOAD`).
-    pub warm_preload: String,
-    /// Runtimes with warm sandboxes.
-    pub warm_runtimes: Vec<sandq_schemas::Runtime>,
+    /// What a job may leave: captured streams, rich outputs, artifacts, and their URLs (`worker.*`).
+    pub outputs: OutputSettings,
+    /// Sessions: lifetime, locks, the reaper, notebook state (`[sessions]`).
+    pub sessions: SessionSettings,
+    /// Warm sandboxes (`[warm]`).
+    pub warm: WarmSettings,
+    /// The outbound network mode (`worker.outbound_network`, `nameservers`, `blocked_ranges`).
+    pub network: NetworkSettings,
     /// Infrastructure attempts per job.
     pub max_attempts: u32,
     /// Job limits.
@@ -332,28 +360,32 @@ impl RawConfig {
             id_map,
             userns_lease,
             seccomp: self.worker.seccomp.unwrap_or(true),
-            outbound_network: self.worker.outbound_network.unwrap_or(true),
-            nameservers,
-            blocked_ranges,
             packages,
             shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
-            max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),
-            max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),
-            max_artifacts: self.worker.max_artifacts.unwrap_or(100),
-            max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
-            artifact_url_ttl,
-            max_outputs: self.worker.max_outputs.unwrap_or(100),
-            max_outputs_bytes: self.worker.max_outputs_bytes.unwrap_or(32 << 20).max(1 << 20),
-            session_idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
-            session_lock_wait: self.sessions.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
-            session_reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
-            session_rebuild_interval: self.sessions.rebuild_interval.unwrap_or(Duration::from_secs(3600)).max(Duration::from_secs(1)),
-            max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
-            max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
-            warm_per_sku: self.warm.per_sku.unwrap_or(1),
-            warm_memory_bytes,
-            warm_preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
-            warm_runtimes,
+            outputs: OutputSettings {
+                max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),
+                max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),
+                max_artifacts: self.worker.max_artifacts.unwrap_or(100),
+                max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
+                artifact_url_ttl,
+                max_outputs: self.worker.max_outputs.unwrap_or(100),
+                max_outputs_bytes: self.worker.max_outputs_bytes.unwrap_or(32 << 20).max(1 << 20),
+            },
+            sessions: SessionSettings {
+                idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
+                lock_wait: self.sessions.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
+                reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
+                rebuild_interval: self.sessions.rebuild_interval.unwrap_or(Duration::from_secs(3600)).max(Duration::from_secs(1)),
+                max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
+                max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
+            },
+            warm: WarmSettings {
+                per_sku: self.warm.per_sku.unwrap_or(1),
+                memory_bytes: warm_memory_bytes,
+                preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
+                runtimes: warm_runtimes,
+            },
+            network: NetworkSettings { outbound: self.worker.outbound_network.unwrap_or(true), nameservers, blocked_ranges },
             max_attempts,
             limits,
             skus,
@@ -392,7 +424,7 @@ impl Settings {
 
     /// User namespace ranges set aside for warm sandboxes.
     pub fn warm_ranges(&self) -> usize {
-        2 * self.warm_per_sku * self.skus.len() * self.warm_runtimes.len()
+        2 * self.warm.per_sku * self.skus.len() * self.warm.runtimes.len()
     }
 
     /// The host uid (and gid) that owns files the program in slot `slot` writes: the sandbox

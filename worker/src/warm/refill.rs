@@ -39,24 +39,24 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
     let sandbox_uid = id_map.map_or(settings.sandbox_uid, |m| m.host_base + settings.sandbox_uid);
     // The outputs tmpfs a cold job of the runtime gets: Python notebook jobs have room for a
     // session state (crate::job::launch), Node.js jobs do not.
-    let state_bytes = if runtime == Runtime::Python { 2 * settings.max_state_bytes } else { 0 };
+    let state_bytes = if runtime == Runtime::Python { 2 * settings.sessions.max_state_bytes } else { 0 };
     let shape = Shape {
         jobs_dir: &settings.jobs_dir,
         container_id: &container_id,
         sandbox_uid,
         disk_bytes: sku_settings.disk_bytes,
         python_site: &settings.packages.python_site,
-        out_bytes: settings.max_outputs_bytes + state_bytes,
+        out_bytes: settings.outputs.max_outputs_bytes + state_bytes,
         src_bytes: src_bytes(settings),
         runner: Some(runtime),
         warm: true,
     };
     let dir = jobdir::prepare(&shape).await?;
-    let mut env = run::sandbox_environment(&settings.packages, sku, &sku_settings.limits, Some(settings.max_outputs_bytes));
+    let mut env = run::sandbox_environment(&settings.packages, sku, &sku_settings.limits, Some(settings.outputs.max_outputs_bytes));
     let runner = layout::runner_files(runtime).first().map_or("", |(name, _)| name);
     let interpreter = match runtime {
         Runtime::Python => {
-            env.push(format!("SANDQ_PRELOAD={}", settings.warm_preload));
+            env.push(format!("SANDQ_PRELOAD={}", settings.warm.preload));
             "python3"
         }
         Runtime::Node => "node",
@@ -98,7 +98,7 @@ pub(crate) async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Recei
             return;
         }
         let kinds: Vec<(Sku, Runtime)> =
-            ctx.settings.skus.keys().flat_map(|sku| ctx.settings.warm_runtimes.iter().map(move |r| (*sku, *r))).collect();
+            ctx.settings.skus.keys().flat_map(|sku| ctx.settings.warm.runtimes.iter().map(move |r| (*sku, *r))).collect();
         for (sku, runtime) in kinds {
             crate::metrics::warm_ready(sku, pool.ready_count(sku));
             // Only into idle capacity: never beside a running job.
