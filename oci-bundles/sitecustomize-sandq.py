@@ -30,18 +30,28 @@ _sandq_seed_matplotlib_cache()
 del _sandq_seed_matplotlib_cache
 
 
-# sandq: whole lines on stdout and stderr. The worker runs Python with PYTHONUNBUFFERED=1, so
-# nothing a program printed waits in a buffer when it is killed; but unbuffered text streams
-# write each print() argument on its own, and lines of two processes then interleave mid-line.
-# Line buffering above the unbuffered byte stream writes each line whole, at its newline: only
-# an unfinished line is lost at a kill. Inherited by forked children (multiprocessing).
+# sandq: whole lines from every process but the job's own. The worker runs Python with
+# PYTHONUNBUFFERED=1, so nothing a program printed waits in a buffer when it is killed; but
+# unbuffered text streams write each print() argument on its own, and the lines of processes
+# printing side by side (a process pool's workers) then split each other mid-line. So every
+# Python process of the sandbox except the job's own (pid 1: the program, or the notebook
+# runner) is line-buffered above the unbuffered byte stream: it writes each line whole, at its
+# newline, and only its unfinished line is lost at a kill. The job's own process keeps
+# everything it printed, a partial line included. Forked children switch at the fork.
 def _sandq_whole_lines():
+    import os
     import sys
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True, write_through=False)
-        except (AttributeError, ValueError, OSError):
-            pass
+
+    def whole_lines():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.reconfigure(line_buffering=True, write_through=False)
+            except (AttributeError, ValueError, OSError):
+                pass
+
+    if os.getpid() != 1:
+        whole_lines()
+    os.register_at_fork(after_in_child=whole_lines)
 
 
 _sandq_whole_lines()
