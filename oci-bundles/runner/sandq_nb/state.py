@@ -20,8 +20,10 @@ dropped and listed, and the rest still load (a record that shared objects with a
 be dropped with it, and says so). A state that cannot be read at all leaves the namespace empty,
 and the report says why. The format (`docs/protocol.md`, "Sessions"):
 
-    b"SANDQ-STATE-2\\n", then per variable: name length (u32 LE), name (UTF-8),
-    payload length (u64 LE), payload (one pickle of the shared pickler)
+    b"SANDQ-STATE-2\\n", then per variable: name length (u32 LE), name (UTF-8), payload
+    length (u64 LE), memo positions the pickler had used after it (u64 LE), payload (one
+    pickle of the shared pickler); a record with an empty name and payload resets the memo
+    (the pickler cleared its own after a value failed to save)
 
 The first format (a pickle of `{"version": 1, "variables": {name: pickle}}`) is still read.
 """
@@ -38,7 +40,7 @@ _STATE_MAX_UNSAVED_LISTED = 100
 
 MAGIC = b"SANDQ-STATE-2\n"
 _NAME = struct.Struct("<I")
-_LENGTH = struct.Struct("<Q")
+_RECORD = struct.Struct("<QQ")  # payload length, memo positions used after the record
 _MAX_NAME_BYTES = 4096
 
 # The namespace a state is being loaded into (see _Namespace).
@@ -230,9 +232,124 @@ def _load_v1(ns, f):
     return restored, not_restored
 
 
+class _Lost:
+    """Stands in the unpickler's memo for what a record that could not be restored would have
+    put there, so that the records after it keep their memo positions. No record that refers
+    to one is ever loaded (see _refers_to)."""
+
+
+_GETS = {"GET", "BINGET", "LONG_BINGET"}
+_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
+# Opcodes that push a plain value given in the opcode itself (a string, bytes, a number).
+_LITERALS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
+             "SHORT_BINBYTES", "BINBYTES", "BINBYTES8", "BININT", "BININT1", "BININT2", "INT", "LONG", "LONG1",
+             "BINFLOAT", "FLOAT"}
+
+
+def _resolve_global(module, name):
+    """The global `module.name` (dotted names walked), as pickle's find_class finds it."""
+    import importlib
+    value = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _memo_of(payload, start, memo):
+    """What a record that is not restored would have put in the memo, from its opcodes:
+    {position: value} for plain values (strings such as module and class names, numbers) and
+    for globals fetched by name (`builtins.int`, a module's function), which later records may
+    fetch without sharing anything with the lost variable; and the set of the other positions
+    (objects it would have built: lost). `memo`: the values already known, by position."""
+    import pickletools
+    known, lost, position = {}, set(), start
+    recent = []  # the top of the stack, as far as these opcodes tell it (None: unknown)
+    missing = object()
+    try:
+        for op, arg, _ in pickletools.genops(payload):
+            name = op.name
+            if name == "MEMOIZE" or name in _PUTS:
+                index = position if name == "MEMOIZE" else int(arg)
+                value = recent[-1] if recent else missing
+                if value is missing:
+                    lost.add(index)
+                else:
+                    known[index] = value
+                position = max(position, index + 1)
+            elif name in _LITERALS:
+                recent.append(arg)
+            elif name in _GETS:
+                index = int(arg)
+                recent.append(known[index] if index in known else memo.get(index, missing) if index not in lost else missing)
+            elif name == "STACK_GLOBAL" and len(recent) >= 2 and all(isinstance(v, str) for v in recent[-2:]):
+                module, qualname = recent[-2:]
+                del recent[-2:]
+                try:
+                    recent.append(_resolve_global(module, qualname))
+                except Exception:
+                    recent.append(missing)
+            elif name == "GLOBAL" and isinstance(arg, str) and " " in arg:
+                try:
+                    recent.append(_resolve_global(*arg.split(" ", 1)))
+                except Exception:
+                    recent.append(missing)
+            elif name in ("PROTO", "FRAME"):
+                continue
+            else:
+                recent = [missing]
+    except Exception:
+        pass
+    return known, lost
+
+
+def _no_persistent_ids(pid):
+    import pickle
+    raise pickle.UnpicklingError("a saved state has no persistent ids")
+
+
+def _fresh_unpickler(records, memo, size):
+    """A new unpickler on `records` whose memo holds `memo` at positions 0..size-1 (all
+    present), its next MEMOIZE at `size`. (Assigning `Unpickler.memo` does not do this: the C
+    unpickler keeps writing from its own count.) A tiny pickle fetches each value by a
+    persistent id and memoizes it, in order."""
+    import io
+    import pickle
+    import struct as _struct
+    unpickler = pickle.Unpickler(records)
+    if size:
+        values = [memo[index] for index in range(size)]
+        unpickler.persistent_load = values.__getitem__
+        prime = b"\x80\x05" + b"".join(b"J" + _struct.pack("<i", i) + b"Q\x940" for i in range(size)) + b"N."
+        saved_file, saved_left = records.f, records.left
+        records.f, records.left = io.BytesIO(prime), len(prime)
+        try:
+            unpickler.load()
+        finally:
+            records.f, records.left = saved_file, saved_left
+            unpickler.persistent_load = _no_persistent_ids
+    return unpickler
+
+
+def _refers_to(payload, lost):
+    """Whether the pickle `payload` (one record) fetches a memo position in `lost`."""
+    import pickletools
+    try:
+        for op, arg, _ in pickletools.genops(payload):
+            if op.name in _GETS and int(arg) in lost:
+                return True
+    except Exception:
+        return True
+    return False
+
+
 def load_state(ns, path, seconds=30.0, variable_seconds=10.0):
     """Loads the state at `path` into `ns`, within `seconds` in all and `variable_seconds` a
-    variable; returns (restored count, [{name, reason} not restored])."""
+    variable; returns (restored count, [{name, reason} not restored]).
+
+    The records share one unpickler (and so its memo: shared objects stay shared). Each record
+    says how many memo entries the pickler had after it; when a record cannot be restored, the
+    entries it would have made are marked lost, and a later record that refers to one is
+    dropped too (it shared an object with the lost one), never loaded with a wrong object."""
     import pickle
     import time
     global _LOADING_INTO
@@ -253,8 +370,31 @@ def load_state(ns, path, seconds=30.0, variable_seconds=10.0):
         restored, not_restored = 0, []
         records = _Records(f)
         unpickler = pickle.Unpickler(records)
+        memo_len, lost = 0, set()
         deadline = time.monotonic() + seconds
         _LOADING_INTO = ns
+
+        def skip(name, reason, memo_after, payload):
+            """Drops this record and goes on after it: the memo gets the plain values the record
+            would have made, and its other positions are lost (a later record that fetches one
+            is dropped too, never loaded with a wrong object)."""
+            nonlocal unpickler, memo_len
+            not_restored.append({"name": name, "reason": reason})
+            records.skip_rest()
+            memo = unpickler.memo.copy()
+            known, gone = _memo_of(payload, memo_len, memo)
+            for index in range(memo_len, memo_after):
+                if index in known:
+                    memo[index] = known[index]
+                else:
+                    memo[index] = _Lost
+                    lost.add(index)
+            lost.update(index for index in gone if index >= memo_after)
+            for index in range(memo_after):
+                memo.setdefault(index, _Lost)
+            unpickler = _fresh_unpickler(records, memo, memo_after)
+            memo_len = memo_after
+
         try:
             with _Bounds() as bounds:
                 while True:
@@ -266,15 +406,33 @@ def load_state(ns, path, seconds=30.0, variable_seconds=10.0):
                         if name_len > _MAX_NAME_BYTES:
                             raise ValueError("a record name of %d bytes" % name_len)
                         name = f.read(name_len).decode("utf-8")
-                        (payload_len,) = _LENGTH.unpack(f.read(_LENGTH.size))
+                        payload_len, memo_after = _RECORD.unpack(f.read(_RECORD.size))
                     except Exception as exc:
                         not_restored.append({"name": "*", "reason": "the rest of the saved state is unreadable: " + _reason(exc)})
                         break
-                    left = deadline - time.monotonic()
                     records.left = payload_len
-                    if left <= 0:
-                        not_restored.append({"name": name, "reason": "over the restore time limit of %gs" % seconds})
+                    if not name:
+                        # A reset: the pickler cleared its memo here (a value failed while saved).
                         records.skip_rest()
+                        unpickler = pickle.Unpickler(records)
+                        memo_len, lost = 0, set()
+                        continue
+                    start = f.tell()
+
+                    def payload():
+                        """The record's bytes (read again only when a record is dropped)."""
+                        here = f.tell()
+                        f.seek(start)
+                        data = f.read(payload_len)
+                        f.seek(here)
+                        return data
+
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        skip(name, "over the restore time limit of %gs" % seconds, memo_after, payload())
+                        continue
+                    if lost and _refers_to(payload(), lost):
+                        skip(name, "it shares objects with a variable that could not be restored", memo_after, payload())
                         continue
                     this_limit = min(variable_seconds, left)
                     try:
@@ -292,18 +450,11 @@ def load_state(ns, path, seconds=30.0, variable_seconds=10.0):
                             reason = "restoring it took over %gs" % max(round(this_limit, 1), 0.1)
                         elif isinstance(exc, MemoryError):
                             reason = "restoring it needed more memory than the job has left"
-                        elif isinstance(exc, pickle.UnpicklingError) and "Memo value not found" in str(exc):
-                            reason = "it shares objects with a variable that could not be restored"
                         else:
                             reason = _reason(exc)
-                        not_restored.append({"name": name, "reason": reason})
-                        records.skip_rest()
-                        # A failed load may leave part of a frame in the unpickler: a new one,
-                        # with what the records before made (shared objects).
-                        memo = unpickler.memo
-                        unpickler = pickle.Unpickler(records)
-                        unpickler.memo = memo
+                        skip(name, reason, memo_after, payload())
                         continue
+                    memo_len = memo_after
                     ns[name] = value
                     restored += 1
         finally:
@@ -349,9 +500,12 @@ def save_state(ns, baseline, path, limit, seconds):
             encoded = name.encode("utf-8", "surrogatepass")
             start = f.tell()
             try:
-                capped.write(_NAME.pack(len(encoded)) + encoded + _LENGTH.pack(0))
+                capped.write(_NAME.pack(len(encoded)) + encoded + _RECORD.pack(0, 0))
                 body = f.tell()
                 pickler.dump(value)
+                # The memo positions the pickler has used so far (the loader keeps them aligned
+                # when a record cannot be restored): one more than the newest.
+                memo_after = 1 + max((index for index, _ in pickler.memo.copy().values()), default=-1)
             except BaseException as exc:  # anything the object's __reduce__ raises
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
@@ -360,12 +514,20 @@ def save_state(ns, baseline, path, limit, seconds):
                 f.seek(start)
                 f.truncate()
                 capped.left = limit - start
-                # What the failed record memoized was cut with it.
+                # What the failed record memoized was cut with it: the pickler starts a new memo,
+                # and a reset record (no name) tells the loader to do the same.
                 pickler.clear_memo()
+                try:
+                    capped.write(_NAME.pack(0) + _RECORD.pack(0, 0))
+                except _StateTooLarge:
+                    f.seek(start)
+                    f.truncate()
+                    capped.left = limit - start
+                    break
                 continue
             end = f.tell()
-            f.seek(body - _LENGTH.size)
-            f.write(_LENGTH.pack(end - body))
+            f.seek(body - _RECORD.size)
+            f.write(_RECORD.pack(end - body, memo_after))
             f.seek(end)
             saved.append(name)
     os.replace(tmp, path)

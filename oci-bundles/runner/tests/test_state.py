@@ -11,8 +11,9 @@ from sandq_nb.state import load_state, save_state
 
 def _size(name, value):
     """Bytes one record takes (computed apart from save_state): its name length (4 bytes), the
-    name, its payload length (8 bytes), and the payload, one pickle of the same pickler."""
-    return 4 + len(name.encode()) + 8 + len(state._pickler_module().dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    name, its payload length and memo count (8 bytes each), and the payload, one pickle of the
+    same pickler."""
+    return 4 + len(name.encode()) + 16 + len(state._pickler_module().dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _records(path):
@@ -28,9 +29,10 @@ def _records(path):
                 return out
             (n,) = struct.unpack("<I", head)
             name = f.read(n).decode()
-            (length,) = struct.unpack("<Q", f.read(8))
+            length, _memo = struct.unpack("<QQ", f.read(16))
             f.seek(length, 1)
-            out.append((name, length))
+            if name:  # an empty name is a memo reset, not a variable
+                out.append((name, length))
 
 
 def test_round_trip_and_what_is_left_out(tmp_path):
@@ -270,6 +272,36 @@ def test_a_value_that_hangs_or_raises_on_load_is_dropped_and_the_rest_loads(tmp_
                       {"name": "b_bad", "reason": "ValueError: invalid literal for int() with base 10: 'not a number'"}]
 
 
+def test_a_value_that_fails_to_save_leaves_the_others_whole(tmp_path):
+    _cloudpickle()
+    # `g` (a generator) fails halfway through its record; what it memoized is cut with it, and
+    # the records after it (an instance of the session's class, sharing it) still load right.
+    ns, report, restored, errors = _next_cell(
+        tmp_path,
+        "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n"
+        "g = (i for i in range(3))\np = Point(3, 4)\nshared = [p, p]\n",
+        "out = (p.norm(), type(p) is Point, shared[0] is shared[1] is p)\n")
+    assert [u["name"] for u in report["unsaved"]] == ["g"]
+    assert errors == []
+    assert ns["out"] == (5.0, True, True)
+
+
+def test_a_value_that_fails_to_restore_drops_only_what_shares_with_it(tmp_path):
+    path = str(tmp_path / "s")
+    poison = _Bad()
+    save_state({"a_bad": poison, "b_holds_it": [poison], "c_list": [1, 2], "d_alias": None}, {}, path, 1 << 20, 60.0)
+    # d_alias names c_list's list: saved after it, it shares it.
+    ns = {"a_bad": 0, "b_holds_it": 0}
+    ns_in = {"a_bad": poison, "b_holds_it": [poison], "c_list": [1, 2]}
+    ns_in["d_alias"] = ns_in["c_list"]
+    save_state(ns_in, {}, path, 1 << 20, 60.0)
+    ns = {}
+    restored, errors = load_state(ns, path)
+    assert [e["name"] for e in errors] == ["a_bad", "b_holds_it"]
+    assert errors[1]["reason"] == "it shares objects with a variable that could not be restored"
+    assert restored == 2 and ns["c_list"] == [1, 2] and ns["d_alias"] is ns["c_list"]
+
+
 def test_the_whole_restore_has_a_time_limit(tmp_path):
     path = str(tmp_path / "s")
     save_state({"a": _Slow(), "b": 1}, {}, path, 1 << 20, 60.0)
@@ -289,3 +321,15 @@ def test_env_number(monkeypatch, raw, kind, expected):
     else:
         monkeypatch.setenv("SANDQ_TEST_NUMBER", raw)
     assert state._env_number("SANDQ_TEST_NUMBER", 7, kind) == expected
+
+
+def test_after_a_failed_value_the_others_that_share_only_names_still_load(tmp_path):
+    # `a` fails while its global `builtins.int` is fetched by name; `b` (the os module) and `c`
+    # fetch other names the pickler memoized in `a`'s record: they are plain strings, not
+    # anything `a` built, and load.
+    path = str(tmp_path / "s")
+    save_state({"a": _Bad(), "b": os, "c": int, "d": {"k": [1]}}, {}, path, 1 << 20, 60.0)
+    ns = {}
+    restored, errors = load_state(ns, path)
+    assert [e["name"] for e in errors] == ["a"]
+    assert (restored, ns["b"] is os, ns["c"] is int, ns["d"]) == (3, True, True, {"k": [1]})
