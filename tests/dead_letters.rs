@@ -46,16 +46,6 @@ fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     SMALL.iter().copied().chain(extra.iter().copied()).collect()
 }
 
-/// A Redis connection with no response timeout.
-async fn plain_redis(world: &Isolated) -> redis::aio::MultiplexedConnection {
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    redis::Client::open(world.config.redis.url.as_str())
-        .expect("redis")
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .expect("redis")
-}
-
 #[tokio::test]
 async fn a_job_for_an_unserved_sku_expires_with_a_reason() {
     let world = Isolated::with_config(|c| c.queues.unserved_ttl = Duration::from_secs(2)).await;
@@ -331,7 +321,7 @@ async fn a_status_that_is_not_utf8_does_not_loop_the_dead_letter_queue() {
     let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let mut client = world.client().await;
     let names = Names::new(world.namespace.clone());
-    let mut redis = plain_redis(&world).await;
+    let mut redis = sandq_tests::plain_redis(&world).await;
     let poisoned: Vec<_> = (0..4).map(|_| python_job("print(1)", Sku::S)).collect();
     for spec in &poisoned {
         let () = redis::cmd("HSET")
@@ -439,7 +429,7 @@ async fn forged_running_jobs_cannot_crowd_out_a_lost_jobs_check_which_outlives_i
     let first = world.start_worker_ready(&first_id, &env);
     let names = Names::new(world.namespace.clone());
     let mut conn = sandq_core::results::connect(&world.config.redis).await.expect("redis");
-    let mut redis = plain_redis(&world).await;
+    let mut redis = sandq_tests::plain_redis(&world).await;
     let now = sandq_core::time::now_ms();
     let mut forged = Vec::with_capacity(FORGED);
     for _ in 0..FORGED {

@@ -822,3 +822,14 @@ pub fn stop_worker(mut worker: Child) {
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(40)), "the worker did not exit within 40 s of its stdin closing");
 }
+
+/// A Redis connection to `world`'s Redis with no response timeout: tests that write or read
+/// large values, or wait on a busy server, must not fail on the client's default 500 ms.
+pub async fn plain_redis(world: &Isolated) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    redis::Client::open(world.config.redis.url.as_str())
+        .expect("redis")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("redis")
+}

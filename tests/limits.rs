@@ -14,16 +14,6 @@ use sandq_schemas::names::Names;
 use sandq_schemas::{JobResult, JobStatus, Sku};
 use sandq_tests::{exits_within, poll_until, python_job, wait, wait_for_status, Isolated, RawPublisher};
 
-/// A Redis connection with no response timeout (large values take a while).
-async fn plain_redis(world: &Isolated) -> redis::aio::MultiplexedConnection {
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    redis::Client::open(world.config.redis.url.as_str())
-        .expect("redis")
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .expect("redis")
-}
-
 /// `bytes` with the first occurrence of `from` replaced by `to`.
 fn splice(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     let at = bytes.windows(from.len()).position(|w| w == from).expect("pattern in the encoding");
@@ -241,7 +231,7 @@ async fn a_client_written_terminal_record_is_not_read_back_by_a_refused_write() 
     let forged = splice(&encoded, b"traceback\x90", &[b"traceback".as_slice(), &array_of(strings, &[0xa0])].concat());
     assert!(sandq_schemas::decode::<JobResult>(&forged).is_ok_and(|r| r.error.is_some_and(|e| e.traceback.len() == strings as usize)));
     let names = Names::new(world.namespace.clone());
-    let mut redis = plain_redis(&world).await;
+    let mut redis = sandq_tests::plain_redis(&world).await;
     let () = redis::cmd("HSET")
         .arg(names.job_key(&spec.job_id))
         .arg("status")
@@ -285,7 +275,7 @@ async fn a_dead_letter_decodes_only_the_fields_it_uses_of_a_client_record() {
     assert_eq!(first.status, JobStatus::Succeeded);
     let (peak_before, _) = sandq_tests::process_usage(worker.id());
     let names = Names::new(world.namespace.clone());
-    let mut redis = plain_redis(&world).await;
+    let mut redis = sandq_tests::plain_redis(&world).await;
     // Queued records of about 1 MB (under the 1 MiB read), a million empty strings each, written
     // as a client writes its own `queued` record; then a dead letter for each.
     // Without `submitted_at_ms`, the result's `queued_at_ms` can only come from the record.

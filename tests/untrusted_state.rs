@@ -19,16 +19,6 @@ use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
 use sandq_tests::{python_job, Isolated};
 use sha2::Digest;
 
-/// A Redis connection with no response timeout (large values take a while).
-async fn plain_redis(world: &Isolated) -> redis::aio::MultiplexedConnection {
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    redis::Client::open(world.config.redis.url.as_str())
-        .expect("redis")
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .expect("redis")
-}
-
 /// A job of `session` that appends a line to `runs.txt` (a session file) and prints how many
 /// lines it has: a job run twice prints one more than it should.
 fn counting_job(session: &str) -> JobSpec {
@@ -170,7 +160,7 @@ async fn a_sessions_index_a_client_overwrites_neither_reruns_jobs_nor_keeps_sess
     // The client's write, repeated every 5 ms: the reaper deletes a foreign index each period.
     let attacking = Arc::new(AtomicBool::new(true));
     let attacker = {
-        let (attacking, mut redis, key) = (attacking.clone(), plain_redis(&world).await, names.sessions_index());
+        let (attacking, mut redis, key) = (attacking.clone(), sandq_tests::plain_redis(&world).await, names.sessions_index());
         tokio::spawn(async move {
             let mut writes = 0u64;
             while attacking.load(Ordering::Relaxed) {
@@ -186,7 +176,7 @@ async fn a_sessions_index_a_client_overwrites_neither_reruns_jobs_nor_keeps_sess
     attacking.store(false, Ordering::Relaxed);
     let writes = attacker.await.expect("attacker");
     // The client also drops the session from the index: only a rebuild from S3 finds it now.
-    let mut redis = plain_redis(&world).await;
+    let mut redis = sandq_tests::plain_redis(&world).await;
     let () = redis::cmd("DEL").arg(names.sessions_index()).query_async(&mut redis).await.expect("del");
     let (s3, bucket) = (storage::client(&world.config.s3), world.config.s3.bucket.clone());
     let stored_before = storage::list(&s3, &bucket, &names.session_prefix(&session), 100).await.expect("list");
@@ -236,7 +226,7 @@ async fn invalid_or_locked_index_members_do_not_stop_the_session_reaper() {
     let id = format!("{}-w", world.namespace);
     let worker = world.start_worker_ready(&id, &env);
     let names = Names::new(world.namespace.clone());
-    let mut redis = plain_redis(&world).await;
+    let mut redis = sandq_tests::plain_redis(&world).await;
     // 100 due names whose locks are held without expiry, and two invalid members, all at
     // score 0: the head of the index.
     let locked: Vec<String> = (0..100).map(|i| format!("p{i:02}-{}", &world.namespace[11..])).collect();
@@ -401,7 +391,7 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
     let id = format!("{}-w", world.namespace);
     let worker = world.start_worker_ready(&id, &sandq_tests::small_worker_env(&[]));
     let names = Names::new(world.namespace.clone());
-    let mut admin = plain_redis(&world).await;
+    let mut admin = sandq_tests::plain_redis(&world).await;
     let (user, password) = (format!("client-{}", world.namespace), uuid::Uuid::new_v4().simple().to_string());
     // The rules of docs/operations.md, for this namespace.
     let ns = &world.namespace;

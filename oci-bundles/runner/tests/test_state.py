@@ -327,6 +327,7 @@ def test_after_a_failed_value_the_others_that_share_only_names_still_load(tmp_pa
     # `a` fails while its global `builtins.int` is fetched by name; `b` (the os module) and `c`
     # fetch other names the pickler memoized in `a`'s record: they are plain strings, not
     # anything `a` built, and load.
+    _cloudpickle()  # plain pickle cannot save a module
     path = str(tmp_path / "s")
     save_state({"a": _Bad(), "b": os, "c": int, "d": {"k": [1]}}, {}, path, 1 << 20, 60.0)
     ns = {}
