@@ -574,6 +574,24 @@ impl RedisFleet {
         assert!(poll_until(Duration::from_secs(20), || redis_cli(port, &["ping"]).starts_with("PONG")), "redis on {port} did not start");
     }
 
+    /// One plain Redis on `port` that keeps its data across restarts (an append-only file),
+    /// as a deployed one does.
+    pub fn single(name: &str, port: u16) -> Self {
+        let mut fleet = RedisFleet::new(name);
+        fleet.spawn(port, false, "appendonly yes\nappendfsync always");
+        fleet
+    }
+
+    /// Restarts the server on `port` (`SHUTDOWN`, then started again with its data): its
+    /// clients see their connections drop and the server refuse connections meanwhile.
+    pub fn restart(&mut self, port: u16, down_for: Duration) {
+        let _ = redis_cli(port, &["shutdown"]);
+        let mut child = self.servers.remove(&port).expect("no server on that port");
+        let _ = child.wait();
+        std::thread::sleep(down_for);
+        self.spawn(port, false, "appendonly yes\nappendfsync always");
+    }
+
     /// SIGKILLs the server on `port` (a crash).
     pub fn kill(&mut self, port: u16) {
         let mut child = self.servers.remove(&port).expect("no server on that port");

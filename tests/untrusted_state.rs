@@ -401,7 +401,11 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
         .arg("reset")
         .arg("on")
         .arg(format!(">{password}"))
-        .arg(format!("~{ns}:job:*"))
+        .arg(format!("~{ns}:job:{{*}}"))
+        .arg(format!("~{ns}:job:{{*}}:done"))
+        .arg(format!("~{ns}:job:{{*}}:cancel"))
+        .arg(format!("~{ns}:job:{{*}}:source"))
+        .arg(format!("%R~{ns}:job:{{*}}:events"))
         .arg(format!("~{ns}:session:*"))
         .arg("+@all")
         .arg("-@admin")
@@ -432,6 +436,17 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
         let session = format!("acl-{}", uuid::Uuid::new_v4().simple());
         let first = sandq_tests::run(&mut client, &counting_job(&session)).await;
         let second = sandq_tests::run(&mut client, &counting_job(&session)).await;
+        // Its job's live events: read, not written.
+        let events = sandq_core::events::read(
+            &mut sandq_core::results::connect(&config.redis).await.expect("redis as the ACL user"),
+            &names.events_key(&first.job_id),
+            sandq_core::events::START,
+            100,
+            None,
+        )
+        .await
+        .map(|events| events.iter().any(|e| matches!(&e.kind, sandq_core::events::EventKind::Stdout(t) if t == "1\n")))
+        .map_err(|e| e.to_string());
         let listed = client.sessions(100).await.map(|l| l.len()).map_err(|e| e.to_string());
         let removed = client.remove_session(&session, Duration::from_secs(10)).await.expect("remove session");
         let (s3, bucket) = (storage::client(&world.config.s3), world.config.s3.bucket.clone());
@@ -439,14 +454,15 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
         let mut as_client =
             redis::Client::open(config.redis.url.as_str()).expect("redis").get_multiplexed_async_connection().await.expect("redis");
         let mut refused = Vec::new();
-        for (command, key) in [
-            ("SET", names.sessions_index()),
-            ("ZREM", names.sessions_index()),
-            ("SET", names.sessions_rebuilt_key()),
-            ("SET", names.deferred_checks()),
+        for (command, key, args) in [
+            ("XADD", names.events_key(&first.job_id), &["*", "type", "end"][..]),
+            ("SET", names.sessions_index(), &["x"][..]),
+            ("ZREM", names.sessions_index(), &["x"][..]),
+            ("SET", names.sessions_rebuilt_key(), &["x"][..]),
+            ("SET", names.deferred_checks(), &["x"][..]),
         ] {
             let mut cmd = redis::cmd(command);
-            cmd.arg(&key).arg("x");
+            cmd.arg(&key).arg(args);
             let reply: Result<redis::Value, redis::RedisError> = cmd.query_async(&mut as_client).await;
             refused.push((format!("{command} {key}"), reply.err().and_then(|e| e.code().map(str::to_owned))));
         }
@@ -469,14 +485,15 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
             let reply: Result<redis::Value, redis::RedisError> = cmd.query_async(&mut as_client).await;
             refused.push((command.join(" "), reply.err().and_then(|e| e.code().map(str::to_owned))));
         }
-        (first, second, listed, removed, left, refused)
+        (first, second, listed, removed, left, refused, events)
     }
     .await;
     let log = sandq_tests::isolated_worker_log(&id);
     let _: i64 = redis::cmd("ACL").arg("DELUSER").arg(&user).query_async(&mut admin).await.expect("acl deluser");
     sandq_tests::stop_worker(worker);
     world.delete_queues().await;
-    let (first, second, listed, removed, left, refused) = outcome;
+    let (first, second, listed, removed, left, refused, events) = outcome;
+    assert_eq!(events, Ok(true), "the client reads its job's live events");
     assert_eq!((first.status, first.stdout.text.as_str()), (JobStatus::Succeeded, "1\n"), "{first:?}");
     assert_eq!((second.status, second.stdout.text.as_str()), (JobStatus::Succeeded, "2\n"), "{second:?}");
     assert!(listed.as_ref().is_err_and(|e| e.to_ascii_uppercase().contains("NOPERM")), "a client listed the sessions: {listed:?}");

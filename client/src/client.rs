@@ -16,7 +16,9 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use sandq_schemas::names::{input_key, Names};
 use sandq_schemas::{Artifact, InputFile, JobResult, JobSpec, JobStatus, CONTENT_TYPE, SCHEMA_VERSION};
 
+use futures::Stream;
 use sandq_core::config::ServiceConfig;
+use sandq_core::events::{Event, EventKind};
 use sandq_core::redis_conn::{RedisConn, RedisTarget};
 use sandq_core::time::now_ms;
 use sandq_core::{results, storage, topology};
@@ -75,6 +77,10 @@ pub enum ClientError {
     #[error(transparent)]
     Session(#[from] sandq_core::sessions::SessionError),
 }
+
+/// Longest single `XREAD BLOCK` of [`Client::events`]: the job's status is checked after
+/// each that returned nothing.
+pub const EVENTS_BLOCK: Duration = Duration::from_secs(5);
 
 /// A connected client.
 pub struct Client {
@@ -416,6 +422,80 @@ impl Client {
             tokio::time::sleep(block).await;
         }
         Ok(())
+    }
+
+    /// One page of the job's live events after `cursor` ([`sandq_core::events::START`] for the
+    /// whole stream): at most 500, waiting up to `block` for the first (an empty page: none
+    /// came). Uses the blocking connection; a Redis error drops it (the next call makes a new
+    /// one) and is returned.
+    ///
+    /// # Errors
+    /// [`ClientError::Result`] when Redis fails.
+    pub async fn events_page(&mut self, job_id: &str, cursor: &str, block: Duration) -> Result<Vec<Event>, ClientError> {
+        if self.blocking.is_none() {
+            self.blocking = Some(self.redis_target.connect_blocking().await.map_err(results::ResultError::from)?);
+        }
+        let Some(connection) = self.blocking.as_mut() else { return Ok(Vec::new()) };
+        let key = self.names.events_key(job_id);
+        let block = (!block.is_zero()).then_some(block);
+        match sandq_core::events::read(connection, &key, cursor, 500, block).await {
+            Ok(events) => Ok(events),
+            Err(e) => {
+                self.blocking = None;
+                Err(results::ResultError::from(e).into())
+            }
+        }
+    }
+
+    /// The job's live events from `cursor` on ([`sandq_core::events::START`]: from the first),
+    /// as they come (docs/protocol.md "Live events"): the stream ends after the `end` event,
+    /// or when the job's result is terminal and nothing more is to be read (a stream without
+    /// `end`: expired, or written by an older worker). Redis errors (a restart) are retried
+    /// every `retry` from the last event read, with no gap and no duplicate; the caller bounds
+    /// the whole with its own time-out. To resume after dropping it, pass the last event's
+    /// `id`.
+    pub fn events<'a>(&'a mut self, job_id: &'a str, cursor: &str, retry: Duration) -> impl Stream<Item = Event> + 'a {
+        struct State<'a> {
+            client: &'a mut Client,
+            job_id: &'a str,
+            cursor: String,
+            page: std::collections::VecDeque<Event>,
+            done: bool,
+            retry: Duration,
+        }
+        let state = State { client: self, job_id, cursor: cursor.to_owned(), page: Default::default(), done: false, retry };
+        futures::stream::unfold(state, |mut s| async move {
+            loop {
+                if let Some(event) = s.page.pop_front() {
+                    s.cursor.clone_from(&event.id);
+                    if matches!(event.kind, EventKind::End { .. }) {
+                        s.done = true;
+                        s.page.clear();
+                    }
+                    return Some((event, s));
+                }
+                if s.done {
+                    return None;
+                }
+                match s.client.events_page(s.job_id, &s.cursor, EVENTS_BLOCK).await {
+                    Ok(page) if !page.is_empty() => s.page.extend(page),
+                    Ok(_) => {
+                        // Nothing new for a while: a terminal result with nothing left to
+                        // read ends the stream (its `end` is missing).
+                        let terminal = s.client.status(s.job_id).await.ok().flatten().is_some_and(|r| r.status.is_terminal());
+                        if terminal {
+                            let rest = s.client.events_page(s.job_id, &s.cursor, Duration::ZERO).await.unwrap_or_default();
+                            s.done = rest.is_empty();
+                            s.page.extend(rest);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read live events; retrying");
+                        tokio::time::sleep(s.retry).await;
+                    }
+                }
+            }
+        })
     }
 
     /// Asks for the job to be cancelled (see [`results::request_cancel`]). Returns false when

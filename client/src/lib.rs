@@ -9,3 +9,4 @@ pub mod client;
 pub mod notebook;
 
 pub use client::{Client, ClientError};
+pub use sandq_core::events::{Event, EventKind, Transcript};

@@ -10,6 +10,7 @@
 
 pub mod broker;
 pub mod config;
+pub mod events;
 pub mod redis_conn;
 pub mod results;
 pub mod sessions;

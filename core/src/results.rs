@@ -63,7 +63,8 @@ pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, R
 }
 
 /// Writes `result` unless the stored status ranks higher (see the module doc). Returns true
-/// when written. `ttl` is rounded up to whole seconds. A terminal result written is then waited
+/// when written. A terminal result also appends the `end` event to the job's event stream
+/// ([`Names::events_key`]), in the same script. `ttl` is rounded up to whole seconds. A terminal result written is then waited
 /// for on `[redis] wait_replicas` replicas, when set ([`RedisConn::wait_replicated`]).
 ///
 /// # Errors
@@ -72,14 +73,16 @@ pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, R
 pub async fn write(redis: &mut RedisConn, names: &Names, result: &JobResult, ttl: Duration) -> Result<bool, ResultError> {
     let bytes = sandq_schemas::encode(result)?;
     let ttl_s = ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0);
-    let written: i64 = crate::redis_conn::Script::new(CAS_SCRIPT)
+    let script = crate::redis_conn::Script::new(CAS_SCRIPT)
         .key(names.job_key(&result.job_id))
         .key(names.done_key(&result.job_id))
         .arg(result.status.as_str())
         .arg(bytes)
-        .arg(ttl_s)
-        .invoke_async(redis)
-        .await?;
+        .arg(ttl_s);
+    // Only a terminal write names the stream (clients, which write `queued`, may only read it:
+    // docs/operations.md "Redis ACL for clients").
+    let script = if result.status.is_terminal() { script.key(names.events_key(&result.job_id)).arg(result.attempt) } else { script };
+    let written: i64 = script.invoke_async(redis).await?;
     if written == 1 && result.status.is_terminal() {
         match redis.wait_replicated(&names.job_key(&result.job_id)).await {
             Ok(()) => {}

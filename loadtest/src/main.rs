@@ -3,6 +3,8 @@
 //! `sandq-loadtest throughput ...` (module [`throughput`]): N jobs of one program at a fixed rate
 //! or concurrency; jobs/s, latency percentiles, a report directory with PNG plots.
 //!
+//! `sandq-loadtest live ...` (module [`live`]): live events' latency, Redis memory and cost.
+//!
 //! `sandq-loadtest [--jobs ...]` (no subcommand), the chaos run: many jobs through several real
 //! workers while workers are SIGKILLed and restarted, RabbitMQ is restarted and Redis is
 //! restarted; then every job is accounted for.
@@ -27,6 +29,7 @@ use sandq_core::time::now_ms;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Runtime, Sku};
 
+mod live;
 mod plot;
 mod report;
 mod throughput;
@@ -46,6 +49,10 @@ enum Mode {
     /// N jobs of one program at a fixed rate or concurrency: jobs/s, latency percentiles
     /// (submitted -> finished, queue wait, run), a report directory with PNG plots.
     Throughput(throughput::ThroughputArgs),
+    /// Live events: write -> read latency (p50, p99, the worker's share), Redis memory per
+    /// running job, the cost of streaming on a flood of lines (against workers that do not
+    /// stream). scripts/bench-live.sh starts the workers.
+    Live(live::LiveArgs),
 }
 
 /// Chaos run against real sandq workers.
@@ -215,6 +222,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Some(Mode::Throughput(args)) => throughput::run(args).await,
+        Some(Mode::Live(args)) => live::run(args).await,
         None => chaos(cli.chaos).await,
     }
 }

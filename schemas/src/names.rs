@@ -80,6 +80,13 @@ impl Names {
         format!("{}:done", self.job_key(job_id))
     }
 
+    /// Redis Stream `<ns>:job:{<job_id>}:events`: the job's live events (what it prints and
+    /// displays while it runs, its lifecycle, and `end` with the terminal result), written
+    /// best effort by workers, expiring with the job key (docs/protocol.md "Live events").
+    pub fn events_key(&self, job_id: &str) -> String {
+        format!("{}:events", self.job_key(job_id))
+    }
+
     /// Redis string `<ns>:job:{<job_id>}:cancel`: set by a client to cancel the job.
     pub fn cancel_key(&self, job_id: &str) -> String {
         format!("{}:cancel", self.job_key(job_id))

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use sandq_client::Client;
+use sandq_client::{Client, EventKind, Transcript};
 use sandq_core::config::{self, ServiceConfig};
 use sandq_core::time::now_ms;
 use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Output, OutputType, RunMode, Runtime, Sku};
@@ -145,6 +145,11 @@ struct JobArgs {
     /// Give up waiting after this long.
     #[arg(long, default_value = "15m")]
     wait: humantime::Duration,
+    /// Print the output only once the job has ended (by default `run` prints what the job
+    /// prints and displays while it runs, from its live events; the summary comes at the end
+    /// either way).
+    #[arg(long)]
+    no_stream: bool,
     /// Code to run instead of a program file.
     #[arg(short = 'c', long = "code", conflicts_with = "program")]
     code: Option<String>,
@@ -203,13 +208,14 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             let spec = build_job(&client, &args).await?;
             client.submit(&spec).await?;
             warn_if_unserved(&client, spec.sku).await;
-            finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json).await
+            let live = if args.no_stream || cli.json { None } else { Some(stream_live(&mut client, &spec.job_id, args.wait.into()).await) };
+            finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json, live.as_ref()).await
         }
         Command::Export { ids, session, output } => {
             export(&mut client, ids, session.as_deref(), &output).await?;
             Ok(0)
         }
-        Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json).await,
+        Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json, None).await,
         Command::Session { command: SessionCommand::Ls } => {
             let sessions = client.sessions(1000).await?;
             if cli.json {
@@ -259,7 +265,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
                     Ok(0)
                 }
                 Some(result) if result.status.is_terminal() => {
-                    print_result(&result, &[], &BTreeMap::new())?;
+                    print_result(&result, &[], &BTreeMap::new(), None)?;
                     Ok(0)
                 }
                 Some(result) => {
@@ -391,7 +397,67 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
     Ok(spec)
 }
 
-async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, json: bool) -> anyhow::Result<i32> {
+/// Prints the job's live events as they come (docs/protocol.md "Live events"): stdout and
+/// stderr text to ours, a line per display, a line when an attempt starts over. Returns what
+/// was printed, so that the end prints only what the stream missed. Gives up after `wait`.
+async fn stream_live(client: &mut Client, job_id: &str, wait: Duration) -> Transcript {
+    let mut transcript = Transcript::default();
+    let printing = async {
+        let events = client.events(job_id, sandq_core::events::START, Duration::from_millis(500));
+        futures::pin_mut!(events);
+        while let Some(event) = futures::StreamExt::next(&mut events).await {
+            let restarted = event.attempt > transcript.attempt() && transcript.attempt() > 0;
+            transcript.push(&event);
+            // Best effort, as the stream: a closed stdout does not stop the job's wait.
+            let _ = match &event.kind {
+                EventKind::Stdout(text) => std::io::stdout().write_all(text.as_bytes()).and_then(|()| std::io::stdout().flush()),
+                EventKind::Stderr(text) => std::io::stderr().write_all(text.as_bytes()),
+                EventKind::Display { index, output: Some(output) } => print_live_display(*index, output),
+                EventKind::Attempt { .. } if restarted => {
+                    writeln!(
+                        std::io::stderr(),
+                        "[sandq: attempt {} starts over; what attempt {} printed is not in the result]",
+                        event.attempt,
+                        event.attempt - 1
+                    )
+                }
+                EventKind::Truncated { stream, limit } => {
+                    writeln!(std::io::stderr(), "[sandq: live {stream} stopped at its cap ({limit}); the rest comes at the end]")
+                }
+                _ => Ok(()),
+            };
+        }
+    };
+    let _ = tokio::time::timeout(wait, printing).await;
+    transcript
+}
+
+/// One line for a display shown live: its text, or what it is and where it is (an image's
+/// URL or key).
+fn print_live_display(index: u64, output: &Output) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if output.output_type == OutputType::Error {
+        return Ok(()); // the traceback comes on stderr
+    }
+    if let Some((mime, value)) = output.data.iter().find(|(m, v)| v.artifact.is_some() && (m.starts_with("image/") || m.contains("plotly")))
+    {
+        let artifact = value.artifact.as_ref().map(|a| a.url.clone().unwrap_or_else(|| a.key.clone())).unwrap_or_default();
+        let size = output.image.map(|i| format!(" {}x{}", i.width, i.height)).unwrap_or_default();
+        writeln!(out, "[display {index}: {mime}{size} {artifact}]")?;
+    } else if let Some(text) = output.data.get("text/markdown").or_else(|| output.data.get("text/plain")).and_then(|v| v.text.as_ref()) {
+        writeln!(out, "{}", text.trim_end())?;
+    }
+    out.flush()
+}
+
+async fn finish(
+    client: &mut Client,
+    job_id: &str,
+    out: &Path,
+    wait: Duration,
+    json: bool,
+    live: Option<&Transcript>,
+) -> anyhow::Result<i32> {
     let progress = if std::io::stderr().is_terminal() && !json {
         let bar = ProgressBar::new_spinner();
         bar.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")?);
@@ -440,7 +506,7 @@ async fn finish(client: &mut Client, job_id: &str, out: &Path, wait: Duration, j
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
-        print_result(&result, &downloaded, &saved_outputs)?;
+        print_result(&result, &downloaded, &saved_outputs, live)?;
     }
     let code = exit_code(&result);
     Ok(if download_failed && code == 0 { EXIT_SANDQ_FAILED } else { code })
@@ -511,17 +577,53 @@ fn print_outputs(result: &JobResult, saved: &BTreeMap<usize, PathBuf>, out: &mut
     Ok(())
 }
 
+/// What of the stored `text` was not printed live: the part after `streamed` when it starts
+/// with it (the stream may also hold more than the result's inline text); all of it when the
+/// stream went another way (a gap, another attempt).
+fn not_yet_printed<'a>(text: &'a str, streamed: &str) -> &'a str {
+    if let Some(rest) = text.strip_prefix(streamed) {
+        rest
+    } else if streamed.starts_with(text) {
+        ""
+    } else {
+        text
+    }
+}
+
+/// Where the displays shown live were saved.
+fn print_saved(result: &JobResult, saved: &BTreeMap<usize, PathBuf>, out: &mut impl Write) -> std::io::Result<()> {
+    for (index, path) in saved {
+        let label =
+            if result.outputs.get(*index).is_some_and(|o| o.output_type == OutputType::ExecuteResult) { "result" } else { "display" };
+        writeln!(out, "[{label} {index} saved to {}]", path.display())?;
+    }
+    Ok(())
+}
+
 fn print_result(
     result: &JobResult,
     downloaded: &[(&sandq_schemas::Artifact, PathBuf)],
     saved_outputs: &BTreeMap<usize, PathBuf>,
+    live: Option<&Transcript>,
 ) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(result.stdout.text.as_bytes())?;
-    print_outputs(result, saved_outputs, &mut stdout)?;
-    stdout.flush()?;
     let mut stderr = std::io::stderr().lock();
-    stderr.write_all(result.stderr.text.as_bytes())?;
+    let (streamed_out, streamed_err) = live.map_or(("", ""), |t| (t.stdout.as_str(), t.stderr.as_str()));
+    let rest_out = not_yet_printed(&result.stdout.text, streamed_out);
+    let rest_err = not_yet_printed(&result.stderr.text, streamed_err);
+    if live.is_some() && (rest_out.len() < result.stdout.text.len() || rest_err.len() < result.stderr.text.len()) {
+        // Some was printed live: only the rest follows.
+    } else if live.is_some_and(|t| !t.stdout.is_empty() || !t.stderr.is_empty()) {
+        writeln!(stderr, "[sandq: the live output differs from the stored one, which follows]")?;
+    }
+    stdout.write_all(rest_out.as_bytes())?;
+    if live.is_none_or(|t| t.displays.is_empty()) {
+        print_outputs(result, saved_outputs, &mut stdout)?;
+    } else {
+        print_saved(result, saved_outputs, &mut stdout)?;
+    }
+    stdout.flush()?;
+    stderr.write_all(rest_err.as_bytes())?;
     if result.stdout.truncated {
         writeln!(stderr, "[sandq: stdout truncated: {} bytes in all]", result.stdout.total_bytes)?;
     }

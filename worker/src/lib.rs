@@ -17,6 +17,7 @@
 //! | [`warm`] | sandboxes started ahead of their job, and their refill |
 //! | [`run`], [`sandbox`] | the single-threaded helper that runs one container with libcontainer |
 //! | [`artifacts`], [`outputs`] | files left in `/work` -> S3; the notebook's rich outputs |
+//! | [`live`] | the job's live events while it runs (stdout, stderr, displays, lifecycle) to its Redis Stream, best effort |
 //! | [`publish`] | the JobResult and its compare-and-set write to Redis |
 //! | [`ack`] | the one place that turns an outcome into ack, requeue or dead-letter |
 //! | [`dead_letter`] | gives every job the broker dead-lettered its terminal result |
@@ -42,6 +43,7 @@ pub mod host;
 pub(crate) mod job;
 pub(crate) mod jobdir;
 pub(crate) mod layout;
+pub(crate) mod live;
 pub(crate) mod metrics;
 pub(crate) mod outputs;
 pub(crate) mod packages;

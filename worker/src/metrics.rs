@@ -14,6 +14,7 @@
 //! | `sandq_infrastructure_errors_total` | counter | `kind`: [`ErrorKind`] |
 //! | `sandq_collect_read_bytes_total` | counter: bytes of `/work` files read (hashed) by collection | |
 //! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `deferred`, `unreadable`, `panic`) |
+//! | `sandq_live_events_total` | counter: live events ([`crate::live`]) | `outcome` (`sent`; `dropped`: Redis slow or down, or the pending buffer full) |
 //! | `sandq_session_index_events_total` | counter: the sessions index (`<ns>:sessions`) | `event` (`update_failed`: a saved session's expiry not indexed; `reset`: the index was a key of another type, deleted; `rebuilt`: indexed again from S3) |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
@@ -155,6 +156,7 @@ pub(crate) struct Metrics {
     collect_read: Counter,
     dead_letters: Family<Labels2, Counter>,
     session_index: Family<Labels1, Counter>,
+    live_events: Family<Labels1, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -222,6 +224,15 @@ impl Metrics {
             "Events of the sessions index: update_failed (a saved session not indexed), reset (a key of another type deleted), rebuilt (indexed again from S3)",
             session_index.clone(),
         );
+        let live_events = Family::<Labels1, Counter>::default();
+        registry.register(
+            "sandq_live_events",
+            "Live events of running jobs (docs/protocol.md, Live events): sent to Redis, or dropped (Redis slow or down, or the pending buffer full)",
+            live_events.clone(),
+        );
+        for outcome in ["sent", "dropped"] {
+            let _ = live_events.get_or_create(&[("outcome", outcome)]);
+        }
         for event in SESSION_INDEX_EVENTS {
             let _ = session_index.get_or_create(&[("event", event)]);
         }
@@ -247,6 +258,7 @@ impl Metrics {
             collect_read,
             dead_letters,
             session_index,
+            live_events,
         }
     }
 
@@ -329,6 +341,11 @@ pub(crate) const SESSION_INDEX_EVENTS: [&str; 3] = ["update_failed", "reset", "r
 /// An event of the sessions index: one of [`SESSION_INDEX_EVENTS`].
 pub(crate) fn session_index(event: &'static str) {
     METRICS.session_index.get_or_create(&[("event", event)]).inc();
+}
+
+/// Live events sent to Redis (`outcome` `sent`) or dropped (`dropped`).
+pub(crate) fn live_events(outcome: &'static str, n: u64) {
+    METRICS.live_events.get_or_create(&[("outcome", outcome)]).inc_by(n);
 }
 
 /// What is known of the job being processed.

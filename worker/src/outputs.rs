@@ -283,6 +283,17 @@ pub(crate) struct Caps {
     pub max_inline_value: u64,
 }
 
+impl Caps {
+    /// The worker's caps (`worker.max_outputs`, `max_outputs_bytes`, `max_inline_output_bytes`).
+    pub(crate) fn of(settings: &crate::settings::OutputSettings) -> Caps {
+        Caps {
+            max_outputs: settings.max_outputs,
+            max_bytes: settings.max_outputs_bytes,
+            max_inline_value: settings.max_inline_output_bytes,
+        }
+    }
+}
+
 /// One output, parsed and decoded, before anything is stored.
 struct Parsed {
     output_type: OutputType,
@@ -374,75 +385,260 @@ fn parse(bytes: &[u8], max_outputs: usize) -> ParseResult {
     (parsed, dropped, inline_left)
 }
 
+/// Objects this attempt already stored (S3 key -> SHA-256): the live displays' uploads
+/// ([`crate::live::displays`]), which [`collect`] does not upload again.
+pub(crate) type Uploaded = std::sync::Mutex<std::collections::HashMap<String, String>>;
+
+/// Where outputs are stored: the bucket, and what this attempt stored already.
+#[derive(Clone, Copy)]
+pub(crate) struct Sink<'a> {
+    /// S3.
+    pub s3: &'a aws_sdk_s3::Client,
+    /// The bucket.
+    pub bucket: &'a str,
+    /// Objects stored already (not uploaded again).
+    pub uploaded: &'a Uploaded,
+}
+
+/// What storing outputs has used of the job's bounds so far.
+#[derive(Debug)]
+struct Budget {
+    /// Inline bytes left ([`INLINE_BUDGET`] for the result; per value only for a live event).
+    inline_left: u64,
+    /// S3 objects stored ([`MAX_STORED_PER_JOB`]).
+    stored: usize,
+    /// Representations left out.
+    dropped: u64,
+}
+
+/// Stores one parsed output: its text inline within `budget`, the rest (images always) in S3
+/// as `output-<index>-<n>.<ext>` under the attempt's prefix, unless `uploaded` has the same
+/// object already.
+async fn store(
+    job_id: &str,
+    attempt_id: &str,
+    index: usize,
+    p: Parsed,
+    caps: Caps,
+    budget: &mut Budget,
+    sink: Sink<'_>,
+) -> Result<Output, OutputsError> {
+    let Sink { s3, bucket, uploaded } = sink;
+    let mut output =
+        Output { output_type: p.output_type, data: BTreeMap::new(), table: p.table, image: p.image, display: p.display, error: p.error };
+    for (n, (mime, bytes)) in p.values.into_iter().enumerate() {
+        let size = bytes.len() as u64;
+        let inline = !is_binary(&mime) && size <= caps.max_inline_value && size <= budget.inline_left;
+        let value = if inline {
+            budget.inline_left -= size;
+            MimeValue { text: Some(String::from_utf8_lossy(&bytes).into_owned()), artifact: None, size }
+        } else if budget.stored >= MAX_STORED_PER_JOB {
+            budget.dropped += 1;
+            continue;
+        } else {
+            budget.stored += 1;
+            let file = format!("output-{index}-{n}.{}", extension(&mime));
+            let key = output_key(job_id, attempt_id, &file);
+            let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            let done = uploaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) == Some(&sha256);
+            if !done {
+                storage::put_bytes(s3, bucket, &key, bytes, &mime)
+                    .await
+                    .map_err(|source| OutputsError::Upload { key: key.clone(), source })?;
+                uploaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key.clone(), sha256.clone());
+            }
+            let artifact =
+                Artifact { path: file.clone(), key, size, sha256, content_type: mime.clone(), url: None, url_expires_at_ms: None };
+            MimeValue { text: None, artifact: Some(artifact), size }
+        };
+        output.data.insert(mime, value);
+    }
+    output.data.entry("text/plain".into()).or_insert(MimeValue { text: Some(String::new()), artifact: None, size: 0 });
+    Ok(output)
+}
+
 /// Parses the runner's outputs and stores images and large values in S3 under
 /// `jobs/<job_id>/<attempt_id>/outputs/`. Everything is bounded: [`Caps`], [`MAX_MIME_PER_OUTPUT`],
 /// [`MAX_STORED_PER_JOB`], [`INLINE_BUDGET`] (error outputs included), [`MAX_LINES`];
 /// anything past a bound, malformed, or with an invalid MIME name is left out and counted in
-/// `dropped`. Parsing runs on a blocking thread.
+/// `dropped`. Parsing runs on a blocking thread. Objects in `uploaded` (stored while the job
+/// ran, for its live events) are not uploaded again.
 ///
 /// # Errors
 /// [`OutputsError::Upload`] when S3 fails.
-pub(crate) async fn collect(
-    job_id: &str,
-    attempt_id: &str,
-    out_dir: &Path,
-    caps: Caps,
-    s3: &aws_sdk_s3::Client,
-    bucket: &str,
-) -> Result<Outputs, OutputsError> {
+pub(crate) async fn collect(job_id: &str, attempt_id: &str, out_dir: &Path, caps: Caps, sink: Sink<'_>) -> Result<Outputs, OutputsError> {
     let out_dir = out_dir.to_path_buf();
-    let (parsed, dropped, mut inline_left) = tokio::task::spawn_blocking(move || {
+    let (parsed, dropped, inline_left) = tokio::task::spawn_blocking(move || {
         let bytes = read_lines(&out_dir, caps.max_bytes);
         parse(&bytes, caps.max_outputs)
     })
     .await
     .unwrap_or_else(|_| (Vec::new(), 0, INLINE_BUDGET));
-    let mut result = Outputs { dropped, ..Outputs::default() };
-    let mut stored = 0;
+    let mut budget = Budget { inline_left, stored: 0, dropped };
+    let mut result = Outputs::default();
     for (index, p) in parsed.into_iter().enumerate() {
-        let mut output = Output {
-            output_type: p.output_type,
-            data: BTreeMap::new(),
-            table: p.table,
-            image: p.image,
-            display: p.display,
-            error: p.error,
-        };
-        for (n, (mime, bytes)) in p.values.into_iter().enumerate() {
-            let size = bytes.len() as u64;
-            let inline = !is_binary(&mime) && size <= caps.max_inline_value && size <= inline_left;
-            let value = if inline {
-                inline_left -= size;
-                MimeValue { text: Some(String::from_utf8_lossy(&bytes).into_owned()), artifact: None, size }
-            } else if stored >= MAX_STORED_PER_JOB {
-                result.dropped += 1;
-                continue;
-            } else {
-                stored += 1;
-                let file = format!("output-{index}-{n}.{}", extension(&mime));
-                let key = output_key(job_id, attempt_id, &file);
-                let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-                storage::put_bytes(s3, bucket, &key, bytes, &mime)
-                    .await
-                    .map_err(|source| OutputsError::Upload { key: key.clone(), source })?;
-                let artifact =
-                    Artifact { path: file.clone(), key, size, sha256, content_type: mime.clone(), url: None, url_expires_at_ms: None };
-                MimeValue { text: None, artifact: Some(artifact), size }
-            };
-            output.data.insert(mime, value);
-        }
-        output.data.entry("text/plain".into()).or_insert(MimeValue { text: Some(String::new()), artifact: None, size: 0 });
+        let output = store(job_id, attempt_id, index, p, caps, &mut budget, sink).await?;
         if output.error.is_some() {
             result.error.clone_from(&output.error);
         }
         result.outputs.push(output);
     }
+    result.dropped = budget.dropped;
     Ok(result)
+}
+
+/// Most bytes of the outputs file one [`Tail::next`] reads: a line longer than this (a huge
+/// image or plotly figure) is skipped live, and counted so that later indexes stay right.
+const TAIL_READ_MAX: u64 = 16 << 20;
+
+/// Reads the outputs file while the job runs: each call parses the complete lines written
+/// since the last and stores their images (for [`crate::live::displays`]). Bounded like
+/// [`collect`]: at most `max_bytes` of the file in all, `max_outputs` outputs, [`TAIL_READ_MAX`]
+/// a call (and nothing when the file has not grown), and each line's text values inline up to
+/// `max_inline_value` (no per-job budget: the event is not the result).
+#[derive(Debug, Default)]
+pub(crate) struct Tail {
+    /// Bytes of the file consumed (through the last complete line).
+    offset: u64,
+    /// Outputs parsed so far: the next one's index in the result.
+    index: usize,
+    /// S3 objects stored so far.
+    stored: usize,
+    /// Inside a line longer than [`TAIL_READ_MAX`], skipped up to its end.
+    skipping: bool,
+    /// The file's size when the last call read to its end (`None`: read again).
+    size_seen: Option<u64>,
+}
+
+/// What one read of the outputs file found.
+#[derive(Default)]
+struct TailRead {
+    parsed: Vec<Parsed>,
+    consumed: u64,
+    size_seen: Option<u64>,
+    skipping: bool,
+    /// Lines skipped whole (too long), counted as outputs.
+    skipped: usize,
+}
+
+impl Tail {
+    /// The outputs completed since the last call, with their index in the result.
+    ///
+    /// # Errors
+    /// [`OutputsError::Upload`] when S3 fails.
+    pub(crate) async fn next(
+        &mut self,
+        job_id: &str,
+        attempt_id: &str,
+        out_dir: &Path,
+        caps: Caps,
+        sink: Sink<'_>,
+    ) -> Result<Vec<(usize, Output)>, OutputsError> {
+        let (path, offset, max) = (out_dir.join("outputs.jsonl"), self.offset, caps.max_bytes);
+        let left = caps.max_outputs.saturating_sub(self.index);
+        if left == 0 || offset >= max {
+            return Ok(Vec::new());
+        }
+        let (size_seen, mut skipping) = (self.size_seen, self.skipping);
+        let read = tokio::task::spawn_blocking(move || {
+            let (bytes, size) = read_from(&path, offset, (max - offset).min(TAIL_READ_MAX), size_seen);
+            let to_end = offset + bytes.len() as u64 >= size;
+            let mut read = TailRead { size_seen: to_end.then_some(size), ..TailRead::default() };
+            let mut start = 0;
+            if skipping {
+                match bytes.iter().position(|b| *b == b'\n') {
+                    Some(end) => (start, skipping) = (end + 1, false),
+                    None => start = bytes.len(),
+                }
+            }
+            let complete = bytes[start..].iter().rposition(|b| *b == b'\n').map_or(start, |i| start + i + 1);
+            read.consumed = complete as u64;
+            if complete == start && !skipping && bytes.len() as u64 - start as u64 >= TAIL_READ_MAX.min(max - offset) {
+                // One line fills the read: skip it, count it.
+                (read.consumed, skipping, read.skipped) = (bytes.len() as u64, true, 1);
+            }
+            read.parsed = parse(&bytes[start..complete], left).0;
+            read.skipping = skipping;
+            read
+        })
+        .await
+        .unwrap_or_default();
+        self.offset += read.consumed;
+        self.size_seen = read.size_seen;
+        self.skipping = read.skipping;
+        self.index += read.skipped;
+        let mut budget = Budget { inline_left: u64::MAX, stored: self.stored, dropped: 0 };
+        let mut outputs = Vec::new();
+        for p in read.parsed {
+            let index = self.index;
+            self.index += 1;
+            outputs.push((index, store(job_id, attempt_id, index, p, caps, &mut budget, sink).await?));
+        }
+        self.stored = budget.stored;
+        Ok(outputs)
+    }
+}
+
+/// Up to `max` bytes of the file at `path` from `offset`, and the file's size (opened as
+/// [`read_lines`] opens it: no symlink, a regular file); nothing read when the size is still
+/// `size_seen` or the file cannot be read (its size then 0).
+fn read_from(path: &Path, offset: u64, max: u64, size_seen: Option<u64>) -> (Vec<u8>, u64) {
+    use std::io::{Seek, SeekFrom};
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(path);
+    let Ok(mut file) = opened else { return (Vec::new(), 0) };
+    let Ok(meta) = file.metadata() else { return (Vec::new(), 0) };
+    if !meta.is_file() || Some(meta.len()) == size_seen || file.seek(SeekFrom::Start(offset)).is_err() {
+        return (Vec::new(), meta.len());
+    }
+    let mut bytes = Vec::new();
+    let _ = file.take(max).read_to_end(&mut bytes);
+    (bytes, meta.len())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A line as the runner writes it: a `display_data` with `text/plain`.
+    fn line(text: &str) -> String {
+        format!("{}\n", serde_json::json!({"output_type": "display_data", "data": {"text/plain": text}, "metadata": {}}))
+    }
+
+    #[tokio::test]
+    async fn the_tail_sends_complete_lines_once_with_their_result_index() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("outputs.jsonl");
+        let mut file = std::fs::File::create(&path).expect("create");
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::Config::builder().behavior_version_latest().region(aws_sdk_s3::config::Region::new("none")).build(),
+        );
+        let uploaded = Uploaded::default();
+        // Text only: nothing goes to S3.
+        let sink = Sink { s3: &s3, bucket: "none", uploaded: &uploaded };
+        let caps = Caps { max_outputs: 100, max_bytes: 64 << 20, max_inline_value: 1 << 20 };
+        let mut tail = Tail::default();
+        let next = async |tail: &mut Tail| -> Vec<(usize, String)> {
+            let got = tail.next("j", "a", dir.path(), caps, sink).await.expect("no S3 needed");
+            got.into_iter().map(|(i, o)| (i, o.data["text/plain"].text.clone().expect("inline"))).collect()
+        };
+        assert!(next(&mut tail).await.is_empty(), "an empty file");
+        let third = line("c");
+        write!(file, "{}{}{}", line("a"), line("b"), &third[..5]).expect("write");
+        assert_eq!(next(&mut tail).await, vec![(0, "a".into()), (1, "b".into())], "complete lines only");
+        assert!(next(&mut tail).await.is_empty(), "unchanged: nothing again");
+        writeln!(file, "{}not json", &third[5..]).expect("write");
+        assert_eq!(next(&mut tail).await, vec![(2, "c".into())], "a malformed line is not an output");
+        // A line longer than a read is skipped but counted; the next one keeps its index.
+        let huge = line(&"x".repeat(TAIL_READ_MAX as usize + 10));
+        write!(file, "{huge}").expect("write");
+        assert!(next(&mut tail).await.is_empty());
+        write!(file, "{}", line("e")).expect("write");
+        let mut got = next(&mut tail).await;
+        got.extend(next(&mut tail).await);
+        assert_eq!(got, vec![(4, "e".into())], "the huge line was index 3");
+        assert!(uploaded.lock().expect("lock").is_empty());
+    }
 
     #[test]
     fn png_size_reads_the_header() {

@@ -10,7 +10,10 @@ use sandq_schemas::{Runtime, ValidJob};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
+use std::sync::{Arc, OnceLock};
+
 use crate::jobdir::JobDir;
+use crate::live::{Live, Text};
 use crate::sandbox::spec::{self, JobSandbox, SandboxLimits, SpecError};
 use crate::sandbox::{SandboxReport, SandboxRequest};
 use crate::settings::Settings;
@@ -210,8 +213,10 @@ const DISCARD_PIPE_BYTES: usize = 1 << 20;
 const DISCARD_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Captures a stream (the read end of the sandbox's stdout or stderr pipe): the first `cap`
-/// bytes are kept, the rest counted and discarded at most [`DISCARD_BYTES_PER_S`].
-async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
+/// bytes are kept, the rest counted and discarded at most [`DISCARD_BYTES_PER_S`]. What is kept
+/// is also handed to the attempt's live events once `live` is set ([`Started::stream_to`];
+/// what came before, at the next read), never waiting on them.
+async fn capture(stream: std::os::fd::OwnedFd, cap: u64, (live, text): (Arc<OnceLock<Live>>, Text)) -> Captured {
     use std::os::fd::AsFd;
     let mut captured = Captured::default();
     let Ok(stream) = crate::sys::async_pipe(stream) else {
@@ -222,6 +227,8 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
     // meanwhile (best effort: the default size only costs more wake-ups).
     let _ = crate::sys::set_pipe_size(stream.get_ref().as_fd(), DISCARD_PIPE_BYTES as i32);
     let mut buf = vec![0u8; DISCARD_PIPE_BYTES];
+    // Bytes of `captured` handed to `live` so far.
+    let mut streamed = 0;
     while (captured.bytes.len() as u64) < cap {
         let Ok(mut ready) = stream.readable().await else { return captured };
         match ready.try_io(|fd| crate::sys::read_once(fd.get_ref().as_fd(), &mut buf)) {
@@ -230,6 +237,10 @@ async fn capture(stream: std::os::fd::OwnedFd, cap: u64) -> Captured {
                 captured.total += n as u64;
                 let room = cap.saturating_sub(captured.bytes.len() as u64) as usize;
                 captured.bytes.extend_from_slice(&buf[..n.min(room)]);
+                if let Some(live) = live.get() {
+                    live.text(text, &captured.bytes[streamed..]);
+                    streamed = captured.bytes.len();
+                }
                 tokio::time::sleep(DISCARD_INTERVAL).await;
             }
             Err(_would_block) => {}
@@ -286,6 +297,8 @@ pub(crate) struct Started {
     control: tokio::process::ChildStdin,
     stdout: tokio::task::JoinHandle<Captured>,
     stderr: tokio::task::JoinHandle<Captured>,
+    /// The attempt's live events, once the sandbox is a job's: the capture tasks copy text there.
+    live: Arc<OnceLock<Live>>,
     warm: bool,
     /// The CPUs the container is pinned to, held until it is gone; none for a warm sandbox
     /// until its job is handed over ([`Started::pin`]).
@@ -377,14 +390,16 @@ pub(crate) async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>
     let pipe = |fd: Option<std::io::Result<std::os::fd::OwnedFd>>, name: &str| {
         fd.unwrap_or_else(|| Err(std::io::Error::other(format!("no {name} pipe")))).map_err(RunError::Helper)
     };
-    let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap));
-    let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap));
+    let live = Arc::new(OnceLock::new());
+    let stdout = tokio::spawn(capture(pipe(child.stdout.take().map(|s| s.into_owned_fd()), "stdout")?, cap, (live.clone(), Text::Stdout)));
+    let stderr = tokio::spawn(capture(pipe(child.stderr.take().map(|s| s.into_owned_fd()), "stderr")?, cap, (live.clone(), Text::Stderr)));
     Ok(Started {
         container_id: launch.container_id.to_owned(),
         child,
         control,
         stdout,
         stderr,
+        live,
         warm: launch.warm,
         _cpus: cpus,
         cpu_ms_before_job: 0,
@@ -392,6 +407,12 @@ pub(crate) async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>
 }
 
 impl Started {
+    /// The program's text also goes to `live`, from its first byte (a warm sandbox's warm-up
+    /// prints nothing).
+    pub(crate) fn stream_to(&self, live: &Live) {
+        let _ = self.live.set(live.clone());
+    }
+
     /// Pins a warm sandbox, now its job's, to CPUs of its own for `cores` (the SKU's), as a cold
     /// start is pinned from the start: the cpuset cgroup is rewritten, which moves its
     /// processes.

@@ -18,7 +18,7 @@ use crate::{artifacts, outputs};
 
 /// What [`result`] needs of the launch (the rest of [`Launched`](super::launch::Launched) was
 /// used up by the run).
-pub(super) struct Launch {
+pub(super) struct Launch<'a> {
     /// The SKU's settings.
     pub sku: SkuSettings,
     /// What staging recorded of the inputs.
@@ -33,6 +33,8 @@ pub(super) struct Launch {
     pub warm: bool,
     /// From `running` to the sandbox ready, ms.
     pub staged_ms: u64,
+    /// The outputs' objects stored while the job ran (its live displays).
+    pub uploaded: &'a outputs::Uploaded,
 }
 
 /// The job's result from its run: a cancelled one's streams only; otherwise artifacts,
@@ -46,7 +48,7 @@ pub(super) async fn result(
     who: &Attempt,
     opened: Option<&Opened>,
     dir: &JobDir,
-    launch: Launch,
+    launch: Launch<'_>,
     ran: Ran,
 ) -> Result<JobResult, Failure> {
     let (settings, sku) = (&ctx.settings, launch.sku);
@@ -84,13 +86,11 @@ pub(super) async fn result(
     )
     .await
     .map_err(InfraError::Artifacts)?;
-    let caps = outputs::Caps {
-        max_outputs: settings.outputs.max_outputs,
-        max_bytes: settings.outputs.max_outputs_bytes,
-        max_inline_value: settings.outputs.max_inline_output_bytes,
-    };
+    let caps = outputs::Caps::of(&settings.outputs);
     let rich = if notebook {
-        outputs::collect(&job.spec.job_id, &who.id, &dir.out, caps, &ctx.s3, bucket).await.map_err(InfraError::Outputs)?
+        outputs::collect(&job.spec.job_id, &who.id, &dir.out, caps, outputs::Sink { s3: &ctx.s3, bucket, uploaded: launch.uploaded })
+            .await
+            .map_err(InfraError::Outputs)?
     } else {
         outputs::Outputs::default()
     };

@@ -29,8 +29,10 @@ use tracing::{info, Instrument};
 
 use crate::ack::Outcome;
 use crate::context::Context;
+use crate::live::displays::Displays;
+use crate::live::Live;
 use crate::publish::Attempt;
-use crate::{session, validate};
+use crate::{outputs, session, validate};
 
 /// Processes one delivery, taken from the queue of SKU `queue` by consumer slot `slot` (which
 /// picks the sandbox's user namespace range: [`crate::settings::Settings::id_map_for`]), to
@@ -67,6 +69,9 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
     // duplicate submitted, by whoever knows it).
     let container_id = format!("j-{:032x}", rand::random::<u128>());
     info!(container_id, attempt_id = who.id, "container id");
+    // The attempt's live events (best effort: crate::live), from its `attempt` event on.
+    let live = Live::start(ctx, &job.spec.job_id, attempt, &who.id, job.result_ttl);
+    let uploaded = outputs::Uploaded::default();
 
     // 3. Session: its lock is held until the result is stored, then released whatever happened
     // (if this future is dropped, its lease frees it).
@@ -94,17 +99,37 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
             let dir = &*leftover.insert(dir);
             let launch::Launched { started, staged, restore, cell, handover, sandbox_uid, staged_ms } = launched;
             let warm = handover.is_some();
+            // The program's text goes live from here (what it printed before is sent too).
+            started.stream_to(&live);
+            live.started(warm);
             // A warm sandbox's user namespace range stays taken until the job is over.
             let (handover, _lease) = handover.unzip();
-            // 6. Run.
-            let ran = watch::run(ctx, job, dir, started, handover.as_ref()).await?;
+            // 6. Run (a notebook job's displays sent live as they come).
+            let notebook = job.spec.run_mode() == sandq_schemas::RunMode::Notebook;
+            let mut displays = (notebook && live.enabled()).then(|| Displays {
+                live: &live,
+                job_id: &job.spec.job_id,
+                attempt_id: &who.id,
+                out_dir: dir.out.clone(),
+                caps: outputs::Caps::of(&ctx.settings.outputs),
+                sink: outputs::Sink { s3: &ctx.s3, bucket: &ctx.settings.services.s3.bucket, uploaded: &uploaded },
+                url_ttl: ctx.settings.outputs.artifact_url_ttl,
+                tail: outputs::Tail::default(),
+            });
+            let ran = watch::run(ctx, job, dir, started, handover.as_ref(), &live, displays.as_mut()).await?;
             // 7. Collect.
-            let launch = collect::Launch { sku, staged, restore, cell, sandbox_uid, warm, staged_ms };
+            let launch = collect::Launch { sku, staged, restore, cell, sandbox_uid, warm, staged_ms, uploaded: &uploaded };
             collect::result(ctx, job, &who, opened.as_ref(), dir, launch, ran).await
         }
         .await;
-        // 8. Conclude: store the result, decide the delivery's outcome.
+        // 8. Conclude: store the result (a terminal one closes the live events with `end`),
+        // decide the delivery's outcome.
         let outcome = conclude::conclude(ctx, job, &who, ended).await;
+        match &outcome {
+            Outcome::Infrastructure { final_result_stored: false, .. } => live.requeued("infrastructure error"),
+            Outcome::Interrupted => live.requeued("the worker shut down"),
+            _ => {}
+        }
         // 9. Clean up: the job dir goes once the result is out (tearing its filesystem down can
         // take seconds), with the job's capacity held until it is gone.
         if let Some(dir) = leftover {

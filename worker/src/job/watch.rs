@@ -10,6 +10,8 @@ use sandq_schemas::ValidJob;
 use super::conclude::{Failure, InfraError};
 use crate::context::Context;
 use crate::jobdir::JobDir;
+use crate::live::displays::Displays;
+use crate::live::Live;
 use crate::run::{Handover, RunOutput, Started};
 use crate::sandbox::Exit;
 
@@ -34,16 +36,43 @@ pub(super) struct Ran {
 /// # Errors
 /// [`Failure::Interrupted`] when the worker's shutdown killed it; infrastructure failures of
 /// the helper or of a libcontainer step.
+///
+/// While it runs, a notebook job's rich outputs go to `live` as they are displayed
+/// (`displays`); at its end, a `finished` event, and everything pending is sent (bounded:
+/// [`crate::live::FLUSH_WAIT`]).
 pub(super) async fn run(
     ctx: &Context,
     job: &ValidJob,
     dir: &JobDir,
     started: Started,
     handover: Option<&Handover>,
+    live: &Live,
+    displays: Option<&mut Displays<'_>>,
 ) -> Result<Ran, Failure> {
     let stop_reason = AtomicU8::new(STOP_NONE);
     let stop = stop_signal(ctx, &job.spec.job_id, &stop_reason);
-    let output = started.finish(dir, &ctx.settings, job.timeout, handover, stop).await.map_err(InfraError::Run)?;
+    let finish = started.finish(dir, &ctx.settings, job.timeout, handover, stop);
+    let output = match displays {
+        None => finish.await,
+        Some(displays) => {
+            let output = tokio::select! {
+                output = finish => output,
+                () = displays.follow() => unreachable!("follow never returns"),
+            };
+            displays.once().await;
+            output
+        }
+    };
+    let exit_code = match output.as_ref().map(|o| &o.report.exit) {
+        Ok(Exit::Exited { code }) => Some(*code),
+        _ => None,
+    };
+    // All the text first (a character cut short included), then `finished`, before the result's
+    // write appends `end`.
+    live.flush().await;
+    live.finished(exit_code);
+    live.flush().await;
+    let output = output.map_err(InfraError::Run)?;
     crate::metrics::enter(crate::metrics::Stage::Collect);
     if let Exit::Failed { step, message } = &output.report.exit {
         return Err(InfraError::Sandbox { step: step.clone(), message: message.clone() }.into());

@@ -49,6 +49,8 @@ pub struct OutputSettings {
     pub max_artifact_bytes: u64,
     /// Presigned URL validity; zero: no URLs.
     pub artifact_url_ttl: Duration,
+    /// Text bytes a job's live event stream carries per attempt; 0: no live events.
+    pub stream_max_bytes: u64,
 }
 
 /// Sessions: lifetime, locks, the reaper, notebook state (`[sessions]`).
@@ -370,6 +372,7 @@ impl RawConfig {
                 artifact_url_ttl,
                 max_outputs: self.worker.max_outputs.unwrap_or(100),
                 max_outputs_bytes: self.worker.max_outputs_bytes.unwrap_or(32 << 20).max(1 << 20),
+                stream_max_bytes: self.worker.stream_max_bytes.unwrap_or(1 << 20),
             },
             sessions: SessionSettings {
                 idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),

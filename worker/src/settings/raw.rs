@@ -193,6 +193,9 @@ pub struct RawWorker {
     /// Bytes the notebook runner may write in all (its outputs file lives on a tmpfs of this
     /// size, charged to the job's memory); default 32 MiB.
     pub max_outputs_bytes: Option<u64>,
+    /// Bytes of stdout and stderr text together a job's live event stream carries per attempt
+    /// (docs/protocol.md "Live events"); default 1 MiB; `0` turns live events off.
+    pub stream_max_bytes: Option<u64>,
     /// Cores this worker may hand out to running jobs in all (sum of their SKUs' `cpus`);
     /// default: the host's online CPUs. A SKU bigger than this is not served.
     pub capacity_cpus: Option<f64>,
