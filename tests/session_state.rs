@@ -129,3 +129,39 @@ async fn values_that_raise_or_eat_memory_on_restore_are_dropped_alone() {
     let third = run(&mut client, &in_session("print(sorted(k for k in ('boom', 'hog', 'kept') if k in globals()))\n", &session)).await;
     assert_eq!(third.stdout.text, "['kept']\n", "the session healed: {third:?}");
 }
+
+/// The next cell on the worker that saved a state restores it from the worker's own copy,
+/// not from S3; with that copy gone (as on another worker), from S3; the session sees the
+/// same values either way.
+#[tokio::test]
+async fn a_state_saved_here_is_restored_from_the_workers_copy_else_from_s3() {
+    let world = sandq_tests::Isolated::new().await;
+    let id = format!("{}-w", world.namespace);
+    let port = sandq_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut env = sandq_tests::small_worker_env(&[]);
+    env.push(("SANDQ__WORKER__METRICS_ADDR", addr.as_str()));
+    let worker = world.start_worker_ready(&id, &env);
+    let mut client = world.client().await;
+    let session = fresh_session();
+    let first = run(&mut client, &in_session("x = list(range(10))\ny = {'k': x}", &session)).await;
+    assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
+    let series = |outcome: &str| format!("sandq_state_cache_total{{outcome=\"{outcome}\"}}");
+    let before = (sandq_tests::metric(port, &series("hit")), sandq_tests::metric(port, &series("miss")));
+    let second = run(&mut client, &in_session("x.append(10)\nprint(sum(x), y['k'] is x)", &session)).await;
+    assert_eq!(second.stdout.text, "55 True\n", "{second:?}");
+    let hits = sandq_tests::metric(port, &series("hit")).zip(before.0).map(|(a, b)| a - b);
+    let misses = sandq_tests::metric(port, &series("miss"));
+    assert_eq!(hits, Some(1.0), "the second cell's state came from the worker's copy (misses {misses:?}, before {before:?})");
+    // Without the copy: from S3, the same values.
+    let cache = sandq_tests::worker_data_dir().join(format!("{id}.state-cache"));
+    assert!(cache.is_dir(), "{}", cache.display());
+    std::fs::remove_dir_all(&cache).expect("remove the cache");
+    let third = run(&mut client, &in_session("print(sum(x), y['k'] is x)", &session)).await;
+    assert_eq!(third.stdout.text, "55 True\n", "{third:?}");
+    let misses = sandq_tests::metric(port, &series("miss")).zip(before.1).map(|(a, b)| a - b);
+    assert_eq!(misses, Some(1.0), "the third cell's state came from S3");
+    sandq_tests::stop_worker(worker);
+    world.delete_queues().await;
+    let _ = std::fs::remove_dir_all(&cache);
+}

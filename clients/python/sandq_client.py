@@ -40,6 +40,10 @@ if new == 3 and KEYS[2] then
   redis.call('RPUSH', KEYS[2], ARGV[1])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 end
+if new == 3 and KEYS[3] then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '10000', '*', 'type', 'end', 'attempt', ARGV[4] or '0', 'status', ARGV[1])
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+end
 return 1
 """
 

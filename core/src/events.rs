@@ -171,6 +171,12 @@ impl Transcript {
             self.missing.extend((*next..seq).map(|s| (event.attempt, s)));
             *next = (*next).max(seq + 1);
         }
+        if let EventKind::End { status } = &event.kind {
+            // The job's end whatever attempt it names (one written for the job as a whole,
+            // by the dead-letter consumer, may carry none).
+            self.status = Some(status.clone());
+            return;
+        }
         if event.attempt < self.attempt() {
             return; // a straggler of an abandoned attempt
         }
@@ -179,7 +185,6 @@ impl Transcript {
             EventKind::Stderr(text) => self.stderr.push_str(text),
             EventKind::Display { index, output } => self.displays.push((*index, output.clone())),
             EventKind::Truncated { stream, .. } => self.truncated.push(stream.clone()),
-            EventKind::End { status } => self.status = Some(status.clone()),
             _ => {}
         }
     }

@@ -14,6 +14,7 @@
 //! | `sandq_infrastructure_errors_total` | counter | `kind`: [`ErrorKind`] |
 //! | `sandq_collect_read_bytes_total` | counter: bytes of `/work` files read (hashed) by collection | |
 //! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `deferred`, `unreadable`, `panic`) |
+//! | `sandq_state_cache_total` | counter: notebook states restored from the worker's own copy ([`crate::session::cache`]) | `outcome` (`hit`; `miss`: downloaded from S3) |
 //! | `sandq_live_events_total` | counter: live events ([`crate::live`]) | `outcome` (`sent`; `dropped`: Redis slow or down, or the pending buffer full) |
 //! | `sandq_session_index_events_total` | counter: the sessions index (`<ns>:sessions`) | `event` (`update_failed`: a saved session's expiry not indexed; `reset`: the index was a key of another type, deleted; `rebuilt`: indexed again from S3) |
 //!
@@ -157,6 +158,7 @@ pub(crate) struct Metrics {
     dead_letters: Family<Labels2, Counter>,
     session_index: Family<Labels1, Counter>,
     live_events: Family<Labels1, Counter>,
+    state_cache: Family<Labels1, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -230,6 +232,15 @@ impl Metrics {
             "Live events of running jobs (docs/protocol.md, Live events): sent to Redis, or dropped (Redis slow or down, or the pending buffer full)",
             live_events.clone(),
         );
+        let state_cache = Family::<Labels1, Counter>::default();
+        registry.register(
+            "sandq_state_cache",
+            "Notebook states a session job restored from this worker's own copy (hit) or from S3 (miss)",
+            state_cache.clone(),
+        );
+        for outcome in ["hit", "miss"] {
+            let _ = state_cache.get_or_create(&[("outcome", outcome)]);
+        }
         for outcome in ["sent", "dropped"] {
             let _ = live_events.get_or_create(&[("outcome", outcome)]);
         }
@@ -259,6 +270,7 @@ impl Metrics {
             dead_letters,
             session_index,
             live_events,
+            state_cache,
         }
     }
 
@@ -341,6 +353,11 @@ pub(crate) const SESSION_INDEX_EVENTS: [&str; 3] = ["update_failed", "reset", "r
 /// An event of the sessions index: one of [`SESSION_INDEX_EVENTS`].
 pub(crate) fn session_index(event: &'static str) {
     METRICS.session_index.get_or_create(&[("event", event)]).inc();
+}
+
+/// A notebook state restored from the worker's cache (`hit`) or from S3 (`miss`).
+pub(crate) fn state_cache(outcome: &'static str) {
+    METRICS.state_cache.get_or_create(&[("outcome", outcome)]).inc();
 }
 
 /// Live events sent to Redis (`outcome` `sent`) or dropped (`dropped`).

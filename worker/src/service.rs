@@ -69,6 +69,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     crate::metrics::init(settings.capacity_cpus, settings.capacity_memory_bytes, settings.skus.keys().copied());
     let addr = settings.metrics_addr;
     let listener = crate::health::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
+    // A cache of states left by an earlier run of this worker id is not trusted to be whole.
+    let _ = std::fs::remove_dir_all(&settings.sessions.state_cache.0);
     let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity, warm, in_flight: Arc::default() };
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(crate::health::serve(listener, ctx.clone(), rx.clone()));
@@ -101,6 +103,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     );
     crate::consume::run(ctx.clone(), rx).await;
     ctx.warm.drain().await;
+    // The states' copies are only worth keeping while this worker runs its sessions' cells.
+    let _ = std::fs::remove_dir_all(&ctx.settings.sessions.state_cache.0);
     info!("worker stopped");
     Ok(())
 }

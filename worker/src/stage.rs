@@ -176,6 +176,8 @@ pub(crate) struct Placement<'a> {
     pub state: Option<&'a Restore>,
     /// Bytes added to the outputs tmpfs for the notebook state (restored and saved).
     pub state_bytes: u64,
+    /// The worker's cache of saved states: its dir and budget (`sessions.state_cache`).
+    pub state_cache: (&'a Path, u64),
     /// Room in `src/` for the job's files (code, `resolv.conf`, a warm start's handover): the
     /// same for every job, so that a cold and a warm start look alike (`mountinfo` shows it).
     pub src_bytes: usize,
@@ -209,9 +211,16 @@ pub(crate) async fn fill(
     if let Some(state) = place.state {
         let path = dir.out.join(STATE_IN);
         let mut file = tokio::fs::File::from_std(open_new(&path, 0o644)?);
-        storage::get_to_file(s3, bucket, &state.key, &mut file, STATE_IN, Some(state.size), Some(&state.sha256))
-            .await
-            .map_err(|source| StageError::Download { path: STATE_IN.to_owned(), source })?;
+        // This worker's own copy when it saved the state (the session's last cell ran here),
+        // else S3 (size and SHA-256 checked).
+        let cache = crate::session::cache::StateCache::new(place.state_cache.0.to_path_buf(), place.state_cache.1);
+        if !cache.copy_to(&state.sha256, state.size, &mut file).await {
+            file.set_len(0).await.map_err(prepare_error(&path))?;
+            tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(0)).await.map_err(prepare_error(&path))?;
+            storage::get_to_file(s3, bucket, &state.key, &mut file, STATE_IN, Some(state.size), Some(&state.sha256))
+                .await
+                .map_err(|source| StageError::Download { path: STATE_IN.to_owned(), source })?;
+        }
     }
     // An input wins over a session file of the same path, and over one that is a directory
     // prefix of it or has it as one (`data` vs `data/x.csv`): both cannot exist.

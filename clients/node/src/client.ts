@@ -6,17 +6,32 @@ import { createClient, createCluster, createSentinel, RESP_TYPES } from "redis";
 import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import { decode, encode } from "@msgpack/msgpack";
 import { errorFor, JobNotFound, RAISED_BY_WAIT, SandqError, SubmitError, WaitTimeout } from "./errors.js";
+import { ACTIVE, callbacksFor, type EventCallbacks, hasCallbacks, parseXRead, Transcript } from "./events.js";
 import {
-  amqpAddresses, APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, humantimeSeconds, inputKey, loadConfig, Names, newSessionName, queueArguments,
-  SCHEMA_VERSION, sha256Hex, SKUS,
+  amqpAddresses, APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, EVENTS_COUNT, EVENTS_START, humantimeSeconds, inputKey, loadConfig, Names,
+  newSessionName, queueArguments, SCHEMA_VERSION, sha256Hex, SKUS,
 } from "./protocol.js";
-import { type Artifact, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL } from "./types.js";
+import { type Artifact, type Event, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL } from "./types.js";
 
 export interface WaitOptions {
   /** Give up (WaitTimeout) after this many ms; default: wait as long as it takes. */
   timeoutMs?: number;
   /** Throw JobRejected, JobExpired and JobInternalError (default true). */
   raiseOnError?: boolean;
+}
+
+/** `run`'s options: how to wait, and callbacks on the job's live events while it runs. */
+export interface RunOptions extends WaitOptions, EventCallbacks {}
+
+/** Which of a job's live events to read, and for how long. */
+export interface EventsOptions {
+  /** Read the events after this stream id (`Event.id`); default `"0-0"`: from the first. */
+  cursor?: string;
+  /** Longest wait of one read (ms, more than 0; default 5000): after a read that waited this
+   * long for nothing, the job's status is checked. */
+  blockMs?: number;
+  /** Stop, without error, after this many ms; default: as long as the job runs. */
+  timeoutMs?: number;
 }
 
 export interface ClientOptions {
@@ -297,9 +312,89 @@ export class Client {
     }
   }
 
-  /** `submit` then `wait`. */
-  async run(options: JobOptions, wait: WaitOptions = {}): Promise<JobResult> {
-    return this.wait(await this.submit(options), wait);
+  /** `submit` then `wait`; resolves to the stored result, throws as `wait` does.
+   *
+   * With any callback in `wait` (`onStdout`, `onStderr`, `onDisplay`, `onEvent`: see
+   * `EventCallbacks`), the job's live events are read between the two (`follow`): the program's
+   * output as it writes it, its rich outputs as it displays them. A redelivered job's callbacks go
+   * on with the new attempt's output (the earlier attempt's was abandoned). The events are best
+   * effort (a slow Redis drops some, the worker caps them at 1 MiB): the result is the
+   * authoritative record. `timeoutMs` bounds the whole. */
+  async run(options: JobOptions, wait: RunOptions = {}): Promise<JobResult> {
+    const id = await this.submit(options);
+    if (hasCallbacks(wait)) {
+      const started = Date.now();
+      await this.follow(id, { ...wait, cursor: EVENTS_START });
+      if (wait.timeoutMs !== undefined) wait = { ...wait, timeoutMs: Math.max(0, wait.timeoutMs - (Date.now() - started)) };
+    }
+    return this.wait(id, wait);
+  }
+
+  // --- live events ---------------------------------------------------------------------------
+
+  /** The job's live events after `cursor`, in order, as they come (docs/protocol.md "Live
+   * events"): `for await (const event of client.events(id)) ...`. Ends after yielding the `end`
+   * event, or when a read that waited `blockMs` found nothing new and the job is no longer queued
+   * or running (a stream without `end`: expired, or an older worker; an unknown job), after the
+   * events still unread; or, without error, after `timeoutMs`.
+   *
+   * To resume after an interruption, pass the `id` of the last event processed as `cursor`: the
+   * events after it come, with no gap and no duplicate (unless the stream was trimmed: it keeps
+   * about 10,000 entries). Each iteration reads on a Redis connection of its own (XREAD BLOCK
+   * holds it), closed when the loop ends (`break` included). Throws RangeError for a `blockMs`
+   * out of range, and node-redis' errors. */
+  async *events(jobId: string, options: EventsOptions = {}): AsyncGenerator<Event, void, undefined> {
+    const blockMs = options.blockMs ?? BLOCK_S * 1000;
+    if (!(blockMs > 0 && Number.isFinite(blockMs))) throw new RangeError(`blockMs must be more than 0, not ${blockMs}`);
+    const key = this.names.events(jobId);
+    const deadline = options.timeoutMs === undefined ? undefined : Date.now() + options.timeoutMs;
+    let cursor = options.cursor ?? EVENTS_START;
+    const reader = redisClient(this.config);
+    reader.on("error", () => {});
+    try {
+      await reader.connect();
+      let over = false; // the job is over: read what is left without waiting
+      for (;;) {
+        let batch: Event[];
+        if (over) {
+          batch = parseXRead(await reader.xRead({ key, id: cursor }, { COUNT: EVENTS_COUNT }));
+          if (batch.length === 0) return;
+        } else {
+          const left = deadline === undefined ? blockMs : Math.min(blockMs, deadline - Date.now());
+          if (left <= 0) return;
+          batch = parseXRead(await reader.xRead({ key, id: cursor }, { COUNT: EVENTS_COUNT, BLOCK: Math.max(1, Math.round(left)) }));
+          if (batch.length === 0) {
+            over = !(await this.active(jobId));
+            continue;
+          }
+        }
+        for (const event of batch) {
+          cursor = event.id;
+          yield event;
+          if (event.type === "end") return;
+        }
+      }
+    } finally {
+      // Closed gracefully when it is idle (it is, between reads); dropped when it never opened.
+      await reader.close().catch(() => { try { reader.destroy(); } catch { /* never opened */ } });
+    }
+  }
+
+  /** Reads the job's `events` (same options) into the callbacks, as `run` does (`EventCallbacks`
+   * says which event goes where, awaiting what they return), and resolves to what they made: the
+   * newest attempt's stdout, stderr and displays, the terminal status when `end` came. */
+  async follow(jobId: string, options: EventsOptions & EventCallbacks = {}): Promise<Transcript> {
+    const transcript = new Transcript();
+    for await (const event of this.events(jobId, options)) {
+      for (const call of callbacksFor(options, event, transcript.push(event))) await call();
+    }
+    return transcript;
+  }
+
+  /** The job's hash says `queued` or `running`. */
+  private async active(jobId: string): Promise<boolean> {
+    const status: Buffer | null = await this.redis.hGet(this.names.job(jobId), "status");
+    return status != null && ACTIVE.has(status.toString());
   }
 
   /** Asks the workers to cancel the job (skipped when queued, killed when running); false when
@@ -350,7 +445,8 @@ export class Session {
     return this.client.submit({ ...options, session: this.name });
   }
 
-  run(options: JobOptions, wait: WaitOptions = {}): Promise<JobResult> {
+  /** `Client.run` in the session (the same options, the callbacks included). */
+  run(options: JobOptions, wait: RunOptions = {}): Promise<JobResult> {
     return this.client.run({ ...options, session: this.name }, wait);
   }
 }

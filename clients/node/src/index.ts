@@ -4,8 +4,15 @@
 //   const client = await Client.connect();          // $SANDQ_CONFIG, else /etc/sandq/sandq.toml
 //   const data = await client.upload("data.csv");
 //   const result = await client.run({ code: "import pandas as pd\npd.read_csv('data.csv').describe()", inputs: [data] });
+//   // Output as it happens (docs/protocol.md "Live events"), then the stored result:
+//   await client.run({ code: "for i in range(3): print(i)" }, { onStdout: (text) => process.stdout.write(text) });
+//   for await (const event of client.events(result.job_id)) console.log(event.type, event.data);
 //   await client.close();
-export { Client, Session, redisClient, connectAny, type ClientOptions, type WaitOptions } from "./client.js";
+export { Client, Session, redisClient, connectAny, type ClientOptions, type WaitOptions, type RunOptions, type EventsOptions } from "./client.js";
+export { Transcript, parseEvent, parseXRead, callbacksFor, type EventCallbacks } from "./events.js";
 export * from "./errors.js";
-export { loadConfig, configPath, urlList, amqpAddresses, parseUrls, type Config, Names, CAS_SCRIPT, SCHEMA_VERSION, buildJob, humantimeSeconds } from "./protocol.js";
+export {
+  loadConfig, configPath, urlList, amqpAddresses, parseUrls, type Config, Names, CAS_SCRIPT, SCHEMA_VERSION, buildJob, humantimeSeconds,
+  EVENTS_START, EVENTS_COUNT,
+} from "./protocol.js";
 export * from "./types.js";

@@ -9,8 +9,14 @@ export const SCHEMA_VERSION = 1;
 export const DEFAULT_CONFIG_PATH = "/etc/sandq/sandq.toml";
 export const APP_ID = "sandq-node";
 export const SKUS: readonly Sku[] = ["S", "M", "L", "XL"];
-/** Longest single BLPOP on a done list (s): the hash is read again after each. */
+/** Longest single BLPOP on a done list, or XREAD BLOCK on an event stream by default (s): the
+ * hash is read again after each. */
 export const BLOCK_S = 5;
+/** The cursor of a whole event stream (docs/protocol.md "Live events"): XREAD from it returns
+ * the first entry on. */
+export const EVENTS_START = "0-0";
+/** The most entries one XREAD of an event stream returns. */
+export const EVENTS_COUNT = 500;
 
 /** The compare-and-set script of docs/protocol.md ("Writing a status"): schemas/protocol/cas.lua,
  * byte for byte (Rust test: every_copy_of_the_cas_script_is_cas_lua). Edit that file, then this. */
@@ -31,6 +37,10 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 if new == 3 and KEYS[2] then
   redis.call('RPUSH', KEYS[2], ARGV[1])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+end
+if new == 3 and KEYS[3] then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '10000', '*', 'type', 'end', 'attempt', ARGV[4] or '0', 'status', ARGV[1])
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 end
 return 1
 `;
@@ -140,6 +150,8 @@ export class Names {
   job(id: string): string { return `${this.ns}:job:{${id}}`; }
   done(id: string): string { return `${this.job(id)}:done`; }
   cancel(id: string): string { return `${this.job(id)}:cancel`; }
+  /** The job's live events, a Redis Stream (docs/protocol.md "Live events"). */
+  events(id: string): string { return `${this.job(id)}:events`; }
 }
 
 export function sha256Hex(data: Uint8Array): string {

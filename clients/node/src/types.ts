@@ -201,3 +201,41 @@ export function images(result: JobResult): { output: Output; mime: string; value
 export function outputText(output: Output): string | undefined {
   return output.data["text/plain"]?.text ?? undefined;
 }
+
+/** One entry of a job's live event stream (docs/protocol.md "Live events"); `parseEvent` makes
+ * it. `fields` holds every field as sent; the optional properties are the type-specific fields
+ * read (present only when the entry has them). */
+export interface Event {
+  /** The stream entry's id (`"1764680000000-0"`): the cursor to resume after this event. */
+  id: string;
+  /** `attempt`, `status`, `stdout`, `stderr`, `display`, `truncated`, `end`, or a type this SDK
+   * does not know (ignore it). */
+  type: "attempt" | "status" | "stdout" | "stderr" | "display" | "truncated" | "end" | string;
+  /** The delivery attempt (from 1; 0 when the field is missing or malformed). */
+  attempt: number;
+  /** The event's number within its attempt (from 0); null on `end` (and when malformed). */
+  seq: number | null;
+  fields: Record<string, string>;
+  /** `stdout`/`stderr`: the chunk's text (at most 8 KiB); `display`: the output's JSON. */
+  data?: string;
+  /** `end`: the job's terminal status (`succeeded`, `failed`, ...). */
+  status?: string;
+  /** `status`: `started`, `finished` or `queued` (the attempt failed on infrastructure). */
+  state?: string;
+  /** `attempt`: the attempt's id (`a<16 hex>`), as in the result's S3 keys. */
+  attempt_id?: string;
+  /** `status` `started`: a warm sandbox took the job. */
+  warm?: boolean;
+  /** `status` `finished`: the exit code (absent when the program was killed). */
+  exit_code?: number;
+  /** `status` `queued`: why the attempt failed. */
+  reason?: string;
+  /** `display`: the output's place in the result's `outputs` (from 0). */
+  index?: number;
+  /** `display`: the output, as in the result's `outputs`; null when its JSON is not an object. */
+  output?: Output | null;
+  /** `truncated`: the kind no longer streamed (`stdout`, `stderr` or `display`). */
+  stream?: string;
+  /** `truncated`: the cap reached, bytes (events for `display`). */
+  limit?: number;
+}

@@ -36,10 +36,11 @@ test("a job's keys share a slot, and jobs spread over the slots", () => {
   assert.equal(names.job("j1"), "ns-1:job:{j1}");
   assert.equal(names.done("j1"), "ns-1:job:{j1}:done");
   assert.equal(names.cancel("j1"), "ns-1:job:{j1}:cancel");
+  assert.equal(names.events("j1"), "ns-1:job:{j1}:events");
   const slots = new Set();
   for (let i = 0; i < 50; i++) {
     const id = `job-${i}`;
-    const keys = [names.job(id), names.done(id), names.cancel(id)];
+    const keys = [names.job(id), names.done(id), names.cancel(id), names.events(id)];
     assert.equal(new Set(keys.map(slot)).size, 1, keys.join(" "));
     slots.add(slot(names.job(id)));
   }

@@ -1,5 +1,6 @@
 // The SDK on a Redis Cluster (`[redis] mode = "cluster"`): jobs submitted, waited for with BLPOP
-// (routed by key) and a running one cancelled, against a worker configured to the same cluster.
+// (routed by key) and a running one cancelled, against a worker configured to the same cluster;
+// a job's live events read with XREAD (routed by key).
 // Three primaries without replicas, started here on loopback with their data in a temp dir and
 // killed at the end: failover is tests/redis_cluster.rs's subject. Ports:
 // $SANDQ_REDIS_CLUSTER_PORT .. +2 and the bus $SANDQ_REDIS_CLUSTER_BUS_PORT .. +2 (.ci/run
@@ -11,7 +12,7 @@ import { randomBytes } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Client, loadConfig } from "../dist/index.js";
+import { Client, loadConfig, redisClient } from "../dist/index.js";
 import { startWorker } from "./harness.mjs";
 
 const WAIT = 180;
@@ -107,4 +108,32 @@ test("jobs and a cancel through a Redis Cluster", async () => {
   await waitFor(async () => (await client.status(id))?.status === "running", 120_000, "never ran");
   assert.equal(await client.cancel(id), true);
   assert.equal((await client.wait(id, WAIT)).status, "cancelled");
+});
+
+test("live events through a Redis Cluster", async () => {
+  // XREAD (blocking, then not) routed by the stream's key: entries written here, one appended
+  // while the reader blocks, read back whole; no worker involved.
+  const writer = redisClient(client.config);
+  writer.on("error", () => {});
+  await writer.connect();
+  try {
+    for (let n = 0; n < 6; n++) {
+      const id = `sdk-node-cluster-events-${randomBytes(6).toString("hex")}`;
+      const chunks = ["a\n", "b\n", "c\n"];
+      await writer.hSet(client.names.job(id), "status", "running");
+      for (const [seq, data] of chunks.entries()) {
+        await writer.xAdd(client.names.events(id), "*", { type: "stdout", attempt: "1", seq: String(seq), data });
+      }
+      const end = new Promise((r) => setTimeout(r, 300)).then(() =>
+        writer.xAdd(client.names.events(id), "*", { type: "end", attempt: "1", status: "succeeded" }));
+      const got = [];
+      for await (const event of client.events(id, { blockMs: 2000 })) got.push(event);
+      await end;
+      assert.deepEqual(got.map((e) => e.type), ["stdout", "stdout", "stdout", "end"]);
+      assert.equal(got.map((e) => e.data ?? "").join(""), chunks.join(""));
+      await writer.del([client.names.job(id), client.names.events(id)]);
+    }
+  } finally {
+    await writer.close();
+  }
 });

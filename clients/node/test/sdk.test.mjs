@@ -103,6 +103,19 @@ test("a CSV job: the chart and the artifact, downloaded and checked", async () =
   assert.deepEqual(result.artifacts.map((a) => a.path), ["stats.json"]);
 });
 
+test("run streams stdout while the job runs", async () => {
+  // A line every 200 ms for 2 s: onStdout gets the first long before the result, and the chunks
+  // make up the result's stdout.
+  const chunks = [];
+  const code = "import time\nfor i in range(10):\n    print(i, flush=True); time.sleep(0.2)";
+  const result = await client.run({ code, sku: "S" }, { ...WAIT, onStdout: (text) => chunks.push([Date.now(), text]) });
+  const returned = Date.now();
+  assert.equal(result.status, "succeeded", result.stderr.text);
+  assert.ok(chunks.length > 0, "no stdout event came");
+  assert.ok(returned - chunks[0][0] >= 1000, `the first chunk came ${returned - chunks[0][0]} ms before run returned`);
+  assert.equal(chunks.map(([, text]) => text).join(""), result.stdout.text);
+});
+
 test("a session keeps variables across jobs", async () => {
   const session = client.session();
   const first = raiseForStatus(await session.run({ code: "x = 1" }, WAIT));

@@ -5,14 +5,19 @@
         data = client.upload("data.csv")
         result = client.run("import pandas as pd\\npd.read_csv('data.csv').describe()", inputs=[data])
         print(result.stdout.text, result.outputs[0].text)
+        # Output as it happens (docs/protocol.md "Live events"), then the stored result:
+        result = client.run("for i in range(3): print(i)", on_stdout=lambda text: print(text, end=""))
+        for event in client.events(result.job_id):  # the events themselves (sandq.Event)
+            print(event.type, event.data)
 
 `sandq.aio.AsyncClient` is the asyncio twin.
 """
 from .client import Client, Session
+from .events import Callbacks, Transcript
 from .errors import (JobCancelled, JobError, JobExpired, JobFailed, JobInternalError, JobNotFound, JobOOMKilled,
                      JobRejected, JobTimedOut, SandqError, SubmitError, WaitTimeout)
 from .protocol import Config, load_config
-from .types import (TERMINAL, Artifact, ErrorInfo, ImageInfo, InputFile, JobResult, MimeValue, Output, SandboxInfo,
+from .types import (TERMINAL, Artifact, ErrorInfo, Event, ImageInfo, InputFile, JobResult, MimeValue, Output, SandboxInfo,
                     SessionInfo, SessionState, SkippedArtifact, Stream, TableInfo, Usage)
 
 
@@ -26,7 +31,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "Client", "Session", "AsyncClient", "AsyncSession", "Config", "load_config", "TERMINAL",
-    "Artifact", "ErrorInfo", "ImageInfo", "InputFile", "JobResult", "MimeValue", "Output", "SandboxInfo", "SessionInfo",
+    "Artifact", "ErrorInfo", "Event", "Transcript", "Callbacks", "ImageInfo", "InputFile", "JobResult", "MimeValue", "Output", "SandboxInfo", "SessionInfo",
     "SessionState", "SkippedArtifact", "Stream", "TableInfo", "Usage",
     "SandqError", "SubmitError", "WaitTimeout", "JobNotFound", "JobError", "JobFailed", "JobTimedOut", "JobOOMKilled",
     "JobRejected", "JobCancelled", "JobExpired", "JobInternalError",

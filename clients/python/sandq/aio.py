@@ -3,10 +3,11 @@ run boto3 in a thread."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional, Union, cast
+from typing import Any, AsyncIterator, Callable, Optional, Union, cast
 
 import aio_pika
 import aio_pika.exceptions
@@ -20,8 +21,9 @@ import redis.asyncio.sentinel
 from . import protocol
 from .client import CONNECT_TIMEOUT_S, Source, check_download, fetch_url, read_source, s3_client
 from .errors import RAISED_BY_WAIT, JobNotFound, SubmitError, WaitTimeout, error_for
-from .protocol import BLOCK_S, Config, Names
-from .types import TERMINAL, Artifact, InputFile, JobResult, Stream
+from .events import ACTIVE, Callbacks, Transcript, parse_xread
+from .protocol import BLOCK_S, EVENTS_COUNT, EVENTS_START, Config, Names
+from .types import TERMINAL, Artifact, Event, InputFile, JobResult, Output, Stream
 
 
 class AsyncClient:
@@ -35,8 +37,9 @@ class AsyncClient:
         self.config = config
         self.names = Names(config.namespace)
         self.redis = connect_redis(config)
-        # BLPOP blocks its connection for up to BLOCK_S: a client of its own whose socket
-        # timeout outlasts it (redis-py's default would cut the wait short).
+        # BLPOP and XREAD BLOCK block their connection for up to BLOCK_S: a client of its own
+        # whose socket timeout outlasts it (redis-py's default would cut the wait short); its
+        # pool gives each concurrent blocking call a connection of its own.
         self._blocking = connect_redis(config, socket_timeout=BLOCK_S + 10)
         self.s3 = s3_client(config)
         self._amqp: Optional[aio_pika.abc.AbstractConnection] = None
@@ -161,8 +164,71 @@ class AsyncClient:
             await self._blocking.blpop([self.names.done(job_id)], timeout=max(min(left, BLOCK_S), 0.01))
 
     async def run(self, code: Optional[str] = None, *, wait_timeout: Optional[float] = None,
-                  raise_on_error: bool = True, **spec: Any) -> JobResult:
-        return await self.wait(await self.submit(code, **spec), wait_timeout, raise_on_error=raise_on_error)
+                  raise_on_error: bool = True, on_stdout: Optional[Callable[[str], Any]] = None,
+                  on_stderr: Optional[Callable[[str], Any]] = None, on_display: Optional[Callable[[Output], Any]] = None,
+                  on_event: Optional[Callable[[Event], Any]] = None, **spec: Any) -> JobResult:
+        """`sandq.Client.run`, asyncio: a callback may be a plain function or return an awaitable
+        (an `async def`), which is awaited before the next event is read."""
+        job_id = await self.submit(code, **spec)
+        callbacks = Callbacks(on_stdout, on_stderr, on_display, on_event)
+        if callbacks:
+            started = time.monotonic()
+            await self._follow(job_id, callbacks, EVENTS_START, BLOCK_S, wait_timeout)
+            if wait_timeout is not None:
+                wait_timeout = max(0.0, wait_timeout - (time.monotonic() - started))
+        return await self.wait(job_id, wait_timeout, raise_on_error=raise_on_error)
+
+    # --- live events -----------------------------------------------------------------------
+    async def events(self, job_id: str, cursor: str = EVENTS_START, *, block: float = BLOCK_S,
+                     timeout: Optional[float] = None) -> AsyncIterator[Event]:
+        """`sandq.Client.events`, asyncio: `async for event in client.events(job_id): ...`."""
+        if not 0 < block <= BLOCK_S:
+            raise ValueError(f"block must be more than 0 and at most {BLOCK_S} s, not {block}")
+        key = self.names.events(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        over = False  # the job is over: read what is left without waiting
+        while True:
+            if over:
+                batch = parse_xread(await self.redis.xread({key: cursor}, count=EVENTS_COUNT))
+                if not batch:
+                    return
+            else:
+                left = block if deadline is None else min(block, deadline - time.monotonic())
+                if left <= 0:
+                    return
+                reply = await self._blocking.xread({key: cursor}, count=EVENTS_COUNT, block=max(1, round(left * 1000)))
+                batch = parse_xread(reply)
+                if not batch:
+                    over = not await self._active(job_id)
+                    continue
+            for event in batch:
+                cursor = event.id
+                yield event
+                if event.type == "end":
+                    return
+
+    async def follow(self, job_id: str, cursor: str = EVENTS_START, *, on_stdout: Optional[Callable[[str], Any]] = None,
+                     on_stderr: Optional[Callable[[str], Any]] = None,
+                     on_display: Optional[Callable[[Output], Any]] = None,
+                     on_event: Optional[Callable[[Event], Any]] = None, block: float = BLOCK_S,
+                     timeout: Optional[float] = None) -> Transcript:
+        """`sandq.Client.follow`, asyncio; callbacks as in `run`."""
+        return await self._follow(job_id, Callbacks(on_stdout, on_stderr, on_display, on_event), cursor, block, timeout)
+
+    async def _follow(self, job_id: str, callbacks: Callbacks, cursor: str, block: float,
+                      timeout: Optional[float]) -> Transcript:
+        transcript = Transcript()
+        async for event in self.events(job_id, cursor, block=block, timeout=timeout):
+            for callback, argument in callbacks.calls(event, transcript.push(event)):
+                returned = callback(argument)
+                if inspect.isawaitable(returned):
+                    await returned
+        return transcript
+
+    async def _active(self, job_id: str) -> bool:
+        """The job's hash says `queued` or `running`."""
+        status = cast(Optional[bytes], await self.redis.hget(self.names.job(job_id), "status"))
+        return status is not None and status.decode() in ACTIVE
 
     async def cancel(self, job_id: str) -> bool:
         key = self.names.job(job_id)
@@ -213,6 +279,7 @@ class AsyncSession:
         return await self.client.submit(code, session=self.name, **spec)
 
     async def run(self, code: Optional[str] = None, **kwargs: Any) -> JobResult:
+        """`AsyncClient.run` in the session (the same keywords, the callbacks included)."""
         return await self.client.run(code, session=self.name, **kwargs)
 
 

@@ -6,7 +6,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional, Union, cast
+from typing import Any, Callable, Iterator, Optional, Union, cast
 
 import boto3
 import botocore.config
@@ -20,8 +20,9 @@ import redis.sentinel
 
 from . import protocol
 from .errors import RAISED_BY_WAIT, JobNotFound, SandqError, SubmitError, WaitTimeout, error_for
-from .protocol import BLOCK_S, Config, Names
-from .types import TERMINAL, Artifact, InputFile, JobResult, Stream
+from .events import ACTIVE, Callbacks, Transcript, parse_xread
+from .protocol import BLOCK_S, EVENTS_COUNT, EVENTS_START, Config, Names
+from .types import TERMINAL, Artifact, Event, InputFile, JobResult, Output, Stream
 
 Source = Union[str, os.PathLike, bytes]
 
@@ -89,8 +90,9 @@ class Client:
         self.config = config
         self.names = Names(config.namespace)
         self.redis = connect_redis(config)
-        # BLPOP blocks its connection for up to BLOCK_S: a client of its own whose socket
-        # timeout outlasts it (redis-py's default would cut the wait short).
+        # BLPOP and XREAD BLOCK block their connection for up to BLOCK_S: a client of its own
+        # whose socket timeout outlasts it (redis-py's default would cut the wait short); its
+        # pool gives each concurrent blocking call a connection of its own.
         self._blocking = connect_redis(config, socket_timeout=BLOCK_S + 10)
         self.s3 = s3_client(config)
         self._amqp: Optional[pika.BlockingConnection] = None
@@ -237,9 +239,89 @@ class Client:
             self._blocking.blpop([self.names.done(job_id)], timeout=max(min(left, BLOCK_S), 0.01))
 
     def run(self, code: Optional[str] = None, *, wait_timeout: Optional[float] = None, raise_on_error: bool = True,
+            on_stdout: Optional[Callable[[str], Any]] = None, on_stderr: Optional[Callable[[str], Any]] = None,
+            on_display: Optional[Callable[[Output], Any]] = None, on_event: Optional[Callable[[Event], Any]] = None,
             **spec: Any) -> JobResult:
-        """`submit` then `wait`."""
-        return self.wait(self.submit(code, **spec), wait_timeout, raise_on_error=raise_on_error)
+        """`submit` then `wait`; returns the stored result, raises as `wait` does.
+
+        With any callback, the job's live events are read between the two (`follow`): while the
+        job runs, `on_stdout(text)` / `on_stderr(text)` get each chunk the program writes,
+        `on_display(output)` each rich output, `on_event(event)` every `Event`; a redelivered
+        job's callbacks go on with the new attempt's output (the earlier attempt's was
+        abandoned: see `sandq.events.Callbacks`). The chunks are best effort (a slow Redis
+        drops some, the worker caps them at 1 MiB): the returned result is the authoritative
+        record. `wait_timeout` (s) bounds the whole; an exception a callback raises propagates
+        (the job keeps running)."""
+        job_id = self.submit(code, **spec)
+        callbacks = Callbacks(on_stdout, on_stderr, on_display, on_event)
+        if callbacks:
+            started = time.monotonic()
+            self._follow(job_id, callbacks, EVENTS_START, BLOCK_S, wait_timeout)
+            if wait_timeout is not None:
+                wait_timeout = max(0.0, wait_timeout - (time.monotonic() - started))
+        return self.wait(job_id, wait_timeout, raise_on_error=raise_on_error)
+
+    # --- live events -----------------------------------------------------------------------
+    def events(self, job_id: str, cursor: str = EVENTS_START, *, block: float = BLOCK_S,
+               timeout: Optional[float] = None) -> Iterator[Event]:
+        """The job's live events after `cursor` (a stream id; `"0-0"`: from the first), in order,
+        as they come (docs/protocol.md "Live events"). Ends after yielding the `end` event, or
+        when a read that waited `block` seconds (0 < block <= 5) found nothing new and the job
+        is no longer queued or running (a stream without `end`: expired, or an older worker; an
+        unknown job), after the events still unread; or, without error, once `timeout` seconds
+        (None: no limit) have passed.
+
+        To resume after an interruption, pass the `id` of the last event processed: the events
+        after it come, with no gap and no duplicate (unless the stream was trimmed: it keeps
+        about 10,000 entries). Raises ValueError for a `block` out of range, and redis-py's
+        errors."""
+        if not 0 < block <= BLOCK_S:
+            raise ValueError(f"block must be more than 0 and at most {BLOCK_S} s, not {block}")
+        key = self.names.events(job_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        over = False  # the job is over: read what is left without waiting
+        while True:
+            if over:
+                batch = parse_xread(self.redis.xread({key: cursor}, count=EVENTS_COUNT))
+                if not batch:
+                    return
+            else:
+                left = block if deadline is None else min(block, deadline - time.monotonic())
+                if left <= 0:
+                    return
+                reply = self._blocking.xread({key: cursor}, count=EVENTS_COUNT, block=max(1, round(left * 1000)))
+                batch = parse_xread(reply)
+                if not batch:
+                    over = not self._active(job_id)
+                    continue
+            for event in batch:
+                cursor = event.id
+                yield event
+                if event.type == "end":
+                    return
+
+    def follow(self, job_id: str, cursor: str = EVENTS_START, *, on_stdout: Optional[Callable[[str], Any]] = None,
+               on_stderr: Optional[Callable[[str], Any]] = None, on_display: Optional[Callable[[Output], Any]] = None,
+               on_event: Optional[Callable[[Event], Any]] = None, block: float = BLOCK_S,
+               timeout: Optional[float] = None) -> Transcript:
+        """Reads the job's `events` (same `cursor`, `block`, `timeout`) into the callbacks, as
+        `run` does (`sandq.events.Callbacks` says which event goes where), and returns what they
+        made (`sandq.events.Transcript`: the newest attempt's stdout, stderr and displays, the
+        terminal status when `end` came)."""
+        return self._follow(job_id, Callbacks(on_stdout, on_stderr, on_display, on_event), cursor, block, timeout)
+
+    def _follow(self, job_id: str, callbacks: Callbacks, cursor: str, block: float,
+                timeout: Optional[float]) -> Transcript:
+        transcript = Transcript()
+        for event in self.events(job_id, cursor, block=block, timeout=timeout):
+            for callback, argument in callbacks.calls(event, transcript.push(event)):
+                callback(argument)
+        return transcript
+
+    def _active(self, job_id: str) -> bool:
+        """The job's hash says `queued` or `running`."""
+        status = cast(Optional[bytes], self.redis.hget(self.names.job(job_id), "status"))
+        return status is not None and status.decode() in ACTIVE
 
     def cancel(self, job_id: str) -> bool:
         """Asks the workers to cancel the job (skipped when queued, killed when running); False
@@ -295,6 +377,7 @@ class Session:
         return self.client.submit(code, session=self.name, **spec)
 
     def run(self, code: Optional[str] = None, **kwargs: Any) -> JobResult:
+        """`Client.run` in the session (the same keywords, the callbacks included)."""
         return self.client.run(code, session=self.name, **kwargs)
 
 

@@ -43,12 +43,21 @@ if new == 3 and KEYS[2] then
   redis.call('RPUSH', KEYS[2], ARGV[1])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 end
+if new == 3 and KEYS[3] then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '10000', '*', 'type', 'end', 'attempt', ARGV[4] or '0', 'status', ARGV[1])
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+end
 return 1
 """
 
 SKUS = ("S", "M", "L", "XL")
-# Longest single BLPOP on a done list (s): the hash is read again after each.
+# Longest single BLPOP on a done list, or XREAD BLOCK on an event stream (s): the hash is read
+# again after each.
 BLOCK_S = 5.0
+# Reading a job's event stream (docs/protocol.md "Live events"): the cursor of the whole stream,
+# and the most entries one XREAD returns.
+EVENTS_START = "0-0"
+EVENTS_COUNT = 500
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,10 @@ class Names:
 
     def cancel(self, job_id: str) -> str:
         return f"{self.job(job_id)}:cancel"
+
+    def events(self, job_id: str) -> str:
+        """The job's live events, a Redis Stream (docs/protocol.md "Live events")."""
+        return f"{self.job(job_id)}:events"
 
 
 def queue_arguments(names: Names, delivery_limit: int, unserved_ttl: str = "1h") -> dict:

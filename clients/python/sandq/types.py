@@ -1,12 +1,15 @@
-"""Typed views of the wire types of docs/protocol.md (`JobResult` and its parts, `InputFile`).
+"""Typed views of the wire types of docs/protocol.md (`JobResult` and its parts, `InputFile`,
+the live `Event`).
 
 Every class has `from_wire(dict)`, which reads the decoded MessagePack map and ignores keys it
 does not know (newer workers may add some); `raw` keeps the map as it came.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from functools import cached_property
+from typing import Any, Mapping, Optional, Union
 
 TERMINAL = frozenset({"succeeded", "failed", "timed_out", "oom_killed", "rejected", "cancelled", "expired", "internal_error"})
 
@@ -276,3 +279,102 @@ class JobResult:
         if self.status != "succeeded":
             raise error_for(self)
         return self
+
+
+def _text(value: Union[str, bytes]) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _decimal(value: Optional[str]) -> Optional[int]:
+    """A decimal field as an int; None when absent or not a decimal."""
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a job's live event stream (docs/protocol.md "Live events").
+
+    `id` is the stream entry's id (`"1764680000000-0"`): the cursor to resume after this event.
+    `type` is `attempt`, `status`, `stdout`, `stderr`, `display`, `truncated`, `end`, or a type
+    this SDK does not know (ignore it). `attempt` is the delivery attempt (from 1; 0 when the field
+    is missing or malformed); `seq` the event's number within its attempt (from 0; None on `end`).
+    `fields` holds every field as sent, these three included; the properties below read the
+    type-specific ones (None when the event has no such field)."""
+    id: str
+    type: str
+    attempt: int
+    seq: Optional[int]
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_wire(cls, id: Union[str, bytes], fields: Mapping[Any, Any]) -> "Event":
+        """Reads a stream entry: its id and field/value pairs (str or UTF-8 bytes). Never raises:
+        what it cannot read is None (or `attempt` 0)."""
+        fields = {_text(k): _text(v) for k, v in fields.items()}
+        return cls(_text(id), fields.get("type", ""), _decimal(fields.get("attempt")) or 0,
+                   _decimal(fields.get("seq")), fields)
+
+    @property
+    def data(self) -> Optional[str]:
+        """`stdout`/`stderr`: the chunk's text (at most 8 KiB); `display`: the output's JSON."""
+        return self.fields.get("data")
+
+    @property
+    def status(self) -> Optional[str]:
+        """`end`: the job's terminal status (`succeeded`, `failed`, ...)."""
+        return self.fields.get("status")
+
+    @property
+    def state(self) -> Optional[str]:
+        """`status`: `started`, `finished` or `queued` (the attempt failed on infrastructure)."""
+        return self.fields.get("state")
+
+    @property
+    def attempt_id(self) -> Optional[str]:
+        """`attempt`: the attempt's id (`a<16 hex>`), as in the result's S3 keys."""
+        return self.fields.get("attempt_id")
+
+    @property
+    def warm(self) -> Optional[bool]:
+        """`status` `started`: whether a warm sandbox took the job."""
+        warm = self.fields.get("warm")
+        return None if warm is None else warm == "true"
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """`status` `finished`: the program's exit code; None when it was killed."""
+        return _decimal(self.fields.get("exit_code"))
+
+    @property
+    def reason(self) -> Optional[str]:
+        """`status` `queued`: why the attempt failed."""
+        return self.fields.get("reason")
+
+    @property
+    def index(self) -> Optional[int]:
+        """`display`: the output's place in the result's `outputs` (from 0)."""
+        return _decimal(self.fields.get("index"))
+
+    @cached_property
+    def output(self) -> Optional[Output]:
+        """`display`: the output, as in the result's `outputs`; None for other types, or when its
+        JSON does not read as an output."""
+        if self.type != "display" or self.data is None:
+            return None
+        try:
+            return Output.from_wire(json.loads(self.data))
+        except (ValueError, TypeError, AttributeError, KeyError):  # not JSON, or another shape
+            return None
+
+    @property
+    def stream(self) -> Optional[str]:
+        """`truncated`: the kind no longer streamed (`stdout`, `stderr` or `display`)."""
+        return self.fields.get("stream")
+
+    @property
+    def limit(self) -> Optional[int]:
+        """`truncated`: the cap reached, bytes (events for `display`)."""
+        return _decimal(self.fields.get("limit"))

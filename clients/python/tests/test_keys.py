@@ -14,10 +14,11 @@ def test_a_jobs_keys_share_a_slot_and_jobs_spread():
     assert names.job("j1") == "ns-1:job:{j1}"
     assert names.done("j1") == "ns-1:job:{j1}:done"
     assert names.cancel("j1") == "ns-1:job:{j1}:cancel"
+    assert names.events("j1") == "ns-1:job:{j1}:events"
     slots = set()
     for i in range(50):
         job_id = f"job-{i}"
-        keys = [names.job(job_id), names.done(job_id), names.cancel(job_id)]
+        keys = [names.job(job_id), names.done(job_id), names.cancel(job_id), names.events(job_id)]
         assert len({key_slot(k.encode()) for k in keys}) == 1, keys
         slots.add(key_slot(names.job(job_id).encode()))
     # Layout 1 put a job's hash and done list in different slots (the CROSSSLOT of issue 12).

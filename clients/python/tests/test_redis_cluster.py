@@ -1,7 +1,8 @@
 """The SDK on a Redis Cluster (`[redis] mode = "cluster"`): the blocking and asyncio clients
 submit jobs, wait on their done lists (BLPOP routed by key) and cancel one, against a worker
-configured to the same cluster. Three primaries without replicas, started here on loopback with
-their data in a temp dir and killed at the end: failover is tests/redis_cluster.rs's subject.
+configured to the same cluster, and read a job's live events (XREAD routed by key). Three
+primaries without replicas, started here on loopback with their data in a temp dir and killed at
+the end: failover is tests/redis_cluster.rs's subject.
 Ports: `$SANDQ_REDIS_CLUSTER_PORT` .. +2 and the bus `$SANDQ_REDIS_CLUSTER_BUS_PORT` .. +2
 (`.ci/run` exports them; else 17110 and 17130); RabbitMQ and S3 are the config's."""
 from __future__ import annotations
@@ -131,3 +132,27 @@ async def test_async_client_through_a_redis_cluster(cluster_config: sandq.Config
     async with sandq.AsyncClient(cluster_config) as client:
         result = await client.run("print(6 * 7)", sku="S", wait_timeout=WAIT)
         assert (result.status, result.stdout.text) == ("succeeded", "42\n")
+
+
+async def test_live_events_through_a_redis_cluster(cluster_config: sandq.Config) -> None:
+    """XREAD (blocking, then not) routed by the stream's key: a job's events, written here on
+    each primary's slots, read back whole by the blocking and the asyncio clients (no worker)."""
+    import json
+    import uuid
+
+    case = json.loads((Path(__file__).resolve().parents[3] / "schemas" / "vectors" / "events.json").read_text())["cases"][0]
+    with sandq.Client(cluster_config) as client:
+        async with sandq.AsyncClient(cluster_config) as aclient:
+            for _ in range(6):
+                job_id = f"sdk-cluster-events-{uuid.uuid4()}"
+                client.redis.hset(client.names.job(job_id), "status", case["expect"]["status"])
+                for entry in case["entries"][:-1]:
+                    client.redis.xadd(client.names.events(job_id), entry["fields"], id=entry["id"])
+                # Without the end first: the readers stop on the terminal status.
+                want = [e["id"] for e in case["entries"][:-1]]
+                assert [e.id for e in client.events(job_id, block=0.2)] == want
+                client.redis.xadd(client.names.events(job_id), case["entries"][-1]["fields"], id=case["entries"][-1]["id"])
+                want.append(case["entries"][-1]["id"])
+                assert [e.id for e in client.events(job_id, block=0.2)] == want
+                assert [e.id async for e in aclient.events(job_id, block=0.2)] == want
+                client.redis.delete(client.names.job(job_id), client.names.events(job_id))

@@ -105,6 +105,21 @@ def test_csv_job_chart_and_artifact(client: sandq.Client) -> None:
     assert [a.path for a in result.artifacts] == ["stats.json"], "the input is not an artifact"
 
 
+TICKER = "import time\nfor i in range(10):\n    print(i, flush=True); time.sleep(0.2)"
+
+
+def test_run_streams_stdout_while_the_job_runs(client: sandq.Client) -> None:
+    """`run(on_stdout=...)` gets the program's output as it prints (a line every 200 ms for
+    2 s), long before the result; the chunks make up the result's stdout."""
+    chunks: list[tuple[float, str]] = []
+    result = client.run(TICKER, sku="S", wait_timeout=WAIT, on_stdout=lambda text: chunks.append((time.monotonic(), text)))
+    returned = time.monotonic()
+    assert result.status == "succeeded", result.stderr.text
+    assert chunks, "no stdout event came"
+    assert returned - chunks[0][0] >= 1.0, f"the first chunk came {returned - chunks[0][0]:.2f} s before run returned"
+    assert "".join(text for _, text in chunks) == result.stdout.text
+
+
 def test_session_keeps_variables_across_jobs(client: sandq.Client) -> None:
     session = client.session()
     first = session.run("x = 1", wait_timeout=WAIT).raise_for_status()

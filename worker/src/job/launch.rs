@@ -99,6 +99,7 @@ pub(super) async fn launch(
         // sandbox's, session or not.
         state_bytes: if python_cell { 2 * settings.sessions.max_state_bytes } else { 0 },
         src_bytes: crate::warm::src_bytes(settings),
+        state_cache: (&settings.sessions.state_cache.0, settings.sessions.state_cache.1),
     };
     let env = run::environment(job, &settings.packages, &sku.limits, who.number, settings.outputs.max_outputs_bytes, &cell);
     crate::metrics::started(job.spec.submitted_at_ms, who.started_at_ms);

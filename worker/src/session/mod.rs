@@ -3,6 +3,7 @@
 //! Storage layout and locking: [`sandq_core::sessions`]; the packages archive: [`packages`];
 //! the reaper: [`reaper`].
 
+pub(crate) mod cache;
 pub(crate) mod packages;
 mod reaper;
 
@@ -316,7 +317,10 @@ pub(crate) async fn save(
     let mut state_entry = opened.manifest.state.clone();
     let mut state_report = None;
     if let Some(left) = state {
-        if let Some((file, sha256, size)) = left.file {
+        if let Some((mut file, sha256, size)) = left.file {
+            // The next cell on this worker restores it from here, not from S3.
+            let (dir, budget) = &settings.sessions.state_cache;
+            cache::StateCache::new(dir.clone(), *budget).keep(&mut file, &sha256, size).await;
             if !old_blobs.contains(sha256.as_str()) {
                 let blob = names.session_blob_key(name, &sha256);
                 storage::put_file(&ctx.s3, bucket, &blob, file, "state", "application/octet-stream").await?;

@@ -66,6 +66,9 @@ pub struct SessionSettings {
     pub rebuild_interval: Duration,
     /// Largest notebook state of a session, bytes.
     pub max_state_bytes: u64,
+    /// The worker's own copies of saved states ([`crate::session::cache`]): their dir
+    /// (`<data_dir>/<worker id>.state-cache`) and most bytes (0: none).
+    pub state_cache: (PathBuf, u64),
     /// Longest time the runner spends saving a notebook state.
     pub max_state_save: Duration,
 }
@@ -349,6 +352,7 @@ impl RawConfig {
             ));
         };
         let data_dir = self.worker.data_dir.unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
+        let state_cache_dir = data_dir.join(format!("{worker_id}.state-cache"));
         let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
         Ok(Settings {
             names: Names::new(self.namespace.clone()),
@@ -380,6 +384,10 @@ impl RawConfig {
                 reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
                 rebuild_interval: self.sessions.rebuild_interval.unwrap_or(Duration::from_secs(3600)).max(Duration::from_secs(1)),
                 max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
+                state_cache: (
+                    state_cache_dir,
+                    self.sessions.state_cache_bytes.unwrap_or(4 * self.sessions.max_state_bytes.unwrap_or(64 << 20)),
+                ),
                 max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
             },
             warm: WarmSettings {

@@ -93,6 +93,10 @@ pub struct RawSessions {
     /// outputs tmpfs grows by twice this for session notebook jobs (the state restored and the
     /// state saved), charged to the job's memory as it is written.
     pub max_state_bytes: Option<u64>,
+    /// Bytes of saved notebook states the worker keeps a copy of on its disk, so that the next
+    /// cell of a session on this worker restores without S3; default 4 x `max_state_bytes`;
+    /// `0` keeps none.
+    pub state_cache_bytes: Option<u64>,
     /// Longest time the runner may spend saving the state after the cell; variables not saved
     /// by then are left out and listed. Default `20s` (within the job's own timeout).
     #[serde(default, with = "humantime_serde")]
