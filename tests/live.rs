@@ -29,6 +29,21 @@ async fn read_all(client: &mut Client, job_id: &str, cursor: &str, mut each: imp
     events
 }
 
+/// Reads the job's events to their end on a task of its own, once the first line of output
+/// has arrived (the caller then breaks something mid-stream).
+async fn read_in_background(mut reader: Client, job_id: &str) -> tokio::task::JoinHandle<Vec<Event>> {
+    let job_id = job_id.to_owned();
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+    let reading = tokio::spawn(async move {
+        read_all(&mut reader, &job_id, START, |e| {
+            let _ = seen_tx.send(matches!(e.kind, EventKind::Stdout(_)));
+        })
+        .await
+    });
+    while !seen_rx.recv().await.expect("the stream ended before any output") {}
+    reading
+}
+
 /// The job's status now, read on a connection of its own.
 async fn status_now(probe: &mut Client, job_id: &str) -> Option<JobStatus> {
     probe.status(job_id).await.expect("status").map(|r| r.status)
@@ -172,16 +187,7 @@ async fn a_redelivered_attempt_starts_with_an_attempt_event_and_the_result_is_wh
                 if attempt == '1':\n        time.sleep(0.25)\n";
     let spec = python_job(code, Sku::S);
     client.submit(&spec).await.expect("submit");
-    let mut reader = world.client().await;
-    let job_id = spec.job_id.clone();
-    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
-    let reading = tokio::spawn(async move {
-        read_all(&mut reader, &job_id, START, |e| {
-            let _ = seen_tx.send(matches!(e.kind, EventKind::Stdout(_)));
-        })
-        .await
-    });
-    while !seen_rx.recv().await.expect("the stream ended before any output") {}
+    let reading = read_in_background(world.client().await, &spec.job_id).await;
     signal(&first, "KILL");
     assert!(exits_within(&mut first, Duration::from_secs(5)));
     let second = world.start_worker_ready(&format!("{}-b", world.namespace), &sandq_tests::small_worker_env(&[]));
@@ -218,16 +224,7 @@ async fn a_redis_restart_mid_job_loses_nothing_of_the_result() {
     let mut client = world.client().await;
     let spec = python_job(&printer(25, 0.2), Sku::S);
     client.submit(&spec).await.expect("submit");
-    let mut reader = world.client().await;
-    let job_id = spec.job_id.clone();
-    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
-    let reading = tokio::spawn(async move {
-        read_all(&mut reader, &job_id, START, |e| {
-            let _ = seen_tx.send(matches!(e.kind, EventKind::Stdout(_)));
-        })
-        .await
-    });
-    while !seen_rx.recv().await.expect("the stream ended before any output") {}
+    let reading = read_in_background(world.client().await, &spec.job_id).await;
     // Down for a second while the job prints.
     let redis = tokio::task::spawn_blocking(move || {
         redis.restart(port, Duration::from_secs(1));
