@@ -72,7 +72,8 @@ pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, R
 /// result is stored on the primary).
 pub async fn write(redis: &mut RedisConn, names: &Names, result: &JobResult, ttl: Duration) -> Result<bool, ResultError> {
     let bytes = sandq_schemas::encode(result)?;
-    let ttl_s = ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0);
+    // Whole seconds rounded up, at least 1 (docs/protocol.md "Durations").
+    let ttl_s = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1);
     let script = crate::redis_conn::Script::new(CAS_SCRIPT)
         .key(names.job_key(&result.job_id))
         .key(names.done_key(&result.job_id))

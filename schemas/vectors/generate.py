@@ -62,7 +62,8 @@ def pack(v) -> bytes:
     if isinstance(v, str):
         b = v.encode()
         n = len(b)
-        head = bytes([0xA0 | n]) if n < 32 else b"\xd9" + bytes([n]) if n < 256 else b"\xda" + struct.pack(">H", n)
+        head = (bytes([0xA0 | n]) if n < 32 else b"\xd9" + bytes([n]) if n < 256 else b"\xda" + struct.pack(">H", n)
+                if n < 65536 else b"\xdb" + struct.pack(">I", n))
         return head + b
     if isinstance(v, (bytes, bytearray)):
         n = len(v)
@@ -169,7 +170,9 @@ U64_MAX = 18446744073709551615
 U32_MAX = 4294967295
 
 # The exact `reason` of the `rejected` result (docs/protocol.md, "JobSpec" and "Encoding"),
-# with the worker's default limits.
+# with the worker's default limits: today's text of the worker's decoder and validator
+# (schemas/src/de.rs, validate.rs), which schemas/tests/vectors.rs checks. Reasons are for
+# people and their wording may change: other clients show them, never match on them.
 INVALID_SPECS = [
     ("fractional_float", "a float that is not integral in an integer field",
      spec(code="print(1)", deadline_ms=1796047054196.5),
@@ -195,6 +198,9 @@ INVALID_SPECS = [
     ("bad_job_id", "a job id outside [A-Za-z0-9_-]",
      spec(job_id="x/y", code="print(1)"),
      'job_id "x/y" is invalid: only A-Z, a-z, 0-9, \'_\' and \'-\' are allowed'),
+    ("job_id_too_long", "a job id of 65 characters (at most 64)",
+     spec(job_id="j" * 65, code="print(1)"),
+     f'job_id "{"j" * 65}" is invalid: it is longer than 64 characters'),
     ("unknown_sku", "an SKU that does not exist",
      spec(sku="XXL", code="print(1)"),
      "malformed message: sku: unknown variant `XXL`, expected one of `S`, `M`, `L`, `XL`"),
@@ -207,6 +213,9 @@ INVALID_SPECS = [
     ("input_size_fraction", "an input size that is not integral",
      spec(code="print(1)", inputs=[input_file("data.csv", SHA_A, 2.5)]),
      "malformed message: inputs[].size: expected an integer, found the float 2.5, which is not integral"),
+    ("code_too_large", "code of 1 MiB and one byte (at most 1 MiB, 1048576 bytes of UTF-8)",
+     spec(code="#" * ((1 << 20) + 1)),
+     "code is 1048577 bytes, more than the limit of 1048576"),
     ("code_and_entrypoint", "both code and entrypoint",
      spec(code="print(1)", entrypoint="main.py"),
      "exactly one of code and entrypoint must be set"),
@@ -216,6 +225,16 @@ INVALID_SPECS = [
     ("path_escapes", "an input path with '..'",
      spec(code="print(1)", inputs=[input_file("../x", SHA_A, 1)]),
      "path \"../x\" is invalid: it has a '.' or '..' component"),
+    ("input_key_outside_uploads", "an input whose key is not under inputs/sha256/ (another job's artifact)",
+     spec(code="print(1)", inputs=[{"key": "jobs/other-job/a0123456789abcdef/artifacts/data.csv", "path": "data.csv",
+                                    "size": 1100, "sha256": SHA_A}]),
+     'input "data.csv" has an invalid S3 key: expected inputs/sha256/<its sha256>'),
+    ("input_key_other_digest", "an input whose key names another digest than its sha256",
+     spec(code="print(1)", inputs=[{"key": f"inputs/sha256/{SHA_B}", "path": "data.csv", "size": 1100, "sha256": SHA_A}]),
+     'input "data.csv" has an invalid S3 key: expected inputs/sha256/<its sha256>'),
+    ("bad_env_name", "an environment variable name outside [A-Za-z_][A-Za-z0-9_]*",
+     spec(code="print(1)", env={"MY-SETTING": "on"}),
+     'env "MY-SETTING" is not allowed: names match [A-Za-z_][A-Za-z0-9_]*'),
     ("reserved_env", "an environment variable the sandbox sets",
      spec(code="print(1)", env={"PATH": "/tmp"}),
      'env "PATH" is not allowed: the sandbox sets it'),
@@ -323,10 +342,10 @@ RESULTS = [
     ("failed_signal", "killed by a signal",
      None, ran(status="failed", signal="SIGSEGV", reason="killed by SIGSEGV")),
     ("timed_out", "still running at its timeout; output kept",
-     None, ran(status="timed_out", signal="SIGKILL", reason="timed out after 5s",
+     None, ran(status="timed_out", signal="SIGKILL", reason="still running after 5s",
                stdout=stream("x" * 10, total_bytes=70000000, truncated=True, log_key=f"{PREFIX}stdout", log_bytes=8388608))),
     ("oom_killed", "the memory limit",
-     None, ran(status="oom_killed", signal="SIGKILL", reason="out of memory (limit 4294967296 bytes)",
+     None, ran(status="oom_killed", signal="SIGKILL", reason="memory limit of 4294967296 bytes exceeded (1 process(es) killed by the kernel)",
                stdout=stream("caf\ufffd\n", total_bytes=5, lossy=True, log_key=f"{PREFIX}stdout", log_bytes=5))),
     ("rejected", "an invalid job: no sku, the reason",
      None, result(status="rejected", reason='env "PATH" is not allowed: the sandbox sets it', worker_id="worker-1",

@@ -119,7 +119,7 @@ impl Live {
             redis: ctx.redis.clone(),
             key: ctx.settings.names.events_key(job_id),
             attempt: attempt.to_string(),
-            ttl_s: ttl.as_secs().max(1),
+            ttl_s: (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1),
             seq: 0,
             carry: Default::default(),
             truncated: [false; 2],
