@@ -114,13 +114,14 @@ pub async fn run(args: LiveArgs) -> anyhow::Result<()> {
                 total.push(read_ns.saturating_sub(printed_ns) as f64 / 1e6);
                 worker_share.push((added_ms * 1_000_000).saturating_sub(printed_ns) as f64 / 1e6);
             }
-            if total.len() == (args.lines / 2) as usize {
-                memory_running = redis::cmd("MEMORY").arg("USAGE").arg(&key).query_async(&mut redis).await.unwrap_or(0);
+            if memory_running == 0 && total.len() >= (args.lines / 2) as usize {
+                memory_running =
+                    redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(&mut redis).await.unwrap_or(0);
             }
         }
     }
     wait(&mut client, &spec.job_id).await?;
-    let memory_end: u64 = redis::cmd("MEMORY").arg("USAGE").arg(&key).query_async(&mut redis).await.unwrap_or(0);
+    let memory_end: u64 = redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(&mut redis).await.unwrap_or(0);
     if total.len() != args.lines as usize {
         bail!("read {} of {} lines live", total.len(), args.lines);
     }
@@ -157,7 +158,7 @@ pub async fn run(args: LiveArgs) -> anyhow::Result<()> {
                 e2e_on.push(e2e);
                 wall_on.push(wall);
                 let key = c.names().events_key(&spec.job_id);
-                flood_memory = redis::cmd("MEMORY").arg("USAGE").arg(&key).query_async(&mut redis).await.unwrap_or(0);
+                flood_memory = redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(&mut redis).await.unwrap_or(0);
             } else {
                 e2e_off.push(e2e);
                 wall_off.push(wall);

@@ -39,19 +39,25 @@ impl StateCache {
             return false;
         }
         let path = self.dir.join(sha256);
-        let Ok(mut cached) = tokio::fs::File::open(&path).await else {
-            crate::metrics::state_cache("miss");
-            return false;
-        };
-        if !cached.metadata().await.is_ok_and(|m| m.is_file() && m.len() == size) {
-            crate::metrics::state_cache("miss");
-            return false;
-        }
-        let copied = tokio::io::copy(&mut cached, dest).await.is_ok_and(|n| n == size);
-        if copied {
-            // Recently used: last to be evicted.
-            let _ = cached.into_std().await.set_modified(SystemTime::now());
-        }
+        let Ok(dest) = dest.try_clone().await.map(tokio::fs::File::into_std) else { return false };
+        let dest = dest.await;
+        // std's copy (copy_file_range in the kernel), not tokio's 8 KiB round trips.
+        let copied = tokio::task::spawn_blocking(move || {
+            let mut cached = std::fs::File::open(&path)?;
+            let meta = cached.metadata()?;
+            if !meta.is_file() || meta.len() != size {
+                return Ok(false);
+            }
+            let mut dest = dest;
+            let copied = std::io::copy(&mut cached, &mut dest)? == size;
+            if copied {
+                // Recently used: last to be evicted.
+                cached.set_modified(SystemTime::now())?;
+            }
+            Ok::<_, std::io::Error>(copied)
+        })
+        .await
+        .is_ok_and(|r| r.is_ok_and(|copied| copied));
         crate::metrics::state_cache(if copied { "hit" } else { "miss" });
         copied
     }
@@ -71,20 +77,27 @@ impl StateCache {
             return;
         }
         let partial = self.dir.join(format!(".{sha256}.{:016x}", rand::random::<u64>()));
-        let copied = async {
-            let mut out = tokio::fs::File::create(&partial).await?;
-            file.seek(std::io::SeekFrom::Start(0)).await?;
-            let n = tokio::io::copy(file, &mut out).await?;
-            file.seek(std::io::SeekFrom::Start(0)).await?;
+        let Ok(source) = file.try_clone().await else { return };
+        let source = source.into_std().await;
+        let target = path.clone();
+        let temp = partial.clone();
+        // std's copy (copy_file_range in the kernel), from the start, then renamed into place.
+        let copied = tokio::task::spawn_blocking(move || {
+            use std::io::Seek;
+            let mut source = source;
+            let mut out = std::fs::File::create(&temp)?;
+            source.seek(std::io::SeekFrom::Start(0))?;
+            let n = std::io::copy(&mut source, &mut out)?;
             if n != size {
                 return Err(std::io::Error::other("the state changed size while copied"));
             }
-            tokio::fs::rename(&partial, &path).await
-        }
+            std::fs::rename(&temp, &target)
+        })
         .await;
-        if copied.is_err() {
+        // The clone shares the file offset: back to the start for the caller.
+        let _ = file.seek(std::io::SeekFrom::Start(0)).await;
+        if !copied.is_ok_and(|r| r.is_ok()) {
             let _ = tokio::fs::remove_file(&partial).await;
-            let _ = file.seek(std::io::SeekFrom::Start(0)).await;
             return;
         }
         let (dir, budget) = (self.dir.clone(), self.budget);
