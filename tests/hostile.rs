@@ -955,7 +955,7 @@ async fn names_with_control_or_bidi_characters_are_not_collected() {
     let mut client = client().await;
     let code = concat!(
         "import os\n",
-        "for name in ['ok.txt', 'ctl\\x01.txt', 'esc\\x1b[31m.txt', 'rtl\\u202etxt.exe', 'bell\\x07']:\n",
+        "for name in ['ok.txt', 'ctl\\x01.txt', 'esc\\x1b[31m.txt', 'rtl\\u202etxt.exe', 'bell\\x07', 'ls\\u2028.txt', 'mark\\u200f.txt']:\n",
         "    open(name, 'w').write('x')\n",
         "os.mkdir('d\\n')\n",
         "open('d\\n/inner.txt', 'w').write('x')\n",
@@ -973,6 +973,8 @@ async fn names_with_control_or_bidi_characters_are_not_collected() {
             ("ctl\\u{1}.txt", "bad_name"),
             ("d\\n", "bad_name"),
             ("esc\\u{1b}[31m.txt", "bad_name"),
+            ("ls\\u{2028}.txt", "bad_name"),
+            ("mark\\u{200f}.txt", "bad_name"),
             ("rtl\\u{202e}txt.exe", "bad_name")
         ],
         "{result:?}"

@@ -386,9 +386,32 @@ pub(crate) async fn collect(
     Ok(collected)
 }
 
-/// Whether `c` may not appear in an artifact's name: control characters (C0, DEL, C1) and the
+/// Whether `c` may not appear in an artifact's name: control characters (C0, DEL, C1); the
 /// bidirectional overrides and isolates (U+202A..U+202E, U+2066..U+2069), which reorder what a
-/// terminal shows.
+/// terminal shows; the invisible directional marks (U+200E, U+200F, U+061C), which move the
+/// neutral characters around them; and the line and paragraph separators (U+2028, U+2029),
+/// which break a line in JavaScript strings and some terminals and log viewers (an outside
+/// review found the marks and separators collected).
 fn unprintable(c: char) -> bool {
-    c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c) || ('\u{2066}'..='\u{2069}').contains(&c)
+    c.is_control()
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{2028}' | '\u{2029}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unprintable;
+
+    #[test]
+    fn names_that_reorder_or_break_lines_are_unprintable() {
+        for c in ['\u{1}', '\u{1b}', '\u{7f}', '\u{85}', '\u{202e}', '\u{2067}', '\u{200e}', '\u{200f}', '\u{61c}', '\u{2028}', '\u{2029}']
+        {
+            assert!(unprintable(c), "{:?}", c);
+        }
+        // Zero-width joiners and spaces (emoji sequences need them), accents, CJK: kept.
+        for c in ['a', 'é', '日', '\u{200d}', '\u{200b}', '😀', ' '] {
+            assert!(!unprintable(c), "{:?}", c);
+        }
+    }
 }

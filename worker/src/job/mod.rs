@@ -70,7 +70,13 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
     let container_id = format!("j-{:032x}", rand::random::<u128>());
     info!(container_id, attempt_id = who.id, "container id");
     // The attempt's live events (best effort: crate::live), from its `attempt` event on.
-    let live = Live::start(ctx, &job.spec.job_id, attempt, &who.id, job.result_ttl);
+    let live = Live::start(
+        ctx.redis.clone(),
+        ctx.settings.names.events_key(&job.spec.job_id),
+        ctx.settings.outputs.stream_max_bytes,
+        (attempt, &who.id),
+        job.result_ttl,
+    );
     let uploaded = outputs::Uploaded::default();
 
     // 3. Session: its lock is held until the result is stored, then released whatever happened

@@ -18,8 +18,6 @@ use sandq_core::events::{ATTEMPT, DATA, MAX_LEN, SEQ, TYPE};
 use sandq_core::redis_conn::RedisConn;
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::context::Context;
-
 /// Longest text chunk event, bytes (plus at most 3 of a character cut short): the issue's
 /// "every ~50 ms or ~8 KiB".
 pub(crate) const CHUNK: usize = 8 << 10;
@@ -99,10 +97,10 @@ pub(crate) struct Live {
 }
 
 impl Live {
-    /// Starts the publisher of attempt `attempt` (`attempt_id`) of `job_id`, whose stream
-    /// expires after `ttl`, and sends the `attempt` event.
-    pub(crate) fn start(ctx: &Context, job_id: &str, attempt: u32, attempt_id: &str, ttl: Duration) -> Live {
-        let limit = ctx.settings.outputs.stream_max_bytes;
+    /// Starts the publisher of attempt `attempt` (`attempt_id`) of a job, to its stream `key`
+    /// on `redis`, which expires after `ttl`, carrying at most `limit` bytes of text (0: no
+    /// live events), and sends the `attempt` event.
+    pub(crate) fn start(redis: RedisConn, key: String, limit: u64, (attempt, attempt_id): (u32, &str), ttl: Duration) -> Live {
         if limit == 0 {
             return Live::default();
         }
@@ -116,8 +114,8 @@ impl Live {
         });
         let (tx, rx) = mpsc::channel(QUEUE);
         let publisher = Publisher {
-            redis: ctx.redis.clone(),
-            key: ctx.settings.names.events_key(job_id),
+            redis,
+            key,
             attempt: attempt.to_string(),
             ttl_s: (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1),
             seq: 0,
