@@ -105,7 +105,10 @@ pub async fn digest_file(path: &Path) -> Result<(String, u64), TransferError> {
     digest_open_file(&mut file).await.map_err(local)
 }
 
-/// SHA-256 and size of an open file from its current position to its end.
+/// SHA-256 and size of an open file from its OS offset to its end, read on a blocking thread
+/// through a duplicate of its fd (the offset is left at the end). The file must not have been
+/// read through `tokio::fs::File` before (tokio's read-ahead would be skipped): every caller
+/// hashes a file it just opened. Dropping the future does not stop the read.
 ///
 /// # Errors
 /// The read error.

@@ -20,6 +20,9 @@ pub(crate) struct Context {
     pub s3: aws_sdk_s3::Client,
     /// Redis (reconnects by itself).
     pub redis: RedisConn,
+    /// A connection of its own for live events ([`crate::live`]): their pipelines of up to a
+    /// few MiB never queue in front of results, cancel checks and session leases.
+    pub live_redis: RedisConn,
     /// Becomes true when shutdown's grace period is over: running jobs are killed and requeued.
     pub abort: tokio::sync::watch::Receiver<bool>,
     /// Cores and memory left for running jobs.

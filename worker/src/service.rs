@@ -55,6 +55,9 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     let redis = sandq_core::results::connect(&settings.services.redis)
         .await
         .map_err(|source| StartError::Redis { at: settings.services.redis.describe(), source })?;
+    let live_redis = sandq_core::results::connect(&settings.services.redis)
+        .await
+        .map_err(|source| StartError::Redis { at: settings.services.redis.describe(), source })?;
     let s3 = sandq_core::storage::client(&settings.services.s3);
     s3.head_bucket().bucket(&settings.services.s3.bucket).send().await.map_err(|e| StartError::Bucket {
         bucket: settings.services.s3.bucket.clone(),
@@ -71,7 +74,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     let listener = crate::health::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;
     // A cache of states left by an earlier run of this worker id is not trusted to be whole.
     let _ = std::fs::remove_dir_all(&settings.sessions.state_cache.0);
-    let ctx = Context { settings: Arc::new(settings), s3, redis, abort: abort_rx, capacity, warm, in_flight: Arc::default() };
+    let ctx = Context { settings: Arc::new(settings), s3, redis, live_redis, abort: abort_rx, capacity, warm, in_flight: Arc::default() };
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(crate::health::serve(listener, ctx.clone(), rx.clone()));
     let in_flight = ctx.in_flight.clone();

@@ -69,14 +69,10 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
     // duplicate submitted, by whoever knows it).
     let container_id = format!("j-{:032x}", rand::random::<u128>());
     info!(container_id, attempt_id = who.id, "container id");
-    // The attempt's live events (best effort: crate::live), from its `attempt` event on.
-    let live = Live::start(
-        ctx.redis.clone(),
-        ctx.settings.names.events_key(&job.spec.job_id),
-        ctx.settings.outputs.stream_max_bytes,
-        (attempt, &who.id),
-        job.result_ttl,
-    );
+    // The attempt's live events (best effort: crate::live), from its `attempt` event, sent
+    // once it has written `running` (a delivery that waits, bounces or finds the job done
+    // sends none).
+    let mut live = Live::default();
     let uploaded = outputs::Uploaded::default();
 
     // 3. Session: its lock is held until the result is stored, then released whatever happened
@@ -99,6 +95,13 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
                 admit::recheck(ctx, job, "cancelled while it waited for its session").await?;
             }
             let reserved = reservation.insert(admit::reserve_and_start(ctx, job, sku, &mut who).await?);
+            live = Live::start(
+                ctx.live_redis.clone(),
+                ctx.settings.names.events_key(&job.spec.job_id),
+                ctx.settings.outputs.stream_max_bytes,
+                (attempt, &who.id),
+                job.result_ttl,
+            );
             // 5. Launch. Once the sandbox started, its job dir is removed after the result is
             // out (step 9); before that, on a failure, it cleans up on drop.
             let (dir, launched) = launch::launch(ctx, job, sku, &who, &container_id, opened.as_ref(), reserved).await?;
@@ -136,6 +139,7 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
             Outcome::Interrupted => live.requeued("the worker shut down"),
             _ => {}
         }
+        live.close().await;
         // 9. Clean up: the job dir goes once the result is out (tearing its filesystem down can
         // take seconds), with the job's capacity held until it is gone.
         if let Some(dir) = leftover {

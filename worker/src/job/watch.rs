@@ -59,7 +59,8 @@ pub(super) async fn run(
                 output = finish => output,
                 () = displays.follow() => unreachable!("follow never returns"),
             };
-            displays.once().await;
+            // The rest, bounded like the flush below (S3 may be slow).
+            let _ = tokio::time::timeout(crate::live::FLUSH_WAIT, displays.once()).await;
             output
         }
     };
@@ -67,9 +68,8 @@ pub(super) async fn run(
         Ok(Exit::Exited { code }) => Some(*code),
         _ => None,
     };
-    // All the text first (a character cut short included), then `finished`, before the result's
-    // write appends `end`.
-    live.flush().await;
+    // All the text (a character cut short included), then `finished`, out before the result's
+    // write appends `end` (one bounded wait).
     live.finished(exit_code);
     live.flush().await;
     let output = output.map_err(InfraError::Run)?;

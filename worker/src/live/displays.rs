@@ -46,17 +46,10 @@ impl Displays<'_> {
     }
 
     /// Sends the outputs completed since the last call. Returns false once no more displays
-    /// are to be sent (the cap reached). An S3 failure drops this batch's events (collection
-    /// stores the outputs again; the result is complete).
+    /// are to be sent (the cap reached). An output whose image S3 did not take is not sent
+    /// (collection stores it again; the result is complete).
     pub(crate) async fn once(&mut self) -> bool {
-        let ready = self.tail.next(self.job_id, self.attempt_id, &self.out_dir, self.caps, self.sink).await;
-        let outputs = match ready {
-            Ok(outputs) => outputs,
-            Err(e) => {
-                tracing::debug!(error = %e, "live displays skipped");
-                return true;
-            }
-        };
+        let outputs = self.tail.next(self.job_id, self.attempt_id, &self.out_dir, self.caps, self.sink).await;
         for (index, mut output) in outputs {
             if !self.url_ttl.is_zero() {
                 for value in output.data.values_mut() {

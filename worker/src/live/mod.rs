@@ -37,6 +37,10 @@ pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 pub(crate) const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// Most `display` events per attempt (the result keeps up to `worker.max_outputs`).
 pub(crate) const MAX_DISPLAYS: u64 = 100;
+/// Most bytes of `display` events' JSON per attempt: with text inline up to
+/// [`crate::outputs::INLINE_BUDGET`] a job (larger values go to S3, as in the result), a
+/// display is small; this bounds what a hostile outputs file can put in Redis and in the queue.
+pub(crate) const DISPLAY_BYTES: u64 = 1 << 20;
 
 /// The two text streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +86,9 @@ struct Shared {
 /// An event for the publisher, other than text.
 #[derive(Debug)]
 enum Control {
-    /// Fields after `type`, `attempt`, `seq`.
-    Event(&'static str, Vec<(&'static str, String)>),
+    /// Fields after `type`, `attempt`, `seq`; with `true`, all the text pending goes first (a
+    /// character cut short included).
+    Event(&'static str, Vec<(&'static str, String)>, bool),
     /// Send everything pending, then answer.
     Flush(oneshot::Sender<()>),
 }
@@ -94,6 +99,10 @@ enum Control {
 pub(crate) struct Live {
     inner: Option<(Arc<Shared>, mpsc::Sender<Control>)>,
     displays: Arc<AtomicU64>,
+    /// Bytes of display JSON still allowed this attempt ([`DISPLAY_BYTES`]).
+    display_bytes: Arc<AtomicU64>,
+    /// The publisher, stopped by [`Live::close`].
+    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Live {
@@ -121,17 +130,27 @@ impl Live {
             seq: 0,
             carry: Default::default(),
             truncated: [false; 2],
+            sent_text: 0,
             shared: shared.clone(),
         };
-        tokio::spawn(publisher.run(rx));
-        let live = Live { inner: Some((shared, tx)), displays: Arc::default() };
+        let task = tokio::spawn(publisher.run(rx));
+        let live = Live {
+            inner: Some((shared, tx)),
+            displays: Arc::default(),
+            display_bytes: Arc::new(AtomicU64::new(DISPLAY_BYTES)),
+            task: Arc::new(Mutex::new(Some(task))),
+        };
         live.event("attempt", vec![("attempt_id", attempt_id.to_owned())]);
         live
     }
 
     fn event(&self, kind: &'static str, fields: Vec<(&'static str, String)>) {
+        self.send(Control::Event(kind, fields, false));
+    }
+
+    fn send(&self, control: Control) {
         if let Some((shared, tx)) = &self.inner {
-            if tx.try_send(Control::Event(kind, fields)).is_err() {
+            if tx.try_send(control).is_err() {
                 shared.lost.fetch_add(1, Ordering::Relaxed);
                 crate::metrics::live_events("dropped", 1);
             }
@@ -143,11 +162,11 @@ impl Live {
         self.event("status", vec![("state", "started".into()), ("warm", warm.to_string())]);
     }
 
-    /// `status` `finished`, with the exit code when the program exited.
+    /// `status` `finished`, with the exit code when the program exited, after all the text.
     pub(crate) fn finished(&self, exit_code: Option<i32>) {
         let mut fields = vec![("state", "finished".to_owned())];
         fields.extend(exit_code.map(|c| ("exit_code", c.to_string())));
-        self.event("status", fields);
+        self.send(Control::Event("status", fields, true));
     }
 
     /// `status` `queued`: this attempt failed on infrastructure and the job goes back to the
@@ -158,13 +177,16 @@ impl Live {
 
     /// A `display` event (`json`: the output as the result has it); past [`MAX_DISPLAYS`], one
     /// `truncated` event instead. Returns false when the cap was reached (nothing more to send).
+    /// Past [`DISPLAY_BYTES`] of JSON, the same.
     pub(crate) fn display(&self, index: usize, json: String) -> bool {
-        let n = self.displays.fetch_add(1, Ordering::Relaxed);
-        if n < MAX_DISPLAYS {
+        let len = json.len() as u64;
+        let fits = self.display_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(len)).is_ok();
+        let n = if fits { self.displays.fetch_add(1, Ordering::Relaxed) } else { self.displays.swap(MAX_DISPLAYS + 1, Ordering::Relaxed) };
+        if fits && n < MAX_DISPLAYS {
             self.event("display", vec![("index", index.to_string()), (DATA, json)]);
             true
         } else {
-            if n == MAX_DISPLAYS {
+            if n <= MAX_DISPLAYS {
                 self.event("truncated", vec![("stream", "display".into()), ("limit", MAX_DISPLAYS.to_string())]);
             }
             false
@@ -187,14 +209,15 @@ impl Live {
         let want = bytes.len() as u64;
         let granted = shared.budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| Some(left.saturating_sub(want))).unwrap_or(0);
         let take = granted.min(want) as usize;
-        if take < bytes.len() {
-            shared.exhausted[i].store(true, Ordering::Relaxed);
-        }
         let full = {
             let mut pending = shared.text[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let room = PENDING_MAX.saturating_sub(pending.bytes.len());
             pending.bytes.extend_from_slice(&bytes[..take.min(room)]);
             pending.overflowed |= take > room;
+            // Under the lock: the publisher sees the last bytes before it sees the cap reached.
+            if take < bytes.len() {
+                shared.exhausted[i].store(true, Ordering::Relaxed);
+            }
             pending.bytes.len() >= CHUNK
         };
         if full || take < bytes.len() {
@@ -212,6 +235,17 @@ impl Live {
             let _ = tokio::time::timeout(FLUSH_WAIT, done).await;
         }
     }
+
+    /// The attempt is over: what is still queued gets [`FLUSH_WAIT`] to go out, then the
+    /// publisher is stopped (a slow Redis never keeps an ended attempt's events in memory).
+    pub(crate) async fn close(&self) {
+        let task = self.task.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let Some(mut task) = task else { return };
+        self.flush().await;
+        if tokio::time::timeout(Duration::from_millis(1), &mut task).await.is_err() {
+            task.abort();
+        }
+    }
 }
 
 /// Sends one attempt's events; ends when every [`Live`] handle is gone.
@@ -225,6 +259,8 @@ struct Publisher {
     carry: [Vec<u8>; 2],
     /// A `truncated` event was sent, per stream.
     truncated: [bool; 2],
+    /// Text sent so far, bytes (both streams).
+    sent_text: u64,
     shared: Arc<Shared>,
 }
 
@@ -238,8 +274,8 @@ impl Publisher {
             tokio::select! {
                 message = rx.recv() => match message {
                     // Text printed before an event goes out before it.
-                    Some(Control::Event(kind, fields)) => {
-                        let mut entries = self.take_text(false);
+                    Some(Control::Event(kind, fields, all)) => {
+                        let mut entries = self.take_text(all);
                         entries.push((kind, fields));
                         self.send(entries).await;
                     }
@@ -272,9 +308,10 @@ impl Publisher {
         let mut entries = Vec::new();
         for stream in [Text::Stdout, Text::Stderr] {
             let i = stream as usize;
-            let (bytes, overflowed) = {
+            let (bytes, overflowed, exhausted) = {
                 let mut pending = self.shared.text[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                (std::mem::take(&mut pending.bytes), std::mem::take(&mut pending.overflowed))
+                let exhausted = self.shared.exhausted[i].load(Ordering::Relaxed);
+                (std::mem::take(&mut pending.bytes), std::mem::take(&mut pending.overflowed), exhausted)
             };
             if overflowed {
                 // Bytes were lost: the next event's seq skips one, which readers see as a gap.
@@ -287,10 +324,31 @@ impl Publisher {
                 let cut = complete_prefix(&text);
                 self.carry[i] = text.split_off(cut);
             }
+            // The cap holds for the text sent, not only the bytes read: invalid bytes become
+            // three-byte U+FFFD each.
+            let mut capped = false;
             for chunk in chunks(&String::from_utf8_lossy(&text), CHUNK) {
-                entries.push((stream.name(), vec![(DATA, chunk.to_owned())]));
+                let room = self.shared.limit.saturating_sub(self.sent_text) as usize;
+                let mut chunk = chunk;
+                if chunk.len() > room {
+                    let mut cut = room;
+                    while !chunk.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    chunk = &chunk[..cut];
+                    capped = true;
+                }
+                if !chunk.is_empty() {
+                    self.sent_text += chunk.len() as u64;
+                    entries.push((stream.name(), vec![(DATA, chunk.to_owned())]));
+                }
+                if capped {
+                    self.shared.exhausted[i].store(true, Ordering::Relaxed);
+                    self.carry[i].clear();
+                    break;
+                }
             }
-            if self.shared.exhausted[i].load(Ordering::Relaxed) && !self.truncated[i] && self.carry[i].is_empty() {
+            if (exhausted || capped) && !self.truncated[i] && self.carry[i].is_empty() {
                 self.truncated[i] = true;
                 entries.push(("truncated", vec![("stream", stream.name().into()), ("limit", self.shared.limit.to_string())]));
             }
