@@ -194,19 +194,23 @@ async fn a_redelivered_attempt_starts_with_an_attempt_event_and_the_result_is_wh
     let events = reading.await.expect("reader");
     let result = wait(&mut client, &spec.job_id).await;
     assert_eq!(result.status, JobStatus::Succeeded, "{result:?}");
-    assert_eq!(result.attempt, 2);
-    let second_lines: String = (0..40).map(|i| format!("2 {i}\n")).collect();
-    assert_eq!(result.stdout.text, second_lines, "the result is the second attempt's, whole");
-    // Attempt 1's events, then attempt 2's, which begin with its attempt event.
-    let switch = events.iter().position(|e| e.attempt == 2).expect("events of attempt 2");
+    // The new worker may get the job while the killed one's sandbox is still being torn down,
+    // and hand it back once before running it: the attempt that ran is 2 or later.
+    let last = result.attempt;
+    assert!(last >= 2, "{result:?}");
+    let last_lines: String = (0..40).map(|i| format!("{last} {i}\n")).collect();
+    assert_eq!(result.stdout.text, last_lines, "the result is the last attempt's, whole");
+    // Attempt 1's events, then the last attempt's, which begin with its attempt event (an
+    // attempt that did not run sends none).
+    let switch = events.iter().position(|e| e.attempt > 1).expect("events of a later attempt");
     assert!(switch > 0 && events[..switch].iter().all(|e| e.attempt == 1), "{events:#?}");
     assert!(events[..switch].iter().any(|e| matches!(&e.kind, EventKind::Stdout(t) if t.starts_with("1 0"))));
     assert!(matches!(events[switch].kind, EventKind::Attempt { .. }), "{:?}", events[switch]);
-    assert!(events[switch..].iter().all(|e| e.attempt == 2));
+    assert!(events[switch..].iter().all(|e| e.attempt == last), "{events:#?}");
     let mut transcript = Transcript::default();
     events.iter().for_each(|e| transcript.push(e));
-    assert_eq!(transcript.attempts, vec![1, 2]);
-    assert_eq!(transcript.stdout, second_lines);
+    assert_eq!(transcript.attempts, vec![1, last]);
+    assert_eq!(transcript.stdout, last_lines);
     assert_eq!(transcript.status.as_deref(), Some("succeeded"));
     stop_worker(second);
     world.delete_queues().await;
