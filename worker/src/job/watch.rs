@@ -54,15 +54,7 @@ pub(super) async fn run(
     let finish = started.finish(dir, &ctx.settings, job.timeout, handover, stop);
     let output = match displays {
         None => finish.await,
-        Some(displays) => {
-            let output = tokio::select! {
-                output = finish => output,
-                () = displays.follow() => unreachable!("follow never returns"),
-            };
-            // The rest, bounded like the flush below (S3 may be slow).
-            let _ = tokio::time::timeout(crate::live::FLUSH_WAIT, displays.once()).await;
-            output
-        }
+        Some(displays) => displays.follow(finish).await,
     };
     let exit_code = match output.as_ref().map(|o| &o.report.exit) {
         Ok(Exit::Exited { code }) => Some(*code),

@@ -3,6 +3,7 @@
 //! in S3 where the result will name them (and not uploaded again by collection), their URLs
 //! presigned, and each sent as a `display` event.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -33,14 +34,37 @@ pub(crate) struct Displays<'a> {
 }
 
 impl Displays<'_> {
-    /// Reads and sends until dropped (the run's end drops it; then [`Displays::once`] reads
-    /// the rest).
-    pub(crate) async fn follow(&mut self) {
+    /// Reads and sends while `program` runs, then the rest; returns what `program` returned.
+    ///
+    /// A read under way when the program ends is finished, never dropped: its lines are already
+    /// taken from the file, and dropping it would lose them from the live events. That read and
+    /// the last one together take at most [`super::FLUSH_WAIT`] (S3 may be slow; the result
+    /// keeps every output either way).
+    pub(crate) async fn follow<F: Future>(&mut self, program: F) -> F::Output {
+        let mut program = std::pin::pin!(program);
+        let mut sending = true;
         loop {
-            tokio::time::sleep(POLL).await;
-            if !self.once().await {
-                // The cap is reached: nothing more is sent; wait to be dropped.
-                std::future::pending::<()>().await;
+            tokio::select! {
+                output = &mut program => {
+                    if sending {
+                        let _ = tokio::time::timeout(super::FLUSH_WAIT, self.once()).await;
+                    }
+                    return output;
+                }
+                () = tokio::time::sleep(POLL), if sending => {}
+            }
+            let mut read = Box::pin(self.once());
+            tokio::select! {
+                more = &mut read => sending = more,
+                output = &mut program => {
+                    let deadline = tokio::time::Instant::now() + super::FLUSH_WAIT;
+                    let more = tokio::time::timeout_at(deadline, &mut read).await;
+                    drop(read);
+                    if more == Ok(true) {
+                        let _ = tokio::time::timeout_at(deadline, self.once()).await;
+                    }
+                    return output;
+                }
             }
         }
     }
