@@ -8,6 +8,7 @@
 //! sandq cancel ID
 //! sandq session ls
 //! sandq session rm NAME
+//! sandq key create --tenant T | ls | revoke ID
 //! sandq export ID... -o out.ipynb      (or --session NAME)
 //! ```
 
@@ -60,6 +61,11 @@ enum Command {
         #[command(subcommand)]
         command: SessionCommand,
     },
+    /// Create, list or revoke the HTTP gateway's API keys (docs/gateway.md).
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
     /// Write finished jobs as a Jupyter notebook (nbformat 4.5): one code cell per job, in the
     /// order given, with its code (as recorded by this client at submission), execution count
     /// and outputs (streams, results, displays with images embedded, errors).
@@ -99,6 +105,41 @@ enum SessionCommand {
         /// Wait this long for a running job of the session to end.
         #[arg(long, default_value = "60s")]
         wait: humantime::Duration,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeyCommand {
+    /// Create a key for a tenant and print it (the only time it is shown).
+    Create {
+        /// The tenant the key acts for: 1 to 23 of [a-z0-9]. Its jobs and sessions are its own.
+        #[arg(long)]
+        tenant: String,
+        /// A label for people.
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Jobs in flight (queued or running) at most.
+        #[arg(long, default_value_t = 10)]
+        max_in_flight: u32,
+        /// Jobs submitted per minute at most.
+        #[arg(long, default_value_t = 60)]
+        jobs_per_minute: u32,
+        /// Largest SKU.
+        #[arg(long, default_value = "M")]
+        max_sku: Sku,
+        /// Longest job timeout.
+        #[arg(long, default_value = "5m")]
+        max_timeout: humantime::Duration,
+        /// Jobs may ask for outbound network.
+        #[arg(long)]
+        network: bool,
+    },
+    /// List keys: id, tenant, name, quotas, created, revoked (never the key).
+    Ls,
+    /// Revoke a key: every request with it is refused from now on.
+    Revoke {
+        /// The key's id (the part after `sq_`, 12 characters).
+        id: String,
     },
 }
 
@@ -192,9 +233,62 @@ fn main() {
     std::process::exit(code)
 }
 
+/// `sandq key ...`: the key store in Redis only (no broker or S3 needed).
+async fn keys(service: &ServiceConfig, command: KeyCommand, json: bool) -> anyhow::Result<i32> {
+    use sandq_core::keys;
+    let mut redis = sandq_core::redis_conn::connect(&service.redis).await.context("cannot connect to redis")?;
+    let names = sandq_schemas::names::Names::new(service.namespace.clone());
+    match command {
+        KeyCommand::Create { tenant, name, max_in_flight, jobs_per_minute, max_sku, max_timeout, network } => {
+            let quotas = keys::Quotas { max_in_flight, jobs_per_minute, max_sku, max_timeout: max_timeout.into(), network };
+            let (record, key) = keys::create(&mut redis, &names, &tenant, &name, quotas).await?;
+            if json {
+                println!("{}", serde_json::json!({"key": key, "record": record}));
+            } else {
+                eprintln!("key {} for tenant {}: shown once, store it now", record.id, record.tenant);
+                println!("{key}");
+            }
+        }
+        KeyCommand::Ls => {
+            let records = keys::list(&mut redis, &names).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&records)?);
+                return Ok(0);
+            }
+            println!(
+                "{:<12} {:<23} {:<20} {:>9} {:>7} {:>3} {:>9} {:>7}  STATE",
+                "ID", "TENANT", "NAME", "IN FLIGHT", "PER MIN", "SKU", "TIMEOUT", "NETWORK"
+            );
+            for r in records {
+                let q = &r.quotas;
+                println!(
+                    "{:<12} {:<23} {:<20} {:>9} {:>7} {:>3} {:>9} {:>7}  {}",
+                    r.id,
+                    r.tenant,
+                    r.name.chars().take(20).collect::<String>(),
+                    q.max_in_flight,
+                    q.jobs_per_minute,
+                    format!("{:?}", q.max_sku),
+                    humantime::format_duration(q.max_timeout).to_string(),
+                    q.network,
+                    if r.revoked_at_ms.is_some() { "revoked" } else { "valid" }
+                );
+            }
+        }
+        KeyCommand::Revoke { id } => {
+            let record = keys::revoke(&mut redis, &names, &id).await?;
+            eprintln!("key {} of tenant {} is revoked", record.id, record.tenant);
+        }
+    }
+    Ok(0)
+}
+
 async fn async_main(cli: Cli) -> anyhow::Result<i32> {
     let path = config::config_path(cli.config.as_deref());
     let service: ServiceConfig = config::load(&path)?;
+    if let Command::Key { command } = cli.command {
+        return keys(&service, command, cli.json).await;
+    }
     let mut client = Client::connect(service).await.context("cannot connect to sandq's services")?;
     match cli.command {
         Command::Submit(args) => {
@@ -216,6 +310,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json, None).await,
+        Command::Key { .. } => unreachable!("handled before connecting"),
         Command::Session { command: SessionCommand::Ls } => {
             let sessions = client.sessions(1000).await?;
             if cli.json {

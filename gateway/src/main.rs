@@ -1,0 +1,52 @@
+//! `sandq-gateway`: serves the HTTP API (docs/gateway.md) until SIGTERM or SIGINT.
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+
+/// The HTTP front door of sandq.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Config file; default $SANDQ_CONFIG, else /etc/sandq/sandq.toml.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Logs as JSON lines.
+    #[arg(long, env = "SANDQ_JSON_LOGS")]
+    json_logs: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=warn"));
+    if args.json_logs {
+        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    } else {
+        tracing_subscriber::fmt().with_ansi(std::io::stderr().is_terminal()).with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
+    let path = sandq_core::config::config_path(args.config.as_deref());
+    let service: sandq_core::config::ServiceConfig =
+        sandq_core::config::load(&path).with_context(|| format!("reading {}", path.display()))?;
+    let settings = sandq_gateway::settings::load(&path).with_context(|| format!("reading [gateway] of {}", path.display()))?;
+    let listener = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
+    let read_timeout = settings.read_timeout;
+    let gateway = sandq_gateway::Gateway::connect(service, settings).await.context("connecting to the services")?;
+    tracing::info!(addr = %listener.local_addr()?, "serving the API");
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("stopping: no new connections; requests under way may finish");
+        let _ = stop.send(true);
+    });
+    sandq_gateway::serve(listener, sandq_gateway::router(gateway), read_timeout, shutdown, Duration::from_secs(30)).await;
+    Ok(())
+}

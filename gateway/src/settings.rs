@@ -1,0 +1,90 @@
+//! `[gateway]` of the config file (and `SANDQ__GATEWAY__*`): where the gateway listens and
+//! how it bounds requests. The services it talks to are the shared `[amqp]`, `[redis]` and
+//! `[s3]` sections ([`sandq_core::config::ServiceConfig`]).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The gateway's own settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySettings {
+    /// Address of the API; default `0.0.0.0:8080`.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Largest request body, bytes; default 10 MiB (a job's code is at most 1 MiB and its
+    /// stdin 8 MiB, `sandq_schemas::Limits`). Larger: 413.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// Longest time to receive a request's headers, and then its body (humantime); default
+    /// `10s`. A slower client (slowloris) is cut off: 408 for a body, the connection closed
+    /// for headers.
+    #[serde(default = "default_read_timeout", with = "humantime_serde")]
+    pub read_timeout: Duration,
+    /// Longest `?wait=` of `GET /v1/jobs/{id}` (humantime); default `60s`. Longer asks are cut
+    /// to it (the response is the job as it is then).
+    #[serde(default = "default_max_wait", with = "humantime_serde")]
+    pub max_wait: Duration,
+    /// Broker connections that publish jobs (each publishes one job at a time, waiting for the
+    /// broker's confirm); default 4.
+    #[serde(default = "default_publishers")]
+    pub publishers: usize,
+    /// Interval of SSE comments on an idle event stream (keeps proxies from closing it);
+    /// default `15s`.
+    #[serde(default = "default_keep_alive", with = "humantime_serde")]
+    pub keep_alive: Duration,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 8080))
+}
+fn default_max_body() -> usize {
+    10 << 20
+}
+fn default_read_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_wait() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_publishers() -> usize {
+    4
+}
+fn default_keep_alive() -> Duration {
+    Duration::from_secs(15)
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        GatewaySettings {
+            listen: default_listen(),
+            max_body_bytes: default_max_body(),
+            read_timeout: default_read_timeout(),
+            max_wait: default_max_wait(),
+            publishers: default_publishers(),
+            keep_alive: default_keep_alive(),
+        }
+    }
+}
+
+/// The config file as the gateway reads it: `[gateway]` (other sections are the services' or
+/// the worker's).
+#[derive(Debug, Deserialize)]
+struct File {
+    #[serde(default)]
+    gateway: GatewaySettings,
+}
+
+/// Reads `[gateway]` from the config file at `path` and the environment.
+///
+/// # Errors
+/// The config crate's (a value of the wrong type, an unknown key in `[gateway]`).
+pub fn load(path: &Path) -> Result<GatewaySettings, Box<sandq_core::config::ConfigError>> {
+    let file: File = sandq_core::config::load(path).map_err(Box::new)?;
+    let mut settings = file.gateway;
+    settings.publishers = settings.publishers.clamp(1, 64);
+    Ok(settings)
+}

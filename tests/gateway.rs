@@ -1,0 +1,510 @@
+//! The HTTP gateway (`sandq-gateway`, docs/gateway.md) against the real worker and services:
+//! jobs submitted, read, waited for, streamed and cancelled over HTTP with tenant keys; two
+//! tenants side by side; every kind of bad request answered with its problem type and nothing
+//! stored; quotas, concurrent submissions included; slow clients cut off.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use sandq_core::keys::{self, Quotas};
+use sandq_schemas::names::Names;
+use sandq_schemas::Sku;
+use sandq_tests::{bin_dir, ensure_worker, namespace, service_config};
+use serde_json::{json, Value};
+
+/// The gateway of this test binary: started once, in the test namespace, reading headers and
+/// bodies within 2 s. Its log is `$TMPDIR/sandq-gateway-test.log`.
+struct Gateway {
+    base: String,
+    _child: Child,
+}
+
+static GATEWAY: OnceLock<Gateway> = OnceLock::new();
+
+fn log_path() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{}-gateway.log", namespace()))
+}
+
+fn gateway() -> &'static str {
+    &GATEWAY
+        .get_or_init(|| {
+            ensure_worker();
+            let log = std::fs::File::create(log_path()).expect("log file");
+            let child = Command::new(bin_dir().join("sandq-gateway"))
+                .env("SANDQ__NAMESPACE", namespace())
+                .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
+                .env("SANDQ__GATEWAY__READ_TIMEOUT", "2s")
+                .env("SANDQ__GATEWAY__MAX_BODY_BYTES", (2 << 20).to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start sandq-gateway");
+            let started = Instant::now();
+            let base = loop {
+                let text = std::fs::read_to_string(log_path()).unwrap_or_default();
+                if let Some(addr) = text.lines().find(|l| l.contains("serving the API")).and_then(|l| l.split("addr=").nth(1)) {
+                    break format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
+                }
+                assert!(started.elapsed() < Duration::from_secs(60), "the gateway did not start: {text}");
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            Gateway { base, _child: child }
+        })
+        .base
+}
+
+/// A new key for `tenant` with `quotas`, made in the key store directly.
+async fn key(tenant: &str, quotas: Quotas) -> (String, String) {
+    let config = service_config();
+    let mut redis = sandq_core::redis_conn::connect(&config.redis).await.expect("redis");
+    let (record, key) = keys::create(&mut redis, &Names::new(namespace()), tenant, "test", quotas).await.expect("create key");
+    (record.id, key)
+}
+
+/// A tenant name of its own for each test (tests run in parallel, and tenants' quotas count
+/// across the whole namespace).
+fn tenant(label: &str) -> String {
+    format!("{label}{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client")
+}
+
+async fn post_job(key: &str, body: &Value) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+    let response = http().post(format!("{}/v1/jobs", gateway())).bearer_auth(key).json(body).send().await.expect("POST");
+    let status = response.status();
+    let headers = response.headers().clone();
+    (status, response.json().await.unwrap_or(Value::Null), headers)
+}
+
+async fn get_json(key: &str, path: &str) -> (StatusCode, Value) {
+    let response = http().get(format!("{}{path}", gateway())).bearer_auth(key).send().await.expect("GET");
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits for the job over HTTP (`?wait=`) until it is over, at most 3 minutes.
+async fn wait_job(key: &str, id: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, job) = get_json(key, &format!("/v1/jobs/{id}?wait=20s")).await;
+        assert_eq!(status, StatusCode::OK, "{job}");
+        let state = job["status"].as_str().unwrap_or_default().to_owned();
+        if !["queued", "running"].contains(&state.as_str()) {
+            return job;
+        }
+        assert!(started.elapsed() < Duration::from_secs(180), "job {id} still {state}");
+    }
+}
+
+fn python(code: &str) -> Value {
+    json!({"runtime": "python", "code": code, "sku": "S"})
+}
+
+#[tokio::test]
+async fn a_job_submitted_over_http_runs_and_reads_back_with_the_tenants_id() {
+    let (_, key) = key(&tenant("acme"), Quotas::default()).await;
+    let mut body = python("print(6 * 7)\n'done'");
+    body["job_id"] = json!("first-job");
+    let (status, job, headers) = post_job(&key, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    assert_eq!(job["job_id"], "first-job");
+    assert_eq!(job["status"], "queued");
+    assert_eq!(headers.get("location").and_then(|v| v.to_str().ok()), Some("/v1/jobs/first-job"));
+    let done = wait_job(&key, "first-job").await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    assert_eq!(done["job_id"], "first-job", "the tenant sees its own id");
+    assert_eq!(done["stdout"]["text"], "42\n");
+    assert_eq!(done["outputs"][0]["data"]["text/plain"]["text"], "'done'", "{}", done["outputs"]);
+}
+
+#[tokio::test]
+async fn two_tenants_with_the_same_job_id_never_see_each_others() {
+    let (_, key_a) = key(&tenant("a"), Quotas::default()).await;
+    let (_, key_b) = key(&tenant("b"), Quotas::default()).await;
+    for (key, word) in [(&key_a, "alpha"), (&key_b, "beta")] {
+        let mut body = python(&format!("print('{word}')"));
+        body["job_id"] = json!("shared-id");
+        let (status, job, _) = post_job(key, &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+    }
+    assert_eq!(wait_job(&key_a, "shared-id").await["stdout"]["text"], "alpha\n");
+    assert_eq!(wait_job(&key_b, "shared-id").await["stdout"]["text"], "beta\n");
+    // A job only A has: B gets 404 for every verb, exactly as for an id nobody has.
+    let mut body = python("print('mine')");
+    body["job_id"] = json!("only-a");
+    assert_eq!(post_job(&key_a, &body).await.0, StatusCode::CREATED);
+    for id in ["only-a", "nobody-has-this"] {
+        let (status, problem) = get_json(&key_b, &format!("/v1/jobs/{id}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(problem["type"], "urn:sandq:problem:not-found");
+        let events = http().get(format!("{}/v1/jobs/{id}/events", gateway())).bearer_auth(&key_b).send().await.expect("GET");
+        assert_eq!(events.status(), StatusCode::NOT_FOUND);
+        let cancel = http().delete(format!("{}/v1/jobs/{id}", gateway())).bearer_auth(&key_b).send().await.expect("DELETE");
+        assert_eq!(cancel.status(), StatusCode::NOT_FOUND);
+    }
+    assert_eq!(wait_job(&key_a, "only-a").await["stdout"]["text"], "mine\n");
+}
+
+#[tokio::test]
+async fn a_job_the_gateway_did_not_accept_is_not_found_even_under_the_tenants_prefix() {
+    let tenant = tenant("ops");
+    let (_, key) = key(&tenant, Quotas::default()).await;
+    // Published straight to the queue by an operator, with an id that has the tenant's prefix.
+    let mut client = sandq_tests::client().await;
+    let spec = sandq_tests::python_job("print('operator')", Sku::S);
+    let mut spec = spec.clone();
+    spec.job_id = format!("{tenant}_direct");
+    client.submit(&spec).await.expect("submit");
+    let (status, _) = get_json(&key, "/v1/jobs/direct").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn bad_requests_get_their_problem_type_and_store_nothing() {
+    let tenant = tenant("bad");
+    let (key_id, key) = key(&tenant, Quotas::default()).await;
+    let url = format!("{}/v1/jobs", gateway());
+    let send = |body: Vec<u8>, content_type: &'static str, auth: Option<String>| {
+        let url = url.clone();
+        async move {
+            let mut request = http().post(url).header("content-type", content_type).body(body);
+            if let Some(auth) = auth {
+                request = request.header("authorization", auth);
+            }
+            let response = request.send().await.expect("POST");
+            let status = response.status();
+            let problem: Value = response.json().await.unwrap_or(Value::Null);
+            (status, problem["type"].as_str().unwrap_or_default().trim_start_matches("urn:sandq:problem:").to_owned())
+        }
+    };
+    let bearer = Some(format!("Bearer {key}"));
+    let good = serde_json::to_vec(&python("print(1)")).expect("json");
+    let with = |field: &str, value: Value| {
+        let mut body = python("print(1)");
+        body[field] = value;
+        serde_json::to_vec(&body).expect("json")
+    };
+    let wrong_secret = format!("Bearer {}{}", &key[..key.len() - 1], if key.ends_with('A') { 'B' } else { 'A' });
+    // (what, body, content type, authorization, expected status, expected problem type)
+    type Case = (&'static str, Vec<u8>, &'static str, Option<String>, StatusCode, &'static str);
+    let cases: Vec<Case> = vec![
+        ("no key", good.clone(), "application/json", None, StatusCode::UNAUTHORIZED, "unauthorized"),
+        ("a malformed key", good.clone(), "application/json", Some("Bearer nope".into()), StatusCode::UNAUTHORIZED, "unauthorized"),
+        ("a wrong secret", good.clone(), "application/json", Some(wrong_secret), StatusCode::UNAUTHORIZED, "unauthorized"),
+        ("malformed JSON", b"{\"runtime\": ".to_vec(), "application/json", bearer.clone(), StatusCode::BAD_REQUEST, "invalid-request"),
+        ("a wrong type", with("sku", json!(3)), "application/json", bearer.clone(), StatusCode::BAD_REQUEST, "invalid-request"),
+        (
+            "an unknown field",
+            with("priority", json!("high")),
+            "application/json",
+            bearer.clone(),
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+        ),
+        (
+            "a NUL in the id",
+            with("job_id", json!("a\u{0}b")),
+            "application/json",
+            bearer.clone(),
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+        ),
+        (
+            "a path in the id",
+            with("job_id", json!("../../x")),
+            "application/json",
+            bearer.clone(),
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+        ),
+        (
+            "an id too long",
+            with("job_id", json!("x".repeat(64))),
+            "application/json",
+            bearer.clone(),
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+        ),
+        (
+            "a path in the session",
+            with("session", json!("../s")),
+            "application/json",
+            bearer.clone(),
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+        ),
+        ("a bad timeout", with("timeout", json!("soon")), "application/json", bearer.clone(), StatusCode::BAD_REQUEST, "invalid-request"),
+        (
+            "a reserved env name",
+            with("env", json!({"PATH": "/x"})),
+            "application/json",
+            bearer.clone(),
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+        ),
+        ("not JSON", good.clone(), "text/plain", bearer.clone(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type"),
+        (
+            "a body over the cap",
+            with("code", json!("#".repeat(3 << 20))),
+            "application/json",
+            bearer.clone(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+        ),
+    ];
+    for (what, body, content_type, auth, status, kind) in cases {
+        assert_eq!(send(body, content_type, auth).await, (status, kind.to_owned()), "{what}");
+    }
+    // Nothing of any of them is in Redis: no job of the tenant, no count against the key.
+    let config = service_config();
+    let mut redis = sandq_core::redis_conn::connect(&config.redis).await.expect("redis");
+    let jobs: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{}:job:{{{tenant}_*", namespace())).query_async(&mut redis).await.expect("KEYS");
+    assert!(jobs.is_empty(), "{jobs:?}");
+    let in_flight: u64 =
+        redis::cmd("ZCARD").arg(format!("{}:apikey:{{{key_id}}}:inflight", namespace())).query_async(&mut redis).await.expect("ZCARD");
+    assert_eq!(in_flight, 0);
+    // A revoked key is refused from the next request on.
+    assert_eq!(send(good.clone(), "application/json", bearer.clone()).await.0, StatusCode::CREATED);
+    let revoked = Command::new(bin_dir().join("sandq"))
+        .args(["key", "revoke", &key_id])
+        .env("SANDQ__NAMESPACE", namespace())
+        .output()
+        .expect("sandq key revoke");
+    assert!(revoked.status.success(), "{}", String::from_utf8_lossy(&revoked.stderr));
+    assert_eq!(send(good, "application/json", bearer).await, (StatusCode::UNAUTHORIZED, "unauthorized".to_owned()));
+    // The audit log names the key and why it was refused, never the key itself.
+    let log = std::fs::read_to_string(log_path()).expect("gateway log");
+    assert!(
+        log.lines().any(|l| l.contains(&format!("key_id=\"{key_id}\"")) || l.contains(&format!("key_id={key_id}"))),
+        "no audit line names the key"
+    );
+    assert!(log.contains("refused=\"revoked\"") || log.contains("refused=revoked"), "no audit line says the key was revoked");
+    assert!(!log.contains(&key), "the key's secret is in the log");
+}
+
+#[tokio::test]
+async fn what_a_key_may_never_do_is_403_and_over_a_rate_is_429_with_retry_after() {
+    let quotas = Quotas { max_sku: Sku::S, max_timeout: Duration::from_secs(30), jobs_per_minute: 2, ..Quotas::default() };
+    let (_, key) = key(&tenant("quota"), quotas).await;
+    for (field, value) in [("sku", json!("M")), ("timeout", json!("2m")), ("network", json!("outbound"))] {
+        let mut body = python("print(1)");
+        body[field] = value;
+        let (status, problem, _) = post_job(&key, &body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{field}: {problem}");
+        assert_eq!(problem["type"], "urn:sandq:problem:forbidden-by-quota");
+    }
+    // Two a minute: the third within the same minute is refused until the next one.
+    let second_of_minute = sandq_core::time::now_ms() / 1000 % 60;
+    if second_of_minute > 50 {
+        tokio::time::sleep(Duration::from_secs(61 - second_of_minute)).await;
+    }
+    for _ in 0..2 {
+        assert_eq!(post_job(&key, &python("print(1)")).await.0, StatusCode::CREATED);
+    }
+    let (status, problem, headers) = post_job(&key, &python("print(1)")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{problem}");
+    assert_eq!(problem["type"], "urn:sandq:problem:quota-exceeded");
+    let retry: u64 = headers.get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("Retry-After");
+    assert!((1..=60).contains(&retry), "{retry}");
+}
+
+#[tokio::test]
+async fn concurrent_submissions_never_pass_the_in_flight_quota() {
+    let quotas = Quotas { max_in_flight: 3, jobs_per_minute: 1000, ..Quotas::default() };
+    let (_, key) = key(&tenant("flight"), quotas).await;
+    let submissions = (0..12).map(|_| {
+        let key = key.clone();
+        async move { post_job(&key, &python("import time\ntime.sleep(4)")).await }
+    });
+    let answers = futures::future::join_all(submissions).await;
+    let accepted: Vec<String> =
+        answers.iter().filter(|a| a.0 == StatusCode::CREATED).map(|a| a.1["job_id"].as_str().unwrap_or_default().to_owned()).collect();
+    let refused = answers.iter().filter(|a| a.0 == StatusCode::TOO_MANY_REQUESTS).count();
+    assert!((1..=3).contains(&accepted.len()), "accepted {}", accepted.len());
+    assert_eq!(accepted.len() + refused, 12, "{:?}", answers.iter().map(|a| a.0).collect::<Vec<_>>());
+    // Once they are over, the key may submit again.
+    for id in &accepted {
+        assert_eq!(wait_job(&key, id).await["status"], "succeeded");
+    }
+    assert_eq!(post_job(&key, &python("print(1)")).await.0, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_retry_with_the_same_idempotency_key_finds_the_first_job() {
+    let (_, key) = key(&tenant("idem"), Quotas::default()).await;
+    let post = |body: Value, idempotency: &'static str| {
+        let key = key.clone();
+        async move {
+            let response = http()
+                .post(format!("{}/v1/jobs", gateway()))
+                .bearer_auth(&key)
+                .header("idempotency-key", idempotency)
+                .json(&body)
+                .send()
+                .await
+                .expect("POST");
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (first, job) = post(python("print('once')"), "order-17").await;
+    assert_eq!(first, StatusCode::CREATED, "{job}");
+    let (again, same) = post(python("print('once')"), "order-17").await;
+    assert_eq!(again, StatusCode::OK, "{same}");
+    assert_eq!(same["job_id"], job["job_id"]);
+    let (other, problem) = post(python("print('twice')"), "order-17").await;
+    assert_eq!(other, StatusCode::CONFLICT, "{problem}");
+    let id = job["job_id"].as_str().expect("id").to_owned();
+    let done = wait_job(&key, &id).await;
+    assert_eq!(done["stdout"]["text"], "once\n");
+    assert_eq!(done["attempt"], 1, "the retry did not run the job again");
+}
+
+#[tokio::test]
+async fn a_running_job_is_cancelled_with_delete() {
+    let (_, key) = key(&tenant("cancel"), Quotas::default()).await;
+    let mut body = python("import time\nprint('started', flush=True)\ntime.sleep(60)");
+    body["job_id"] = json!("long");
+    assert_eq!(post_job(&key, &body).await.0, StatusCode::CREATED);
+    let started = Instant::now();
+    while get_json(&key, "/v1/jobs/long").await.1["status"] != "running" {
+        assert!(started.elapsed() < Duration::from_secs(120), "never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let response = http().delete(format!("{}/v1/jobs/long", gateway())).bearer_auth(&key).send().await.expect("DELETE");
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let done = wait_job(&key, "long").await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    let again = http().delete(format!("{}/v1/jobs/long", gateway())).bearer_auth(&key).send().await.expect("DELETE");
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+}
+
+/// One server-sent event: (`id`, `event`, `data` as JSON).
+type Sse = (String, String, Value);
+
+/// Reads server-sent events from `response` until `stop` says so or the stream ends.
+async fn read_sse(response: reqwest::Response, mut stop: impl FnMut(&Sse) -> bool) -> Vec<Sse> {
+    let mut events = Vec::new();
+    let mut buffer = String::new();
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(120), body.next()).await.expect("an event within 2 min") {
+        buffer.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            let (mut id, mut kind, mut data) = (String::new(), String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    kind = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            if kind.is_empty() {
+                continue; // a keep-alive comment
+            }
+            let event = (id, kind, serde_json::from_str(&data).expect("data is JSON"));
+            let done = stop(&event);
+            events.push(event);
+            if done {
+                return events;
+            }
+        }
+    }
+    events
+}
+
+#[tokio::test]
+async fn events_stream_as_sse_and_resume_after_the_last_event_id() {
+    let (_, key) = key(&tenant("sse"), Quotas::default()).await;
+    let lines = 20;
+    let mut body = python(&format!("import time\nfor i in range({lines}):\n    print('line', i, flush=True)\n    time.sleep(0.1)"));
+    body["job_id"] = json!("printer");
+    assert_eq!(post_job(&key, &body).await.0, StatusCode::CREATED);
+    let url = format!("{}/v1/jobs/printer/events", gateway());
+    let first = http().get(&url).bearer_auth(&key).send().await.expect("GET events");
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(first.headers()["content-type"].to_str().unwrap_or_default().starts_with("text/event-stream"));
+    // Read up to the first stdout event, then disconnect.
+    let head = read_sse(first, |(_, kind, _)| kind == "stdout").await;
+    let last_id = head.last().expect("an event").0.clone();
+    let resumed = http().get(&url).bearer_auth(&key).header("last-event-id", &last_id).send().await.expect("GET events again");
+    let tail = read_sse(resumed, |_| false).await;
+    let all: Vec<&Sse> = head.iter().chain(tail.iter()).collect();
+    let ids: Vec<&str> = all.iter().map(|e| e.0.as_str()).collect();
+    let mut unique = ids.clone();
+    unique.dedup();
+    assert_eq!(ids, unique, "no event twice");
+    let stdout: String = all.iter().filter(|e| e.1 == "stdout").map(|e| e.2["text"].as_str().unwrap_or_default()).collect();
+    let expected: String = (0..lines).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(stdout, expected);
+    assert_eq!(all.first().map(|e| e.1.as_str()), Some("attempt"));
+    let end = all.last().expect("events");
+    assert_eq!((end.1.as_str(), end.2["status"].as_str()), ("end", Some("succeeded")));
+    // A cursor of another shape is refused.
+    let bad = http().get(&url).bearer_auth(&key).header("last-event-id", "$").send().await.expect("GET");
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+}
+
+/// Connects to the gateway's port over plain TCP.
+fn raw_connection() -> TcpStream {
+    let addr = gateway().trim_start_matches("http://").to_owned();
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    stream
+}
+
+#[tokio::test]
+async fn slow_headers_and_slow_bodies_are_cut_off_and_others_are_served_meanwhile() {
+    let (_, key) = key(&tenant("slow"), Quotas::default()).await;
+    // Headers that never end: the connection is closed after the read time-out (2 s here).
+    let slow_headers = std::thread::spawn(|| {
+        let mut stream = raw_connection();
+        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").expect("write");
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest);
+        (started.elapsed(), rest)
+    });
+    // A body announced and never sent: 408 after the read time-out.
+    let key_for_body = key.clone();
+    let slow_body = std::thread::spawn(move || {
+        let mut stream = raw_connection();
+        let head = format!(
+            "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key_for_body}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+        );
+        stream.write_all(head.as_bytes()).expect("write");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    });
+    // Meanwhile the gateway answers others.
+    let (status, _) = get_json(&key, "/v1/jobs/none").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (waited, rest) = slow_headers.join().expect("thread");
+    assert!(waited < Duration::from_secs(20), "the connection was held {waited:?}");
+    assert!(!String::from_utf8_lossy(&rest).contains("200 OK"), "slow headers were served");
+    let answer = slow_body.join().expect("thread");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("urn:sandq:problem:body-timeout"), "{answer}");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_are_served_without_a_key() {
+    let base = gateway();
+    for (path, expect) in [("/healthz", "ok"), ("/readyz", "ready"), ("/metrics", "sandq_gateway_requests_total")] {
+        let response = http().get(format!("{base}{path}")).send().await.expect("GET");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert!(response.text().await.expect("text").contains(expect), "{path}");
+    }
+}
