@@ -18,7 +18,7 @@ use sandq_tests::{bin_dir, ensure_worker, namespace, service_config};
 use serde_json::{json, Value};
 
 /// The gateway of this test binary: started once, in the test namespace, reading headers and
-/// bodies within 2 s. Its log is `$TMPDIR/sandq-gateway-test.log`.
+/// bodies within 2 s, 3 event streams a key, SSE keep-alives every second. Its log is `$TMPDIR/sandq-gateway-test.log`.
 struct Gateway {
     base: String,
     _child: Child,
@@ -40,6 +40,8 @@ fn gateway() -> &'static str {
                 .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
                 .env("SANDQ__GATEWAY__READ_TIMEOUT", "2s")
                 .env("SANDQ__GATEWAY__MAX_BODY_BYTES", (2 << 20).to_string())
+                .env("SANDQ__GATEWAY__MAX_STREAMS_PER_KEY", "3")
+                .env("SANDQ__GATEWAY__KEEP_ALIVE", "1s")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -60,7 +62,7 @@ fn gateway() -> &'static str {
 }
 
 /// A new key for `tenant` with `quotas`, made in the key store directly.
-async fn key(tenant: &str, quotas: Quotas) -> (String, String) {
+async fn new_key(tenant: &str, quotas: Quotas) -> (String, String) {
     let config = service_config();
     let mut redis = sandq_core::redis_conn::connect(&config.redis).await.expect("redis");
     let (record, key) = keys::create(&mut redis, &Names::new(namespace()), tenant, "test", quotas).await.expect("create key");
@@ -110,7 +112,7 @@ fn python(code: &str) -> Value {
 
 #[tokio::test]
 async fn a_job_submitted_over_http_runs_and_reads_back_with_the_tenants_id() {
-    let (_, key) = key(&tenant("acme"), Quotas::default()).await;
+    let (_, key) = new_key(&tenant("acme"), Quotas::default()).await;
     let mut body = python("print(6 * 7)\n'done'");
     body["job_id"] = json!("first-job");
     let (status, job, headers) = post_job(&key, &body).await;
@@ -127,8 +129,8 @@ async fn a_job_submitted_over_http_runs_and_reads_back_with_the_tenants_id() {
 
 #[tokio::test]
 async fn two_tenants_with_the_same_job_id_never_see_each_others() {
-    let (_, key_a) = key(&tenant("a"), Quotas::default()).await;
-    let (_, key_b) = key(&tenant("b"), Quotas::default()).await;
+    let (_, key_a) = new_key(&tenant("a"), Quotas::default()).await;
+    let (_, key_b) = new_key(&tenant("b"), Quotas::default()).await;
     for (key, word) in [(&key_a, "alpha"), (&key_b, "beta")] {
         let mut body = python(&format!("print('{word}')"));
         body["job_id"] = json!("shared-id");
@@ -156,7 +158,7 @@ async fn two_tenants_with_the_same_job_id_never_see_each_others() {
 #[tokio::test]
 async fn a_job_the_gateway_did_not_accept_is_not_found_even_under_the_tenants_prefix() {
     let tenant = tenant("ops");
-    let (_, key) = key(&tenant, Quotas::default()).await;
+    let (_, key) = new_key(&tenant, Quotas::default()).await;
     // Published straight to the queue by an operator, with an id that has the tenant's prefix.
     let mut client = sandq_tests::client().await;
     let spec = sandq_tests::python_job("print('operator')", Sku::S);
@@ -165,12 +167,18 @@ async fn a_job_the_gateway_did_not_accept_is_not_found_even_under_the_tenants_pr
     client.submit(&spec).await.expect("submit");
     let (status, _) = get_json(&key, "/v1/jobs/direct").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    // Nor can the tenant take the id over by submitting it.
+    let mut body = python("print('mine now')");
+    body["job_id"] = json!("direct");
+    let (status, problem, _) = post_job(&key, &body).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{problem}");
+    assert_eq!(get_json(&key, "/v1/jobs/direct").await.0, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
 async fn bad_requests_get_their_problem_type_and_store_nothing() {
     let tenant = tenant("bad");
-    let (key_id, key) = key(&tenant, Quotas::default()).await;
+    let (key_id, key) = new_key(&tenant, Quotas::default()).await;
     let url = format!("{}/v1/jobs", gateway());
     let send = |body: Vec<u8>, content_type: &'static str, auth: Option<String>| {
         let url = url.clone();
@@ -294,7 +302,7 @@ async fn bad_requests_get_their_problem_type_and_store_nothing() {
 #[tokio::test]
 async fn what_a_key_may_never_do_is_403_and_over_a_rate_is_429_with_retry_after() {
     let quotas = Quotas { max_sku: Sku::S, max_timeout: Duration::from_secs(30), jobs_per_minute: 2, ..Quotas::default() };
-    let (_, key) = key(&tenant("quota"), quotas).await;
+    let (_, key) = new_key(&tenant("quota"), quotas).await;
     for (field, value) in [("sku", json!("M")), ("timeout", json!("2m")), ("network", json!("outbound"))] {
         let mut body = python("print(1)");
         body[field] = value;
@@ -320,7 +328,7 @@ async fn what_a_key_may_never_do_is_403_and_over_a_rate_is_429_with_retry_after(
 #[tokio::test]
 async fn concurrent_submissions_never_pass_the_in_flight_quota() {
     let quotas = Quotas { max_in_flight: 3, jobs_per_minute: 1000, ..Quotas::default() };
-    let (_, key) = key(&tenant("flight"), quotas).await;
+    let (key_id, key) = new_key(&tenant("flight"), quotas).await;
     let submissions = (0..12).map(|_| {
         let key = key.clone();
         async move { post_job(&key, &python("import time\ntime.sleep(4)")).await }
@@ -331,6 +339,17 @@ async fn concurrent_submissions_never_pass_the_in_flight_quota() {
     let refused = answers.iter().filter(|a| a.0 == StatusCode::TOO_MANY_REQUESTS).count();
     assert!((1..=3).contains(&accepted.len()), "accepted {}", accepted.len());
     assert_eq!(accepted.len() + refused, 12, "{:?}", answers.iter().map(|a| a.0).collect::<Vec<_>>());
+    // Only the accepted ones count against the rate (refused ones are given back).
+    let config = service_config();
+    let mut redis = sandq_core::redis_conn::connect(&config.redis).await.expect("redis");
+    let minute = sandq_core::time::now_ms() / 60_000;
+    let mut counted = 0i64;
+    for m in [minute - 1, minute] {
+        let n: Option<i64> =
+            redis::cmd("GET").arg(format!("{}:apikey:{{{key_id}}}:rate:{m}", namespace())).query_async(&mut redis).await.expect("GET");
+        counted += n.unwrap_or(0);
+    }
+    assert_eq!(counted, accepted.len() as i64);
     // Once they are over, the key may submit again.
     for id in &accepted {
         assert_eq!(wait_job(&key, id).await["status"], "succeeded");
@@ -340,7 +359,7 @@ async fn concurrent_submissions_never_pass_the_in_flight_quota() {
 
 #[tokio::test]
 async fn a_retry_with_the_same_idempotency_key_finds_the_first_job() {
-    let (_, key) = key(&tenant("idem"), Quotas::default()).await;
+    let (_, key) = new_key(&tenant("idem"), Quotas::default()).await;
     let post = |body: Value, idempotency: &'static str| {
         let key = key.clone();
         async move {
@@ -371,7 +390,7 @@ async fn a_retry_with_the_same_idempotency_key_finds_the_first_job() {
 
 #[tokio::test]
 async fn a_running_job_is_cancelled_with_delete() {
-    let (_, key) = key(&tenant("cancel"), Quotas::default()).await;
+    let (_, key) = new_key(&tenant("cancel"), Quotas::default()).await;
     let mut body = python("import time\nprint('started', flush=True)\ntime.sleep(60)");
     body["job_id"] = json!("long");
     assert_eq!(post_job(&key, &body).await.0, StatusCode::CREATED);
@@ -426,7 +445,7 @@ async fn read_sse(response: reqwest::Response, mut stop: impl FnMut(&Sse) -> boo
 
 #[tokio::test]
 async fn events_stream_as_sse_and_resume_after_the_last_event_id() {
-    let (_, key) = key(&tenant("sse"), Quotas::default()).await;
+    let (_, key) = new_key(&tenant("sse"), Quotas::default()).await;
     let lines = 20;
     let mut body = python(&format!("import time\nfor i in range({lines}):\n    print('line', i, flush=True)\n    time.sleep(0.1)"));
     body["job_id"] = json!("printer");
@@ -466,7 +485,7 @@ fn raw_connection() -> TcpStream {
 
 #[tokio::test]
 async fn slow_headers_and_slow_bodies_are_cut_off_and_others_are_served_meanwhile() {
-    let (_, key) = key(&tenant("slow"), Quotas::default()).await;
+    let (_, key) = new_key(&tenant("slow"), Quotas::default()).await;
     // Headers that never end: the connection is closed after the read time-out (2 s here).
     let slow_headers = std::thread::spawn(|| {
         let mut stream = raw_connection();
@@ -507,4 +526,112 @@ async fn health_readiness_and_metrics_are_served_without_a_key() {
         assert_eq!(response.status(), StatusCode::OK, "{path}");
         assert!(response.text().await.expect("text").contains(expect), "{path}");
     }
+}
+
+#[tokio::test]
+async fn a_bad_query_string_or_method_is_a_problem_document_too() {
+    let (_, key) = new_key(&tenant("query"), Quotas::default()).await;
+    let mut body = python("print(1)");
+    body["job_id"] = json!("q");
+    assert_eq!(post_job(&key, &body).await.0, StatusCode::CREATED);
+    for path in ["/v1/jobs/q?wait=soon", "/v1/jobs/q?colour=red", "/v1/jobs/q/events?after=1-0&x=1"] {
+        let response = http().get(format!("{}{path}", gateway())).bearer_auth(&key).send().await.expect("GET");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(response.headers()["content-type"], "application/problem+json", "{path}");
+    }
+    let response = http().put(format!("{}/v1/jobs/q", gateway())).bearer_auth(&key).send().await.expect("PUT");
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(response.json::<Value>().await.expect("json")["type"], "urn:sandq:problem:method-not-allowed");
+}
+
+#[tokio::test]
+async fn a_key_holds_at_most_its_share_of_event_streams() {
+    let (_, key) = new_key(&tenant("streams"), Quotas::default()).await;
+    let mut body = python("import time\ntime.sleep(20)");
+    body["job_id"] = json!("sleeper");
+    assert_eq!(post_job(&key, &body).await.0, StatusCode::CREATED);
+    let url = format!("{}/v1/jobs/sleeper/events", gateway());
+    // This test binary's gateway allows 3 a key.
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let response = http().get(&url).bearer_auth(&key).send().await.expect("GET");
+        assert_eq!(response.status(), StatusCode::OK);
+        open.push(response);
+    }
+    let fourth = http().get(&url).bearer_auth(&key).send().await.expect("GET");
+    assert_eq!(fourth.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(fourth.headers().contains_key("retry-after"));
+    // Another key is not held back by this one's streams, and a closed stream is given back.
+    let (_, other) = new_key(&tenant("streams"), Quotas::default()).await;
+    assert_eq!(
+        http().get(format!("{}/v1/jobs/none/events", gateway())).bearer_auth(&other).send().await.expect("GET").status(),
+        StatusCode::NOT_FOUND
+    );
+    drop(open.pop());
+    let started = Instant::now();
+    loop {
+        let again = http().get(&url).bearer_auth(&key).send().await.expect("GET");
+        if again.status() == StatusCode::OK {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the closed stream was not given back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cancel = http().delete(format!("{}/v1/jobs/sleeper", gateway())).bearer_auth(&key).send().await.expect("DELETE");
+    assert_eq!(cancel.status(), StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn an_uploaded_file_is_staged_for_its_tenant_only_and_artifacts_redirect_to_their_bytes() {
+    let quotas = Quotas { max_upload_bytes: 1 << 20, ..Quotas::default() };
+    let (_, key) = new_key(&tenant("files"), quotas.clone()).await;
+    let (_, other) = new_key(&tenant("files"), quotas).await;
+    let csv: String = (0..1000).map(|i| format!("{i},{}\n", i * i)).collect();
+    let upload = |key: String, bytes: Vec<u8>| async move {
+        let response = http().post(format!("{}/v1/files", gateway())).bearer_auth(&key).body(bytes).send().await.expect("POST /v1/files");
+        let status = response.status();
+        (status, response.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    let (status, file) = upload(key.clone(), csv.clone().into_bytes()).await;
+    assert_eq!(status, StatusCode::CREATED, "{file}");
+    let expected_id = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(csv.as_bytes()));
+    assert_eq!(file["file_id"], expected_id.as_str());
+    assert_eq!(file["size"], csv.len());
+    let code = "import pandas as pd\ndf = pd.read_csv('data/squares.csv', header=None)\nprint(int(df[1].sum()))\nopen('out.txt', 'w').write('total ' + str(int(df[1].sum())))";
+    let mut body = python(code);
+    body["job_id"] = json!("with-input");
+    body["inputs"] = json!([{"file_id": expected_id, "path": "data/squares.csv"}]);
+    let (status, job, _) = post_job(&key, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let done = wait_job(&key, "with-input").await;
+    let total: u64 = (0..1000u64).map(|i| i * i).sum();
+    assert_eq!(done["stdout"]["text"], format!("{total}\n"), "{done}");
+    // The artifact: a redirect to a presigned URL serving its bytes.
+    let no_redirects = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    let response =
+        no_redirects.get(format!("{}/v1/jobs/with-input/artifacts/out.txt", gateway())).bearer_auth(&key).send().await.expect("GET");
+    assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT);
+    let location = response.headers()["location"].to_str().expect("location").to_owned();
+    assert!(location.starts_with("http://127.0.0.1:"), "{location}");
+    assert_eq!(http().get(&location).send().await.expect("GET artifact").text().await.expect("text"), format!("total {total}"));
+    let missing =
+        no_redirects.get(format!("{}/v1/jobs/with-input/artifacts/nope.txt", gateway())).bearer_auth(&key).send().await.expect("GET");
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    // Another tenant knowing the digest cannot have the file staged.
+    let mut theirs = python("print(open('x.csv').read()[:10])");
+    theirs["inputs"] = json!([{"file_id": expected_id, "path": "x.csv"}]);
+    let (status, problem, _) = post_job(&other, &theirs).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    // Over the key's upload cap: 413, whether announced or not.
+    let (status, problem) = upload(key.clone(), vec![b'x'; (1 << 20) + 1]).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{problem}");
+    let chunks = futures::stream::iter((0..20).map(|_| Ok::<_, std::io::Error>(vec![b'y'; 64 << 10])));
+    let response = http()
+        .post(format!("{}/v1/files", gateway()))
+        .bearer_auth(&key)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }

@@ -48,6 +48,9 @@ pub struct Quotas {
     /// Whether jobs may ask for outbound network; default false.
     #[serde(default)]
     pub network: bool,
+    /// Largest file uploaded in one request (`POST /v1/files`), bytes; default 100 MiB.
+    #[serde(default = "default_upload")]
+    pub max_upload_bytes: u64,
 }
 
 fn default_in_flight() -> u32 {
@@ -58,6 +61,9 @@ fn default_per_minute() -> u32 {
 }
 fn default_sku() -> Sku {
     Sku::M
+}
+fn default_upload() -> u64 {
+    100 << 20
 }
 fn default_timeout() -> Duration {
     Duration::from_secs(300)
@@ -71,6 +77,7 @@ impl Default for Quotas {
             max_sku: default_sku(),
             max_timeout: default_timeout(),
             network: false,
+            max_upload_bytes: default_upload(),
         }
     }
 }

@@ -22,7 +22,8 @@ use redis::AsyncCommands as _;
 use sandq_core::events::{self, Event, EventKind};
 use sandq_core::redis_conn::RedisConn;
 use sandq_core::results;
-use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, RunMode, Runtime, Sku};
+use sandq_schemas::names::input_key;
+use sandq_schemas::{InputFile, JobResult, JobSpec, JobStatus, NetworkMode, RunMode, Runtime, Sku};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
@@ -73,6 +74,19 @@ pub struct SubmitJob {
     /// Latest start, Unix epoch ms: still queued then, the job is not run (`expired`).
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Files this tenant uploaded (`POST /v1/files`), staged into `/work` before the program.
+    #[serde(default)]
+    pub inputs: Vec<InputRef>,
+}
+
+/// One input of a job: an uploaded file and where it goes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputRef {
+    /// The file's id from `POST /v1/files`.
+    pub file_id: String,
+    /// Its path under `/work` (relative, no `..`).
+    pub path: String,
 }
 
 /// The queue's job id of a tenant's id, after checking the id's shape and length.
@@ -150,6 +164,13 @@ pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<JobSp
     spec.network = request.network.unwrap_or_default();
     spec.mode = request.mode;
     spec.deadline_ms = request.deadline_ms;
+    // Sizes are filled in from the tenant's records by `submit` (0 until then).
+    for input in request.inputs {
+        if !crate::files::is_file_id(&input.file_id) {
+            return Err(Problem::invalid(format!("file_id {:?} is not 64 lower-case hex digits", input.file_id)));
+        }
+        spec.inputs.push(InputFile { key: input_key(&input.file_id), path: input.path, size: 0, sha256: input.file_id });
+    }
     spec.submitted_at_ms = Some(sandq_core::time::now_ms());
     if let Some(session) = request.session {
         let ok = !session.is_empty()
@@ -191,6 +212,14 @@ pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers
         // A job that names no timeout gets the key's longest when the default is longer.
         spec.timeout = Some(format!("{}ms", quotas.max_timeout.as_millis()));
     }
+    for input in &mut spec.inputs {
+        input.size = crate::files::uploaded_size(&gateway, &caller.key.tenant, &input.sha256).await?.ok_or_else(|| {
+            Problem::invalid(format!(
+                "file_id {:?} (for {:?}) was not uploaded with this tenant's keys, or has expired",
+                input.sha256, input.path
+            ))
+        })?;
+    }
     let valid = spec.clone().validate(&limits).map_err(|e| Problem::invalid(e.to_string()))?;
     if spec.sku > quotas.max_sku {
         return Err(Problem::forbidden(format!("SKU {:?} is larger than this key's largest, {:?}", spec.sku, quotas.max_sku)));
@@ -205,78 +234,148 @@ pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers
     if spec.network == NetworkMode::Outbound && !quotas.network {
         return Err(Problem::forbidden("this key may not use network \"outbound\""));
     }
-    let mut redis = gateway.redis.clone();
     let digest = hex_prefix(&Sha256::digest(&body), 64);
-    let marker = accepted_key(&gateway, &spec.job_id);
-    if let Some(response) = existing(&gateway, &caller, &mut redis, &marker, &spec.job_id, &digest).await? {
-        return Ok(response);
-    }
-    let now = sandq_core::time::now_ms();
-    crate::quota::take_rate(&mut redis, &gateway.names, &caller.key.id, quotas.jobs_per_minute, now).await?;
-    // In flight at most: the queue's unserved TTL, then the run.
-    let max_age = gateway.service.queues.unserved_ttl + valid.timeout + Duration::from_secs(300);
-    crate::quota::take_in_flight(&mut redis, &gateway.names, &caller.key.id, &spec.job_id, quotas.max_in_flight, max_age, now).await?;
-    // The record outlives the result: the job's whole life, then its result's TTL.
-    let ttl = (max_age + valid.result_ttl).as_secs();
-    let fresh: bool = redis::cmd("SET")
-        .arg(&marker)
-        .arg(&digest)
-        .arg("NX")
-        .arg("EX")
-        .arg(ttl)
-        .query_async::<Option<String>>(&mut redis)
-        .await
-        .map(|reply| reply.is_some())
-        .map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
-    if !fresh {
-        // A concurrent request with the same id won.
-        crate::quota::release(&mut redis, &gateway.names, &caller.key.id, &spec.job_id).await;
-        if let Some(response) = existing(&gateway, &caller, &mut redis, &marker, &spec.job_id, &digest).await? {
-            return Ok(response);
-        }
-    }
-    if let Err(e) = gateway.publish(&spec).await {
-        // Nothing of the job stays: a retry with the same id submits it again.
-        let _: redis::RedisResult<()> = redis.del(&marker).await;
-        crate::quota::release(&mut redis, &gateway.names, &caller.key.id, &spec.job_id).await;
-        return Err(match e {
-            sandq_client::ClientError::Invalid(e) => Problem::invalid(e.to_string()),
-            e => Problem::unavailable(format!("the job was not queued: {e}")),
-        });
-    }
-    let mut queued = JobResult::new(spec.job_id.clone(), JobStatus::Queued);
-    queued.sku = Some(spec.sku);
-    queued.queued_at_ms = spec.submitted_at_ms;
-    let location = format!("/v1/jobs/{external}");
-    let mut response = (StatusCode::CREATED, Json(view(&caller, &queued))).into_response();
-    if let Ok(value) = location.parse() {
+    // The whole acceptance runs on a task of its own: a client that disconnects (or a shutdown)
+    // cannot stop it between claiming the id and publishing the job.
+    let task = tokio::spawn(accept(gateway.clone(), caller.clone(), spec, valid, digest));
+    let (status, result) = task.await.map_err(|_| Problem::unavailable("the submission failed"))??;
+    let mut response = (status, Json(view(&caller, &result))).into_response();
+    if let Ok(value) = format!("/v1/jobs/{external}").parse() {
         response.headers_mut().insert(header::LOCATION, value);
     }
     Ok(response)
 }
 
-/// The answer to a submission whose id the gateway already accepted: the job as it is (200)
-/// when the body is the same, 409 when not; `None` when the id is new.
-async fn existing(
-    gateway: &Gateway,
-    caller: &Caller,
-    redis: &mut RedisConn,
-    marker: &str,
-    job_id: &str,
-    digest: &str,
-) -> Result<Option<Response>, Problem> {
-    let stored: Option<String> = redis.get(marker).await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
-    let Some(stored) = stored else { return Ok(None) };
-    if stored != digest {
-        return Err(Problem::conflict("this job id was submitted before with another body"));
+/// What [`CLAIM_SCRIPT`] found.
+const CLAIM_NEW: i64 = 0;
+const CLAIM_SAME_ACCEPTED: i64 = 1;
+const CLAIM_SAME_PENDING: i64 = 2;
+const CLAIM_OTHER_BODY: i64 = 3;
+const CLAIM_TAKEN: i64 = 4;
+
+/// Claims a job id for the gateway: `KEYS[1]` the marker, `KEYS[2]` the job's hash; `ARGV[1]`
+/// the body's digest, `ARGV[2]` the marker's TTL (s). The marker holds `pending:<digest>`
+/// until the quotas passed, then `<digest>`. An id whose job exists without a marker (an
+/// operator's job) is never claimed.
+const CLAIM_SCRIPT: &str = r"
+local stored = redis.call('GET', KEYS[1])
+if not stored then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return 4 end
+  redis.call('SET', KEYS[1], 'pending:' .. ARGV[1], 'EX', ARGV[2])
+  return 0
+end
+if stored == ARGV[1] then return 1 end
+if stored == 'pending:' .. ARGV[1] then return 2 end
+return 3
+";
+
+/// Longest wait for a free publisher before the submission is refused (503, nothing kept).
+const PUBLISHER_WAIT: Duration = Duration::from_secs(10);
+
+/// Claims the id, takes the quotas, publishes. Every refusal before the publish undoes what it
+/// took (marker, counts); a publish whose outcome is unknown (no confirm, the `queued` write
+/// failed) keeps them, so a retry with the same id publishes the same job again (harmless:
+/// one result) instead of counting a second job.
+async fn accept(
+    gateway: Arc<Gateway>,
+    caller: Caller,
+    spec: JobSpec,
+    valid: sandq_schemas::ValidJob,
+    digest: String,
+) -> Result<(StatusCode, JobResult), Problem> {
+    let unavailable = |e: &dyn std::fmt::Display| Problem::unavailable(format!("redis: {e}"));
+    let mut redis = gateway.redis.clone();
+    let quotas = &caller.key.quotas;
+    let marker = accepted_key(&gateway, &spec.job_id);
+    // In flight at most: the queue's unserved TTL, then the longest run the key may ask for.
+    let unserved = gateway.service.queues.unserved_ttl;
+    let max_age = (!unserved.is_zero()).then(|| unserved + quotas.max_timeout + Duration::from_secs(300));
+    // The marker outlives the result: the job's whole life, then its result's TTL.
+    let ttl = (max_age.unwrap_or(Duration::from_secs(7 * 24 * 3600)) + valid.result_ttl).as_secs();
+    let claim: i64 = sandq_core::redis_conn::Script::new(CLAIM_SCRIPT)
+        .key(&marker)
+        .key(gateway.names.job_key(&spec.job_id))
+        .arg(&digest)
+        .arg(ttl)
+        .invoke_async(&mut redis)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    match claim {
+        CLAIM_NEW => {}
+        CLAIM_SAME_ACCEPTED => {
+            let result = results::read(&mut redis, &gateway.names, &spec.job_id).await.map_err(|e| unavailable(&e))?;
+            if let Some(result) = result {
+                return Ok((StatusCode::OK, result));
+            }
+            // Accepted, but its publish's outcome was unknown: publish it again.
+            publish(&gateway, &spec).await.map_err(|(problem, _)| problem)?;
+            return Ok((StatusCode::OK, queued(&spec)));
+        }
+        CLAIM_SAME_PENDING => return Err(Problem::conflict("a request with this job id is being handled; retry").retry_after(1)),
+        CLAIM_OTHER_BODY => return Err(Problem::conflict("this job id was submitted before with another body")),
+        CLAIM_TAKEN => return Err(Problem::conflict("this job id is taken")),
+        other => return Err(Problem::unavailable(format!("the claim script answered {other}"))),
     }
-    let result = results::read(redis, &gateway.names, job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
-    let result = result.unwrap_or_else(|| JobResult::new(job_id.to_owned(), JobStatus::Queued));
-    Ok(Some((StatusCode::OK, Json(view(caller, &result))).into_response()))
+    let now = sandq_core::time::now_ms();
+    let key_id = &caller.key.id;
+    let refused = |problem: Problem, rate: bool, in_flight: bool| {
+        let (gateway, mut redis, marker, job_id, key_id) =
+            (gateway.clone(), gateway.redis.clone(), marker.clone(), spec.job_id.clone(), key_id.clone());
+        async move {
+            let _: redis::RedisResult<()> = redis.del(&marker).await;
+            if rate {
+                crate::quota::give_back_rate(&mut redis, &gateway.names, &key_id, now).await;
+            }
+            if in_flight {
+                crate::quota::release(&mut redis, &gateway.names, &key_id, &job_id).await;
+            }
+            problem
+        }
+    };
+    if let Err(problem) = crate::quota::take_rate(&mut redis, &gateway.names, key_id, quotas.jobs_per_minute, now).await {
+        return Err(refused(problem, false, false).await);
+    }
+    if let Err(problem) =
+        crate::quota::take_in_flight(&mut redis, &gateway.names, key_id, &spec.job_id, quotas.max_in_flight, max_age, now).await
+    {
+        return Err(refused(problem, true, false).await);
+    }
+    let accepted: redis::RedisResult<()> = redis::cmd("SET").arg(&marker).arg(&digest).arg("KEEPTTL").query_async(&mut redis).await;
+    if let Err(e) = accepted {
+        return Err(refused(unavailable(&e), true, true).await);
+    }
+    match publish(&gateway, &spec).await {
+        Ok(()) => Ok((StatusCode::CREATED, queued(&spec))),
+        Err((problem, true)) => Err(refused(problem, true, true).await),
+        Err((problem, false)) => Err(problem),
+    }
+}
+
+/// A job as it is right after its publish.
+fn queued(spec: &JobSpec) -> JobResult {
+    let mut queued = JobResult::new(spec.job_id.clone(), JobStatus::Queued);
+    queued.sku = Some(spec.sku);
+    queued.queued_at_ms = spec.submitted_at_ms;
+    queued
+}
+
+/// Publishes a job; on failure, the problem and whether the job is certainly not queued.
+async fn publish(gateway: &Gateway, spec: &JobSpec) -> Result<(), (Problem, bool)> {
+    use sandq_client::ClientError;
+    match gateway.publish(spec, PUBLISHER_WAIT).await {
+        Ok(()) => Ok(()),
+        Err(None) => Err((Problem::unavailable("every publisher is busy; retry"), true)),
+        Err(Some(ClientError::Invalid(e))) => Err((Problem::invalid(e.to_string()), true)),
+        Err(Some(e @ ClientError::NotAccepted { .. })) => Err((Problem::unavailable(format!("the job was not queued: {e}")), true)),
+        Err(Some(e)) => {
+            tracing::warn!(error = %e, job_id = %spec.job_id, "the publish's outcome is unknown");
+            Err((Problem::unavailable("the job may or may not be queued: retry with the same job_id or Idempotency-Key"), false))
+        }
+    }
 }
 
 /// Checks that the gateway accepted `id` for this tenant; returns the queue's job id.
-async fn owned(gateway: &Gateway, caller: &Caller, id: &str) -> Result<String, Problem> {
+pub(crate) async fn owned(gateway: &Gateway, caller: &Caller, id: &str) -> Result<String, Problem> {
     note(caller.audit.as_ref(), |a| a.job_id = Some(id.to_owned()));
     let job_id = job_id_of(caller, id).map_err(|_| Problem::not_found("job", id))?;
     let mut redis = gateway.redis.clone();
@@ -297,52 +396,48 @@ pub struct GetQuery {
     pub wait: Option<String>,
 }
 
+/// How often a `?wait=` re-reads the job's status.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// A query string that does not decode is a 400 problem like a bad body.
+fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -> Result<T, Problem> {
+    query.map(|Query(q)| q).map_err(|e| Problem::invalid(format!("the query string: {}", e.body_text())))
+}
+
 /// `GET /v1/jobs/{id}[?wait=30s]`: the job's result (200), as it is now or once it ended
 /// within `wait`.
 pub async fn get(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(query): Query<GetQuery>,
+    q: Result<Query<GetQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
+    let q = query(q)?;
     let job_id = owned(&gateway, &caller, &id).await?;
-    let wait = match &query.wait {
+    let wait = match &q.wait {
         None => Duration::ZERO,
         Some(text) => humantime::parse_duration(text)
             .map_err(|e| Problem::invalid(format!("wait {text:?} is not a duration such as \"30s\": {e}")))?,
     }
     .min(gateway.settings.max_wait);
     let mut redis = gateway.redis.clone();
-    let read = |redis: &mut RedisConn| {
-        let names = gateway.names.clone();
-        let job_id = job_id.clone();
-        let mut redis = redis.clone();
-        async move { results::read(&mut redis, &names, &job_id).await }
-    };
     let started = Instant::now();
-    let mut blocking: Option<RedisConn> = None;
+    let mut _permit = None;
     loop {
-        let result = read(&mut redis).await.map_err(|e| Problem::unavailable(e.to_string()))?;
+        let result = results::read(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
         let result = result.unwrap_or_else(|| JobResult::new(job_id.clone(), JobStatus::Queued));
-        let left = wait.saturating_sub(started.elapsed());
-        if result.status.is_terminal() || left.is_zero() {
+        if result.status.is_terminal() || started.elapsed() >= wait {
             return Ok((StatusCode::OK, Json(view(&caller, &result))).into_response());
         }
-        // The worker pushes the terminal status onto the job's done list: block on it (a
-        // connection of our own), at most a second at a time to see another waiter's pop.
-        if blocking.is_none() {
-            blocking = Some(gateway.redis_target.connect_blocking().await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?);
+        if _permit.is_none() {
+            _permit = Some(gateway.take_stream(&caller.key.id)?);
         }
-        if let Some(connection) = blocking.as_mut() {
-            let block = left.min(Duration::from_secs(1)).max(Duration::from_millis(10));
-            let popped: redis::RedisResult<Option<(String, String)>> =
-                redis::cmd("BLPOP").arg(gateway.names.done_key(&job_id)).arg(block.as_secs_f64()).query_async(connection).await;
-            if let Ok(Some((list, status))) = popped {
-                // Put it back for other waiters (a direct client's BLPOP); it keeps its TTL.
-                let _: redis::RedisResult<()> = redis.lpush(list, status).await;
-            } else if popped.is_err() {
-                blocking = None;
-                tokio::time::sleep(block).await;
+        // The status (a small script) is polled; the result is read again once it is over.
+        loop {
+            tokio::time::sleep(WAIT_POLL).await;
+            let status = results::status(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
+            if status.is_some_and(JobStatus::is_terminal) || started.elapsed() >= wait {
+                break;
             }
         }
     }
@@ -417,21 +512,25 @@ pub async fn events(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(query): Query<EventsQuery>,
+    q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, Problem> {
+    let q = query(q)?;
     let job_id = owned(&gateway, &caller, &id).await?;
     let cursor = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
-        .or(query.after)
+        .or(q.after)
         .unwrap_or_else(|| events::START.to_owned());
     if !is_stream_id(&cursor) {
         return Err(Problem::invalid(format!("event id {cursor:?} is not of the form <ms>-<n>")));
     }
+    let permit = gateway.take_stream(&caller.key.id)?;
     let connection = gateway.redis_target.connect_blocking().await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
     struct State {
+        _permit: crate::StreamPermit,
+        ends_at: Instant,
         gateway: Arc<Gateway>,
         connection: Option<RedisConn>,
         key: String,
@@ -442,7 +541,18 @@ pub async fn events(
     }
     let key = gateway.names.events_key(&job_id);
     let keep_alive = gateway.settings.keep_alive;
-    let state = State { gateway, connection: Some(connection), key, job_id, cursor, page: Default::default(), done: false };
+    let ends_at = Instant::now() + gateway.settings.max_stream_life;
+    let state = State {
+        _permit: permit,
+        ends_at,
+        gateway,
+        connection: Some(connection),
+        key,
+        job_id,
+        cursor,
+        page: Default::default(),
+        done: false,
+    };
     let stream = futures::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(event) = s.page.pop_front() {
@@ -456,7 +566,7 @@ pub async fn events(
                     None => continue,
                 }
             }
-            if s.done {
+            if s.done || Instant::now() >= s.ends_at {
                 return None;
             }
             if s.connection.is_none() {
@@ -472,10 +582,14 @@ pub async fn events(
             match events::read(connection, &s.key, &s.cursor, 500, Some(EVENTS_BLOCK)).await {
                 Ok(page) if !page.is_empty() => s.page.extend(page),
                 Ok(_) => {
+                    // Nothing new for a while: a job that is over (or whose result expired:
+                    // no status) with nothing left to read ends the stream.
                     let mut redis = s.gateway.redis.clone();
-                    let terminal =
-                        results::status(&mut redis, &s.gateway.names, &s.job_id).await.ok().flatten().is_some_and(JobStatus::is_terminal);
-                    if terminal {
+                    let over = match results::status(&mut redis, &s.gateway.names, &s.job_id).await {
+                        Ok(status) => status.is_none_or(JobStatus::is_terminal),
+                        Err(_) => false,
+                    };
+                    if over {
                         let rest = events::read(connection, &s.key, &s.cursor, 500, None).await.unwrap_or_default();
                         s.done = rest.is_empty();
                         s.page.extend(rest);

@@ -8,6 +8,7 @@
 //! decoding, quotas, the queue) -> a [`problem::Problem`] or the answer.
 
 pub mod auth;
+pub mod files;
 pub mod jobs;
 pub mod metrics;
 pub mod problem;
@@ -47,10 +48,18 @@ pub struct Gateway {
     pub names: Names,
     /// Shared, multiplexed (never for blocking commands).
     pub redis: RedisConn,
-    /// For connections of their own (`BLPOP`, `XREAD BLOCK`).
+    /// For connections of their own (`XREAD BLOCK`).
     pub redis_target: RedisTarget,
+    /// S3 (uploads, artifacts' URLs).
+    pub s3: aws_sdk_s3::Client,
     publishers: Vec<tokio::sync::Mutex<Client>>,
     next: AtomicUsize,
+    /// Event streams and long waits open on this gateway (`max_streams`).
+    streams: Arc<tokio::sync::Semaphore>,
+    /// ... and per key (`max_streams_per_key`).
+    streams_per_key: Mutex<std::collections::HashMap<String, usize>>,
+    /// Requests being handled (`max_requests`).
+    requests: Arc<tokio::sync::Semaphore>,
     /// The metrics.
     pub metrics: Metrics,
 }
@@ -79,32 +88,82 @@ impl Gateway {
         for _ in 0..settings.publishers.max(1) {
             publishers.push(tokio::sync::Mutex::new(Client::connect(service.clone()).await?));
         }
+        let s3 = sandq_core::storage::client(&service.s3);
+        let streams = Arc::new(tokio::sync::Semaphore::new(settings.max_streams));
+        let requests = Arc::new(tokio::sync::Semaphore::new(settings.max_requests));
         Ok(Arc::new(Gateway {
             settings,
             service,
             names,
             redis,
             redis_target,
+            s3,
             publishers,
             next: AtomicUsize::new(0),
+            streams,
+            streams_per_key: Mutex::new(Default::default()),
+            requests,
             metrics: Metrics::new(),
         }))
     }
 
-    /// Publishes a job with a free publisher (else the next in turn), with confirms, and writes
-    /// its `queued` status ([`Client::submit`]).
+    /// Publishes a job with a free publisher (else the next in turn, waiting at most `wait`),
+    /// with confirms, and writes its `queued` status ([`Client::submit`]).
     ///
     /// # Errors
+    /// `None` when no publisher was free within `wait` (nothing was published);
     /// [`Client::submit`]'s.
-    pub async fn publish(&self, spec: &JobSpec) -> Result<(), ClientError> {
+    pub async fn publish(&self, spec: &JobSpec, wait: Duration) -> Result<(), Option<ClientError>> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let n = self.publishers.len();
         let free = (0..n).find_map(|k| self.publishers[(start + k) % n].try_lock().ok());
         let mut client = match free {
             Some(client) => client,
-            None => self.publishers[start % n].lock().await,
+            None => tokio::time::timeout(wait, self.publishers[start % n].lock()).await.map_err(|_| None)?,
         };
-        client.submit(spec).await
+        client.submit(spec).await.map_err(Some)
+    }
+
+    /// Takes one of the gateway's and the key's event streams (or long waits), if any is left.
+    ///
+    /// # Errors
+    /// 503 when the gateway has `max_streams` open; 429 when the key has `max_streams_per_key`.
+    pub fn take_stream(self: &Arc<Self>, key_id: &str) -> Result<StreamPermit, Problem> {
+        let global = self
+            .streams
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Problem::unavailable("too many open event streams on this gateway").retry_after(5))?;
+        let mut per_key = self.streams_per_key.lock().map_err(|_| Problem::unavailable("internal state"))?;
+        let open = per_key.entry(key_id.to_owned()).or_insert(0);
+        if *open >= self.settings.max_streams_per_key {
+            return Err(Problem::too_many(
+                format!("at most {} open event streams and waits for this key", self.settings.max_streams_per_key),
+                5,
+            ));
+        }
+        *open += 1;
+        Ok(StreamPermit { gateway: self.clone(), key_id: key_id.to_owned(), _global: global })
+    }
+}
+
+/// One open event stream or long wait; given back when dropped.
+pub struct StreamPermit {
+    gateway: Arc<Gateway>,
+    key_id: String,
+    _global: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        if let Ok(mut per_key) = self.gateway.streams_per_key.lock() {
+            if let Some(open) = per_key.get_mut(&self.key_id) {
+                *open = open.saturating_sub(1);
+                if *open == 0 {
+                    per_key.remove(&self.key_id);
+                }
+            }
+        }
     }
 }
 
@@ -114,10 +173,13 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/jobs", axum::routing::post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::get).delete(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
+        .route("/v1/jobs/{id}/artifacts/{*path}", get(files::artifact))
+        .route("/v1/files", axum::routing::post(files::upload))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))
         .fallback(|| async { Problem::not_found("route", "") })
+        .method_not_allowed_fallback(|| async { Problem::method_not_allowed() })
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), observe))
         .with_state(gateway)
 }
@@ -140,12 +202,22 @@ async fn ready(State(gateway): State<Arc<Gateway>>) -> Response {
     }
 }
 
-/// Counts the request, times it, and writes its audit line (target `audit`): method, route,
+/// Bounds the requests under way, counts the request, times it, and writes its audit line (target `audit`): method, route,
 /// status, key id, tenant, job id, outcome; never the key.
 async fn observe(State(gateway): State<Arc<Gateway>>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = request.method().to_string();
+    // Only the methods the API knows become labels (any other is `other`): an unauthenticated
+    // client cannot grow the metrics.
+    let method = match request.method().as_str() {
+        m @ ("GET" | "POST" | "DELETE" | "HEAD" | "PUT" | "PATCH" | "OPTIONS") => m.to_owned(),
+        _ => "other".to_owned(),
+    };
+    // Requests beyond `max_requests` at once are refused at once (503), before any work.
+    let Ok(_permit) = gateway.requests.clone().try_acquire_owned() else {
+        gateway.metrics.requests.get_or_create(&RequestLabels { route, method, status: "5xx".into() }).inc();
+        return Problem::unavailable("the gateway is busy").retry_after(1).into_response();
+    };
     let audit: Audit = Arc::new(Mutex::new(AuditFields::default()));
     request.extensions_mut().insert(audit.clone());
     let response = next.run(request).await;

@@ -85,6 +85,16 @@ impl Problem {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send JSON", "Content-Type must be application/json")
     }
 
+    /// 405 `method-not-allowed`.
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed", "see docs/gateway.md for the routes' methods")
+    }
+
+    /// The same problem, asking the client to retry after `seconds` (`Retry-After`).
+    pub fn retry_after(self, seconds: u64) -> Self {
+        Problem { retry_after: Some(seconds.max(1)), ..self }
+    }
+
     /// 503 `unavailable`: a service behind the gateway (broker, Redis) failed; nothing was
     /// stored; retry.
     pub fn unavailable(detail: impl Into<String>) -> Self {

@@ -43,8 +43,15 @@ pub async fn take_rate(redis: &mut RedisConn, names: &Names, key_id: &str, per_m
     Ok(())
 }
 
+/// Gives back a count [`take_rate`] took at `now_ms` (the submission was refused later).
+pub async fn give_back_rate(redis: &mut RedisConn, names: &Names, key_id: &str, now_ms: u64) {
+    let key = format!("{}:rate:{}", key_prefix(names, key_id), now_ms / 60_000);
+    let _: redis::RedisResult<i64> = redis.decr(&key, 1).await;
+}
+
 /// Adds `job_id` to the key's jobs in flight, first dropping those that finished; `max_age` is
-/// the longest a job can be in flight (queue wait and run), after which it is dropped unread.
+/// the longest a job can be in flight (queue wait and run), after which it is dropped unread
+/// (`None`: the queue has no unserved limit, so age alone drops nothing).
 ///
 /// # Errors
 /// 429 when the key already has `max` jobs in flight (the job is not added); 503 when Redis
@@ -55,13 +62,15 @@ pub async fn take_in_flight(
     key_id: &str,
     job_id: &str,
     max: u32,
-    max_age: Duration,
+    max_age: Option<Duration>,
     now_ms: u64,
 ) -> Result<(), Problem> {
     let key = format!("{}:inflight", key_prefix(names, key_id));
     let unavailable = |e: redis::RedisError| Problem::unavailable(format!("redis: {e}"));
-    let oldest = now_ms.saturating_sub(max_age.as_millis() as u64);
-    let () = redis.zrembyscore(&key, 0, oldest as f64).await.map_err(unavailable)?;
+    if let Some(max_age) = max_age {
+        let oldest = now_ms.saturating_sub(max_age.as_millis() as u64);
+        let () = redis.zrembyscore(&key, 0, oldest as f64).await.map_err(unavailable)?;
+    }
     let members: Vec<(String, f64)> = redis.zrange_withscores(&key, 0, -1).await.map_err(unavailable)?;
     for (member, score) in members {
         let status = results::status(redis, names, &member).await.map_err(|e| Problem::unavailable(e.to_string()))?;
@@ -75,10 +84,23 @@ pub async fn take_in_flight(
     }
     // Added first, counted after, in one transaction: of concurrent submissions over the
     // quota, every one sees the others and none is let past it.
-    let (count,): (u64,) =
-        redis::pipe().atomic().zadd(&key, job_id, now_ms as f64).ignore().zcard(&key).query_async(redis).await.map_err(unavailable)?;
+    // (`NX`: a member already there, from a concurrent request with the same id, is not
+    // counted twice, and is not this request's to remove.)
+    let (added, count): (u64, u64) = redis::pipe()
+        .atomic()
+        .cmd("ZADD")
+        .arg(&key)
+        .arg("NX")
+        .arg(now_ms as f64)
+        .arg(job_id)
+        .zcard(&key)
+        .query_async(redis)
+        .await
+        .map_err(unavailable)?;
     if count > u64::from(max) {
-        let () = redis.zrem(&key, job_id).await.map_err(unavailable)?;
+        if added == 1 {
+            let () = redis.zrem(&key, job_id).await.map_err(unavailable)?;
+        }
         return Err(Problem::too_many(format!("at most {max} jobs in flight for this key"), 1));
     }
     Ok(())

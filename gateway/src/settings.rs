@@ -32,6 +32,24 @@ pub struct GatewaySettings {
     /// broker's confirm); default 4.
     #[serde(default = "default_publishers")]
     pub publishers: usize,
+    /// Event streams and long waits (`?wait=`) open at once on this gateway; default 2000.
+    /// Each holds a Redis connection (an event stream's `XREAD BLOCK`); over it: 503.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
+    /// ... of one key; default 100. Over it: 429.
+    #[serde(default = "default_max_streams_per_key")]
+    pub max_streams_per_key: usize,
+    /// Longest life of one event stream (humantime); default `2h`: then it ends, and the
+    /// client resumes with `Last-Event-ID`.
+    #[serde(default = "default_max_stream_life", with = "humantime_serde")]
+    pub max_stream_life: Duration,
+    /// Requests handled at once; default 1024. Over it: 503 at once (an event stream counts
+    /// only until its head is sent).
+    #[serde(default = "default_max_requests")]
+    pub max_requests: usize,
+    /// How long an uploaded file can be named by the tenant's jobs (humantime); default `7d`.
+    #[serde(default = "default_file_ttl", with = "humantime_serde")]
+    pub file_ttl: Duration,
     /// Interval of SSE comments on an idle event stream (keeps proxies from closing it);
     /// default `15s`.
     #[serde(default = "default_keep_alive", with = "humantime_serde")]
@@ -53,6 +71,21 @@ fn default_max_wait() -> Duration {
 fn default_publishers() -> usize {
     4
 }
+fn default_max_streams() -> usize {
+    2000
+}
+fn default_max_streams_per_key() -> usize {
+    100
+}
+fn default_max_stream_life() -> Duration {
+    Duration::from_secs(2 * 3600)
+}
+fn default_max_requests() -> usize {
+    1024
+}
+fn default_file_ttl() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
 fn default_keep_alive() -> Duration {
     Duration::from_secs(15)
 }
@@ -65,6 +98,11 @@ impl Default for GatewaySettings {
             read_timeout: default_read_timeout(),
             max_wait: default_max_wait(),
             publishers: default_publishers(),
+            max_streams: default_max_streams(),
+            max_streams_per_key: default_max_streams_per_key(),
+            max_stream_life: default_max_stream_life(),
+            max_requests: default_max_requests(),
+            file_ttl: default_file_ttl(),
             keep_alive: default_keep_alive(),
         }
     }
@@ -86,5 +124,7 @@ pub fn load(path: &Path) -> Result<GatewaySettings, Box<sandq_core::config::Conf
     let file: File = sandq_core::config::load(path).map_err(Box::new)?;
     let mut settings = file.gateway;
     settings.publishers = settings.publishers.clamp(1, 64);
+    settings.max_streams = settings.max_streams.max(1);
+    settings.max_requests = settings.max_requests.max(1);
     Ok(settings)
 }

@@ -5,6 +5,8 @@
 //!
 //! `sandq-loadtest live ...` (module [`live`]): live events' latency, Redis memory and cost.
 //!
+//! `sandq-loadtest gateway ...` (module [`gateway`]): the HTTP gateway's overhead and memory.
+//!
 //! `sandq-loadtest [--jobs ...]` (no subcommand), the chaos run: many jobs through several real
 //! workers while workers are SIGKILLed and restarted, RabbitMQ is restarted and Redis is
 //! restarted; then every job is accounted for.
@@ -29,6 +31,7 @@ use sandq_core::time::now_ms;
 use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Runtime, Sku};
 
+mod gateway;
 mod live;
 mod plot;
 mod report;
@@ -53,6 +56,9 @@ enum Mode {
     /// running job, the cost of streaming on a flood of lines (against workers that do not
     /// stream). scripts/bench-live.sh starts the workers.
     Live(live::LiveArgs),
+    /// The HTTP gateway: its overhead on a submission and a read against the direct client,
+    /// reads per second, memory with idle event streams. scripts/bench-gateway.sh starts it.
+    Gateway(gateway::GatewayArgs),
 }
 
 /// Chaos run against real sandq workers.
@@ -223,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Some(Mode::Throughput(args)) => throughput::run(args).await,
         Some(Mode::Live(args)) => live::run(args).await,
+        Some(Mode::Gateway(args)) => gateway::run(args).await,
         None => chaos(cli.chaos).await,
     }
 }

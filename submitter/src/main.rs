@@ -133,6 +133,9 @@ enum KeyCommand {
         /// Jobs may ask for outbound network.
         #[arg(long)]
         network: bool,
+        /// Largest file uploaded in one request, bytes.
+        #[arg(long, default_value_t = 100 << 20)]
+        max_upload_bytes: u64,
     },
     /// List keys: id, tenant, name, quotas, created, revoked (never the key).
     Ls,
@@ -239,8 +242,9 @@ async fn keys(service: &ServiceConfig, command: KeyCommand, json: bool) -> anyho
     let mut redis = sandq_core::redis_conn::connect(&service.redis).await.context("cannot connect to redis")?;
     let names = sandq_schemas::names::Names::new(service.namespace.clone());
     match command {
-        KeyCommand::Create { tenant, name, max_in_flight, jobs_per_minute, max_sku, max_timeout, network } => {
-            let quotas = keys::Quotas { max_in_flight, jobs_per_minute, max_sku, max_timeout: max_timeout.into(), network };
+        KeyCommand::Create { tenant, name, max_in_flight, jobs_per_minute, max_sku, max_timeout, network, max_upload_bytes } => {
+            let quotas =
+                keys::Quotas { max_in_flight, jobs_per_minute, max_sku, max_timeout: max_timeout.into(), network, max_upload_bytes };
             let (record, key) = keys::create(&mut redis, &names, &tenant, &name, quotas).await?;
             if json {
                 println!("{}", serde_json::json!({"key": key, "record": record}));

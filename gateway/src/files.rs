@@ -1,0 +1,134 @@
+//! `/v1/files` and artifacts: inputs uploaded over HTTP, streamed to S3 content-addressed
+//! (`inputs/sha256/<hex>`, the layout every client uses, so the worker stages them as usual),
+//! and a job's artifacts fetched through a redirect to a presigned URL.
+//!
+//! An upload is recorded for the key's tenant (`<ns>:tenant:{<tenant>}:file:<sha256>`, the
+//! size, for `gateway.file_ttl`): a job may name only files its tenant uploaded, so knowing a
+//! file's digest is not enough to have another tenant's file staged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt as _;
+use redis::AsyncCommands as _;
+use sandq_core::storage;
+use sandq_schemas::names::input_key;
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+use tokio::io::{AsyncSeekExt as _, AsyncWriteExt as _};
+
+use crate::auth::{note, Caller};
+use crate::problem::Problem;
+use crate::Gateway;
+
+/// The tenant's record of an uploaded file.
+pub(crate) fn file_key(gateway: &Gateway, tenant: &str, sha256: &str) -> String {
+    format!("{}:tenant:{{{tenant}}}:file:{sha256}", gateway.names.namespace())
+}
+
+/// A file id: 64 lower-case hex digits (the SHA-256 of its bytes).
+pub(crate) fn is_file_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The size of a file the tenant uploaded, `None` when it did not (or the record expired).
+///
+/// # Errors
+/// 503 when Redis fails.
+pub(crate) async fn uploaded_size(gateway: &Gateway, tenant: &str, sha256: &str) -> Result<Option<u64>, Problem> {
+    let mut redis = gateway.redis.clone();
+    redis.get(file_key(gateway, tenant, sha256)).await.map_err(|e| Problem::unavailable(format!("redis: {e}")))
+}
+
+/// `POST /v1/files`: the body (any content type) is the file. 201 with `file_id` (its
+/// SHA-256), `size`; 413 over the key's `max_upload_bytes`; 408 when no bytes came for
+/// `read_timeout`. The bytes go through a temporary file (never held in memory).
+pub async fn upload(State(gateway): State<Arc<Gateway>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+    let max = caller.key.quotas.max_upload_bytes;
+    let too_large = || Problem::too_large(usize::try_from(max).unwrap_or(usize::MAX));
+    let announced = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > max) {
+        return Err(too_large());
+    }
+    let failed = |e: std::io::Error| {
+        tracing::warn!(error = %e, "cannot buffer an upload");
+        Problem::unavailable("cannot store the upload now")
+    };
+    let (file, path) = tempfile::NamedTempFile::new().map_err(failed)?.into_parts();
+    let mut file = tokio::fs::File::from_std(file);
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    let mut stream = body.into_data_stream();
+    loop {
+        // Each chunk must come within the read time-out (a large upload may take long in all).
+        let next = tokio::time::timeout(gateway.settings.read_timeout, stream.next())
+            .await
+            .map_err(|_| Problem::slow_body(gateway.settings.read_timeout))?;
+        match next {
+            None => break,
+            Some(Err(_)) => return Err(Problem::invalid("the body was cut off")),
+            Some(Ok(chunk)) => {
+                size += chunk.len() as u64;
+                if size > max {
+                    return Err(too_large());
+                }
+                hasher.update(&chunk);
+                file.write_all(&chunk).await.map_err(failed)?;
+            }
+        }
+    }
+    file.flush().await.map_err(failed)?;
+    file.seek(std::io::SeekFrom::Start(0)).await.map_err(failed)?;
+    let sha256 = hex(&hasher.finalize());
+    let key = input_key(&sha256);
+    let bucket = &gateway.service.s3.bucket;
+    let unavailable = |e: storage::TransferError| Problem::unavailable(format!("s3: {e}"));
+    // Like the Rust client: an object of the same size is kept (the worker checks the digest
+    // of what it stages and removes a wrong one); any other is overwritten.
+    if storage::object_size(&gateway.s3, bucket, &key).await.map_err(unavailable)? != Some(size) {
+        storage::put_file(&gateway.s3, bucket, &key, file, &path.display().to_string(), "application/octet-stream")
+            .await
+            .map_err(unavailable)?;
+    }
+    drop(path);
+    let mut redis = gateway.redis.clone();
+    let ttl = gateway.settings.file_ttl.as_secs().max(1);
+    let () = redis
+        .set_ex(file_key(&gateway, &caller.key.tenant, &sha256), size, ttl)
+        .await
+        .map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
+    note(caller.audit.as_ref(), |a| a.job_id = None);
+    Ok((StatusCode::CREATED, Json(json!({"file_id": sha256, "size": size, "expires_in_s": ttl}))).into_response())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// How long an artifact's redirect URL is valid.
+const ARTIFACT_URL_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// `GET /v1/jobs/{id}/artifacts/{path}`: 307 to a presigned URL of the artifact the job left
+/// at `path` (as in the result's `artifacts`), valid 15 minutes; 404 when it has none there.
+pub async fn artifact(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    let job_id = crate::jobs::owned(&gateway, &caller, &id).await?;
+    let mut redis = gateway.redis.clone();
+    let result = sandq_core::results::read(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
+    let artifact =
+        result.as_ref().and_then(|r| r.artifacts.iter().find(|a| a.path == path)).ok_or_else(|| Problem::not_found("artifact", &path))?;
+    let url = storage::presign_get(&gateway.s3, &gateway.service.s3.bucket, &artifact.key, ARTIFACT_URL_TTL)
+        .await
+        .map_err(|e| Problem::unavailable(format!("s3: {e}")))?;
+    let mut response = StatusCode::TEMPORARY_REDIRECT.into_response();
+    response.headers_mut().insert(header::LOCATION, url.parse().map_err(|_| Problem::unavailable("the artifact's URL"))?);
+    Ok(response)
+}
