@@ -120,7 +120,7 @@ pub async fn artifact(
     caller: Caller,
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, Problem> {
-    let job_id = crate::jobs::owned(&gateway, &caller, &id).await?;
+    let job_id = crate::scope::owned(&gateway, &caller, &id).await?;
     let mut redis = gateway.redis.clone();
     let result = sandq_core::results::read(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
     let artifact =

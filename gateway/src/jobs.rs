@@ -30,6 +30,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
+use crate::scope::{accepted_key, job_id_of, owned};
 use crate::Gateway;
 
 /// `POST /v1/jobs`'s body: a job as JSON. Unknown fields are refused.
@@ -87,21 +88,6 @@ pub struct InputRef {
     pub file_id: String,
     /// Its path under `/work` (relative, no `..`).
     pub path: String,
-}
-
-/// The queue's job id of a tenant's id, after checking the id's shape and length.
-fn job_id_of(caller: &Caller, id: &str) -> Result<String, Problem> {
-    let ok = !id.is_empty() && id.len() <= caller.max_id_len() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok {
-        Ok(caller.scoped(id))
-    } else {
-        Err(Problem::invalid(format!("job_id {id:?} is not 1 to {} of [A-Za-z0-9_-]", caller.max_id_len())))
-    }
-}
-
-/// The gateway's record of a job it accepted.
-fn accepted_key(gateway: &Gateway, job_id: &str) -> String {
-    format!("{}:gateway", gateway.names.job_key(job_id))
 }
 
 /// A job's result as the API shows it: the JobResult's JSON with the tenant's ids.
@@ -371,19 +357,6 @@ async fn publish(gateway: &Gateway, spec: &JobSpec) -> Result<(), (Problem, bool
             tracing::warn!(error = %e, job_id = %spec.job_id, "the publish's outcome is unknown");
             Err((Problem::unavailable("the job may or may not be queued: retry with the same job_id or Idempotency-Key"), false))
         }
-    }
-}
-
-/// Checks that the gateway accepted `id` for this tenant; returns the queue's job id.
-pub(crate) async fn owned(gateway: &Gateway, caller: &Caller, id: &str) -> Result<String, Problem> {
-    note(caller.audit.as_ref(), |a| a.job_id = Some(id.to_owned()));
-    let job_id = job_id_of(caller, id).map_err(|_| Problem::not_found("job", id))?;
-    let mut redis = gateway.redis.clone();
-    let known: bool = redis.exists(accepted_key(gateway, &job_id)).await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
-    if known {
-        Ok(job_id)
-    } else {
-        Err(Problem::not_found("job", id))
     }
 }
 

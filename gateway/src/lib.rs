@@ -13,6 +13,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod problem;
 pub mod quota;
+pub mod scope;
 pub mod settings;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

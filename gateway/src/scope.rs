@@ -1,0 +1,36 @@
+//! Which jobs are a tenant's: its job `<id>` is the queue's `<tenant>_<id>`, and the gateway
+//! serves it only if it recorded accepting it (`<ns>:job:{<tenant>_<id>}:gateway`).
+
+use redis::AsyncCommands as _;
+
+use crate::auth::{note, Caller};
+use crate::problem::Problem;
+use crate::Gateway;
+
+/// The queue's job id of a tenant's id, after checking the id's shape and length.
+pub(crate) fn job_id_of(caller: &Caller, id: &str) -> Result<String, Problem> {
+    let ok = !id.is_empty() && id.len() <= caller.max_id_len() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(caller.scoped(id))
+    } else {
+        Err(Problem::invalid(format!("job_id {id:?} is not 1 to {} of [A-Za-z0-9_-]", caller.max_id_len())))
+    }
+}
+
+/// The gateway's record of a job it accepted.
+pub(crate) fn accepted_key(gateway: &Gateway, job_id: &str) -> String {
+    format!("{}:gateway", gateway.names.job_key(job_id))
+}
+
+/// Checks that the gateway accepted `id` for this tenant; returns the queue's job id.
+pub(crate) async fn owned(gateway: &Gateway, caller: &Caller, id: &str) -> Result<String, Problem> {
+    note(caller.audit.as_ref(), |a| a.job_id = Some(id.to_owned()));
+    let job_id = job_id_of(caller, id).map_err(|_| Problem::not_found("job", id))?;
+    let mut redis = gateway.redis.clone();
+    let known: bool = redis.exists(accepted_key(gateway, &job_id)).await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
+    if known {
+        Ok(job_id)
+    } else {
+        Err(Problem::not_found("job", id))
+    }
+}
