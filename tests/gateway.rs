@@ -18,7 +18,8 @@ use sandq_tests::{bin_dir, ensure_worker, namespace, service_config};
 use serde_json::{json, Value};
 
 /// The gateway of this test binary: started once, in the test namespace, reading headers and
-/// bodies within 2 s, 3 event streams a key, SSE keep-alives every second. Its log is `$TMPDIR/sandq-gateway-test.log`.
+/// bodies within 2 s, 3 event streams a key, SSE keep-alives every second, webhooks to
+/// loopback allowed and retried after 200 ms doubling. Its log is [`log_path`].
 struct Gateway {
     base: String,
     _child: Child,
@@ -30,32 +31,55 @@ fn log_path() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{}-gateway.log", namespace()))
 }
 
+/// Spawns a gateway in the test namespace with extra `SANDQ__GATEWAY__*` settings, logging
+/// to `log_name`.
+fn spawn_gateway(log_name: &std::path::Path, env: &[(&str, &str)]) -> Child {
+    let log = std::fs::File::create(log_name).expect("log file");
+    let mut command = Command::new(bin_dir().join("sandq-gateway"));
+    command
+        .env("SANDQ__NAMESPACE", namespace())
+        .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
+        .env("SANDQ__GATEWAY__READ_TIMEOUT", "2s")
+        .env("SANDQ__GATEWAY__MAX_BODY_BYTES", (2 << 20).to_string())
+        .env("SANDQ__GATEWAY__MAX_STREAMS_PER_KEY", "3")
+        .env("SANDQ__GATEWAY__KEEP_ALIVE", "1s")
+        .env("SANDQ__GATEWAY__WEBHOOK_BACKOFF", "200ms")
+        .env("SANDQ__GATEWAY__WEBHOOK_TIMEOUT", "2s")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.spawn().expect("start sandq-gateway")
+}
+
+/// Starts a gateway in the test namespace with extra `SANDQ__GATEWAY__*` settings; returns it
+/// and its base URL once it serves. Its log is `<log_name>`.
+fn start_gateway(log_name: &std::path::Path, env: &[(&str, &str)]) -> (Child, String) {
+    let child = spawn_gateway(log_name, env);
+    (child, gateway_url(log_name))
+}
+
+/// The base URL a gateway logging to `log_name` serves on, once it says so (at most 60 s).
+fn gateway_url(log_name: &std::path::Path) -> String {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log_name).unwrap_or_default();
+        if let Some(addr) = text.lines().find(|l| l.contains("serving the API")).and_then(|l| l.split("addr=").nth(1)) {
+            return format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the gateway did not start: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn gateway() -> &'static str {
     &GATEWAY
         .get_or_init(|| {
             ensure_worker();
-            let log = std::fs::File::create(log_path()).expect("log file");
-            let child = Command::new(bin_dir().join("sandq-gateway"))
-                .env("SANDQ__NAMESPACE", namespace())
-                .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
-                .env("SANDQ__GATEWAY__READ_TIMEOUT", "2s")
-                .env("SANDQ__GATEWAY__MAX_BODY_BYTES", (2 << 20).to_string())
-                .env("SANDQ__GATEWAY__MAX_STREAMS_PER_KEY", "3")
-                .env("SANDQ__GATEWAY__KEEP_ALIVE", "1s")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start sandq-gateway");
-            let started = Instant::now();
-            let base = loop {
-                let text = std::fs::read_to_string(log_path()).unwrap_or_default();
-                if let Some(addr) = text.lines().find(|l| l.contains("serving the API")).and_then(|l| l.split("addr=").nth(1)) {
-                    break format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
-                }
-                assert!(started.elapsed() < Duration::from_secs(60), "the gateway did not start: {text}");
-                std::thread::sleep(Duration::from_millis(50));
-            };
+            // Webhooks to loopback allowed: the tests' receivers listen there.
+            let (child, base) = start_gateway(&log_path(), &[("SANDQ__GATEWAY__WEBHOOK_ALLOW_PRIVATE", "true")]);
             Gateway { base, _child: child }
         })
         .base
@@ -634,4 +658,162 @@ async fn an_uploaded_file_is_staged_for_its_tenant_only_and_artifacts_redirect_t
         .await
         .expect("POST");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+/// What a webhook receiver saw: each request's delivery id, signature header and body, and
+/// the status it answered.
+#[derive(Default)]
+struct Received {
+    requests: Vec<(String, String, Vec<u8>, u16)>,
+}
+
+type Shared = std::sync::Arc<std::sync::Mutex<Received>>;
+
+/// Whether the receiver fails its `n`-th request (from 0).
+type Failing = std::sync::Arc<dyn Fn(usize) -> bool + Send + Sync>;
+
+/// A webhook receiver on 127.0.0.1 that answers 500 while `failing()` says so, else 200.
+async fn receiver(failing: impl Fn(usize) -> bool + Send + Sync + 'static) -> (String, Shared) {
+    let seen: Shared = Default::default();
+    let failing = std::sync::Arc::new(failing);
+    let state = (seen.clone(), failing);
+    let app = axum::Router::new()
+        .route(
+            "/hook",
+            axum::routing::post(
+                |axum::extract::State((seen, failing)): axum::extract::State<(Shared, Failing)>,
+                 headers: axum::http::HeaderMap,
+                 body: axum::body::Bytes| async move {
+                    let mut seen = seen.lock().expect("lock");
+                    let n = seen.requests.len();
+                    let status = if failing(n) { 500 } else { 200 };
+                    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+                    seen.requests.push((header("sandq-delivery"), header("sandq-signature"), body.to_vec(), status));
+                    axum::http::StatusCode::from_u16(status).expect("status")
+                },
+            ),
+        )
+        .with_state((state.0, state.1 as Failing));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// Checks `t=<s>,v1=<hex>` against HMAC-SHA256(secret, "<s>.<body>"), computed here.
+fn signed_by(secret: &str, header: &str, body: &[u8]) -> bool {
+    use hmac::Mac;
+    let Some((t, v1)) = header.split_once(',').and_then(|(t, v)| Some((t.strip_prefix("t=")?, v.strip_prefix("v1=")?))) else {
+        return false;
+    };
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("key");
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes()) == v1
+}
+
+/// A key whose jobs may call back to 127.0.0.1, and its webhook secret.
+async fn webhook_key(label: &str) -> (String, String) {
+    let config = service_config();
+    let mut redis = sandq_core::redis_conn::connect(&config.redis).await.expect("redis");
+    let quotas = Quotas { webhook_hosts: vec!["127.0.0.1".into()], ..Quotas::default() };
+    let (record, key) = keys::create(&mut redis, &Names::new(namespace()), &tenant(label), "test", quotas).await.expect("create key");
+    assert!(record.webhook_secret.starts_with("whsec_"));
+    (key, record.webhook_secret)
+}
+
+/// Waits (up to `limit`) until the receiver answered 200 once.
+async fn until_delivered(seen: &Shared, limit: Duration) {
+    let started = Instant::now();
+    while !seen.lock().expect("lock").requests.iter().any(|r| r.3 == 200) {
+        assert!(started.elapsed() < limit, "no delivery within {limit:?}: {} attempts", seen.lock().expect("lock").requests.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_is_signed_retried_after_failures_and_delivered_once() {
+    let (key, secret) = webhook_key("hook").await;
+    let (url, seen) = receiver(|n| n < 2).await;
+    let mut body = python("print('called back')");
+    body["job_id"] = json!("hooked");
+    body["callback_url"] = json!(url);
+    let (status, job, _) = post_job(&key, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    until_delivered(&seen, Duration::from_secs(120)).await;
+    // Nothing more comes once it was taken.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = seen.lock().expect("lock");
+    let statuses: Vec<u16> = seen.requests.iter().map(|r| r.3).collect();
+    assert_eq!(statuses, vec![500, 500, 200], "two failures, then one delivery");
+    let delivery = &seen.requests[0].0;
+    assert!(uuid::Uuid::parse_str(delivery).is_ok(), "{delivery:?}");
+    for (id, signature, body, _) in &seen.requests {
+        assert_eq!(id, delivery, "one delivery id on every attempt");
+        assert!(signed_by(&secret, signature, body), "a bad signature: {signature}");
+        assert!(!signed_by("whsec_other", signature, body));
+    }
+    let payload: Value = serde_json::from_slice(&seen.requests[2].2).expect("JSON");
+    assert_eq!(payload["type"], "job.finished");
+    assert_eq!(payload["delivery_id"], delivery.as_str());
+    assert_eq!(payload["job"]["job_id"], "hooked");
+    assert_eq!(payload["job"]["status"], "succeeded");
+    assert_eq!(payload["job"]["stdout"]["text"], "called back\n");
+}
+
+#[tokio::test]
+async fn a_webhook_survives_the_death_of_the_gateway_that_accepted_it() {
+    let (key, secret) = webhook_key("restart").await;
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let failing = fail.clone();
+    let (url, seen) = receiver(move |_| failing.load(std::sync::atomic::Ordering::SeqCst)).await;
+    let log = std::env::temp_dir().join(format!("{}-gateway-b.log", namespace()));
+    let allow = [("SANDQ__GATEWAY__WEBHOOK_ALLOW_PRIVATE", "true")];
+    let (mut b, base) = start_gateway(&log, &allow);
+    let mut body = python("print('survivor')");
+    body["callback_url"] = json!(url);
+    let response = http().post(format!("{base}/v1/jobs")).bearer_auth(&key).json(&body).send().await.expect("POST");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    // Retries are under way when the gateway that took the job dies.
+    let started = Instant::now();
+    while seen.lock().expect("lock").requests.is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(120), "no attempt");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.kill().expect("kill");
+    b.wait().expect("wait");
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (mut b, _) = start_gateway(&log, &allow);
+    until_delivered(&seen, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = seen.lock().expect("lock");
+    assert_eq!(seen.requests.iter().filter(|r| r.3 == 200).count(), 1, "delivered once");
+    let delivery = &seen.requests[0].0;
+    assert!(seen.requests.iter().all(|r| &r.0 == delivery && signed_by(&secret, &r.1, &r.2)));
+    b.kill().expect("kill");
+    let _ = b.wait();
+}
+
+#[tokio::test]
+async fn callback_urls_to_hosts_not_allowed_or_private_addresses_are_refused() {
+    let (key, _) = webhook_key("ssrf").await;
+    let log = std::env::temp_dir().join(format!("{}-gateway-c.log", namespace()));
+    // A gateway as deployed: private destinations not allowed.
+    let (mut c, base) = start_gateway(&log, &[]);
+    let post = |url: &'static str| {
+        let (key, base) = (key.clone(), base.clone());
+        async move {
+            let mut body = python("print(1)");
+            body["callback_url"] = json!(url);
+            let response = http().post(format!("{base}/v1/jobs")).bearer_auth(&key).json(&body).send().await.expect("POST");
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap_or(Value::Null)["type"].as_str().unwrap_or_default().to_owned())
+        }
+    };
+    assert_eq!(post("http://127.0.0.1:9/hook").await, (StatusCode::BAD_REQUEST, "urn:sandq:problem:invalid-request".to_owned()));
+    assert_eq!(post("http://localhost:9/hook").await.0, StatusCode::FORBIDDEN, "a host the key may not call");
+    assert_eq!(post("ftp://127.0.0.1/x").await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(post("http://user:pw@127.0.0.1/x").await.0, StatusCode::BAD_REQUEST);
+    c.kill().expect("kill");
+    let _ = c.wait();
 }

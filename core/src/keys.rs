@@ -51,6 +51,9 @@ pub struct Quotas {
     /// Largest file uploaded in one request (`POST /v1/files`), bytes; default 100 MiB.
     #[serde(default = "default_upload")]
     pub max_upload_bytes: u64,
+    /// Host names a job's `callback_url` may name (exact, lower case; `*`: any); default none.
+    #[serde(default)]
+    pub webhook_hosts: Vec<String>,
 }
 
 fn default_in_flight() -> u32 {
@@ -78,11 +81,12 @@ impl Default for Quotas {
             max_timeout: default_timeout(),
             network: false,
             max_upload_bytes: default_upload(),
+            webhook_hosts: Vec::new(),
         }
     }
 }
 
-/// A key as stored (never its secret).
+/// A key as stored (never its secret; its webhook signing secret, which signing needs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyRecord {
     /// The key's public id (12 of `[a-z0-9]`).
@@ -100,6 +104,11 @@ pub struct KeyRecord {
     pub revoked_at_ms: Option<u64>,
     /// What it may do.
     pub quotas: Quotas,
+    /// The secret that signs this key's webhooks (`whsec_` and 32 random bytes in base64url):
+    /// stored as is (signing needs it), shown when the key is created. Empty in records
+    /// written before webhooks: such a key's jobs cannot name a `callback_url`.
+    #[serde(default)]
+    pub webhook_secret: String,
 }
 
 /// Failure of a key operation.
@@ -200,12 +209,14 @@ pub async fn create(
     if name.len() > 200 {
         return Err(KeyError::Name);
     }
-    let (id, secret) = {
+    let (id, secret, webhook_secret) = {
         let mut rng = rand::rng();
         const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
         let id: String = (0..12).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
         let bytes: [u8; 32] = rng.random();
-        (id, base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+        let signing: [u8; 32] = rng.random();
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        (id, b64.encode(bytes), format!("whsec_{}", b64.encode(signing)))
     };
     let key = format!("sq_{id}_{secret}");
     let record = KeyRecord {
@@ -216,6 +227,7 @@ pub async fn create(
         created_at_ms: crate::time::now_ms(),
         revoked_at_ms: None,
         quotas,
+        webhook_secret,
     };
     let json = serde_json::to_string(&record).map_err(|source| KeyError::Corrupt { id: id.clone(), source })?;
     // Two commands, not a transaction: the record and the index are in different cluster slots.

@@ -30,7 +30,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
-use crate::scope::{accepted_key, job_id_of, owned};
+use crate::scope::{accepted_key, job_id_of, owned, view_for_tenant};
 use crate::Gateway;
 
 /// `POST /v1/jobs`'s body: a job as JSON. Unknown fields are refused.
@@ -78,6 +78,10 @@ pub struct SubmitJob {
     /// Files this tenant uploaded (`POST /v1/files`), staged into `/work` before the program.
     #[serde(default)]
     pub inputs: Vec<InputRef>,
+    /// Where the terminal result is POSTed, signed (docs/gateway.md "Webhooks"); its host
+    /// must be one of the key's `webhook_hosts`.
+    #[serde(default)]
+    pub callback_url: Option<String>,
 }
 
 /// One input of a job: an uploaded file and where it goes.
@@ -92,19 +96,7 @@ pub struct InputRef {
 
 /// A job's result as the API shows it: the JobResult's JSON with the tenant's ids.
 fn view(caller: &Caller, result: &JobResult) -> Value {
-    let mut value = serde_json::to_value(result).unwrap_or(Value::Null);
-    let prefix = format!("{}_", caller.key.tenant);
-    if let Some(object) = value.as_object_mut() {
-        if let Some(id) = result.job_id.strip_prefix(&prefix) {
-            object.insert("job_id".into(), Value::String(id.to_owned()));
-        }
-        if let Some(session) = object.get_mut("session").and_then(Value::as_object_mut) {
-            if let Some(name) = session.get("name").and_then(Value::as_str).and_then(|n| n.strip_prefix(&prefix)).map(str::to_owned) {
-                session.insert("name".into(), Value::String(name));
-            }
-        }
-    }
-    value
+    view_for_tenant(&caller.key.tenant, result)
 }
 
 /// Reads a request body: at most `max_body_bytes`, within `read_timeout`.
@@ -128,7 +120,7 @@ pub(crate) async fn read_body(gateway: &Gateway, headers: &HeaderMap, body: Body
 ///
 /// # Errors
 /// 400 with the decoder's or the validator's message.
-pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<JobSpec, Problem> {
+pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<(JobSpec, Option<String>), Problem> {
     let request: SubmitJob = serde_json::from_slice(body).map_err(|e| Problem::invalid(format!("the body is not a job: {e}")))?;
     let idempotency = headers.get("idempotency-key").map(|v| v.as_bytes());
     let id = match (&request.job_id, idempotency) {
@@ -171,7 +163,7 @@ pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<JobSp
         }
         spec.session = Some(caller.scoped(&session));
     }
-    Ok(spec)
+    Ok((spec, request.callback_url))
 }
 
 fn hex_prefix(bytes: &[u8], len: usize) -> String {
@@ -188,7 +180,7 @@ fn hex_prefix(bytes: &[u8], len: usize) -> String {
 /// with another body.
 pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let body = read_body(&gateway, &headers, body).await?;
-    let spec = decode(&caller, &headers, &body)?;
+    let (spec, callback_url) = decode(&caller, &headers, &body)?;
     let external = spec.job_id[caller.key.tenant.len() + 1..].to_owned();
     note(caller.audit.as_ref(), |a| a.job_id = Some(external.clone()));
     let quotas = &caller.key.quotas;
@@ -220,10 +212,21 @@ pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers
     if spec.network == NetworkMode::Outbound && !quotas.network {
         return Err(Problem::forbidden("this key may not use network \"outbound\""));
     }
+    if let Some(url) = &callback_url {
+        if caller.key.webhook_secret.is_empty() {
+            return Err(Problem::forbidden("this key has no webhook secret (made before webhooks): create a new key"));
+        }
+        let target = crate::webhooks::check_url(url, &quotas.webhook_hosts).map_err(|e| match e {
+            crate::webhooks::UrlError::Host(_) => Problem::forbidden(e.to_string()),
+            e => Problem::invalid(e.to_string()),
+        })?;
+        // Checked now for a clear answer, and again at each delivery (DNS may change).
+        crate::webhooks::resolve(&target, gateway.settings.webhook_allow_private).await.map_err(|e| Problem::invalid(e.to_string()))?;
+    }
     let digest = hex_prefix(&Sha256::digest(&body), 64);
     // The whole acceptance runs on a task of its own: a client that disconnects (or a shutdown)
     // cannot stop it between claiming the id and publishing the job.
-    let task = tokio::spawn(accept(gateway.clone(), caller.clone(), spec, valid, digest));
+    let task = tokio::spawn(accept(gateway.clone(), caller.clone(), spec, valid, digest, callback_url));
     let (status, result) = task.await.map_err(|_| Problem::unavailable("the submission failed"))??;
     let mut response = (status, Json(view(&caller, &result))).into_response();
     if let Ok(value) = format!("/v1/jobs/{external}").parse() {
@@ -268,6 +271,7 @@ async fn accept(
     spec: JobSpec,
     valid: sandq_schemas::ValidJob,
     digest: String,
+    callback_url: Option<String>,
 ) -> Result<(StatusCode, JobResult), Problem> {
     let unavailable = |e: &dyn std::fmt::Display| Problem::unavailable(format!("redis: {e}"));
     let mut redis = gateway.redis.clone();
@@ -330,9 +334,20 @@ async fn accept(
     if let Err(e) = accepted {
         return Err(refused(unavailable(&e), true, true).await);
     }
+    // The webhook is recorded before the publish: a job that is queued always has it.
+    if let Some(url) = &callback_url {
+        if let Err(problem) = crate::webhooks::schedule(&gateway, &spec.job_id, key_id, url).await {
+            return Err(refused(problem, true, true).await);
+        }
+    }
     match publish(&gateway, &spec).await {
         Ok(()) => Ok((StatusCode::CREATED, queued(&spec))),
-        Err((problem, true)) => Err(refused(problem, true, true).await),
+        Err((problem, true)) => {
+            if callback_url.is_some() {
+                crate::webhooks::unschedule(&gateway, &spec.job_id).await;
+            }
+            Err(refused(problem, true, true).await)
+        }
         Err((problem, false)) => Err(problem),
     }
 }
@@ -593,6 +608,7 @@ mod tests {
             created_at_ms: 0,
             revoked_at_ms: None,
             quotas: Default::default(),
+            webhook_secret: String::new(),
         };
         Caller { key, audit: None }
     }
@@ -608,7 +624,7 @@ mod tests {
         #[test]
         fn a_job_id_is_accepted_exactly_when_the_queue_would_take_it_scoped(tenant in "[a-z0-9]{1,23}", id in "\\PC{0,70}") {
             let body = json!({"runtime": "python", "code": "1", "job_id": id}).to_string();
-            let decoded = decode(&caller(&tenant), &HeaderMap::new(), body.as_bytes());
+            let decoded = decode(&caller(&tenant), &HeaderMap::new(), body.as_bytes()).map(|(spec, _)| spec);
             let shape = !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
             let fits = id.len() + tenant.len() < 64;
             prop_assert_eq!(decoded.is_ok(), shape && fits);
@@ -623,9 +639,9 @@ mod tests {
             let mut headers = HeaderMap::new();
             headers.insert("idempotency-key", key.parse().expect("printable"));
             let body = br#"{"runtime": "python", "code": "1"}"#;
-            let a = decode(&caller("one"), &headers, body).expect("decodes").job_id;
-            let again = decode(&caller("one"), &headers, body).expect("decodes").job_id;
-            let b = decode(&caller("two"), &headers, body).expect("decodes").job_id;
+            let a = decode(&caller("one"), &headers, body).expect("decodes").0.job_id;
+            let again = decode(&caller("one"), &headers, body).expect("decodes").0.job_id;
+            let b = decode(&caller("two"), &headers, body).expect("decodes").0.job_id;
             prop_assert_eq!(&a, &again);
             prop_assert_ne!(&a["one_".len()..], &b["two_".len()..]);
         }

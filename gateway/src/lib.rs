@@ -15,6 +15,7 @@ pub mod problem;
 pub mod quota;
 pub mod scope;
 pub mod settings;
+pub mod webhooks;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

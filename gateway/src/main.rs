@@ -36,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
     let read_timeout = settings.read_timeout;
     let gateway = sandq_gateway::Gateway::connect(service, settings).await.context("connecting to the services")?;
+    tokio::spawn(sandq_gateway::webhooks::dispatch(gateway.clone()));
     tracing::info!(addr = %listener.local_addr()?, "serving the API");
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

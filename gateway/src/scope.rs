@@ -2,6 +2,8 @@
 //! serves it only if it recorded accepting it (`<ns>:job:{<tenant>_<id>}:gateway`).
 
 use redis::AsyncCommands as _;
+use sandq_schemas::JobResult;
+use serde_json::Value;
 
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
@@ -33,4 +35,22 @@ pub(crate) async fn owned(gateway: &Gateway, caller: &Caller, id: &str) -> Resul
     } else {
         Err(Problem::not_found("job", id))
     }
+}
+
+/// A job's result as `tenant` sees it: the JobResult's JSON with the tenant's ids (its job
+/// id and session name without the `<tenant>_` prefix).
+pub(crate) fn view_for_tenant(tenant: &str, result: &JobResult) -> Value {
+    let mut value = serde_json::to_value(result).unwrap_or(Value::Null);
+    let prefix = format!("{tenant}_");
+    if let Some(object) = value.as_object_mut() {
+        if let Some(id) = result.job_id.strip_prefix(&prefix) {
+            object.insert("job_id".into(), Value::String(id.to_owned()));
+        }
+        if let Some(session) = object.get_mut("session").and_then(Value::as_object_mut) {
+            if let Some(name) = session.get("name").and_then(Value::as_str).and_then(|n| n.strip_prefix(&prefix)).map(str::to_owned) {
+                session.insert("name".into(), Value::String(name));
+            }
+        }
+    }
+    value
 }

@@ -50,6 +50,19 @@ pub struct GatewaySettings {
     /// How long an uploaded file can be named by the tenant's jobs (humantime); default `7d`.
     #[serde(default = "default_file_ttl", with = "humantime_serde")]
     pub file_ttl: Duration,
+    /// Whether webhooks may go to loopback, private, link-local and other non-public
+    /// addresses; default false (an operator's receivers inside the network need it).
+    #[serde(default)]
+    pub webhook_allow_private: bool,
+    /// How long after a job ended its webhook is retried (humantime); default `24h`.
+    #[serde(default = "default_webhook_retry_for", with = "humantime_serde")]
+    pub webhook_retry_for: Duration,
+    /// Time-out of one webhook attempt (humantime); default `10s`.
+    #[serde(default = "default_webhook_timeout", with = "humantime_serde")]
+    pub webhook_timeout: Duration,
+    /// Pause after the first failed attempt, doubling after each (at most 10 min); default `1s`.
+    #[serde(default = "default_webhook_backoff", with = "humantime_serde")]
+    pub webhook_backoff: Duration,
     /// Interval of SSE comments on an idle event stream (keeps proxies from closing it);
     /// default `15s`.
     #[serde(default = "default_keep_alive", with = "humantime_serde")]
@@ -86,6 +99,15 @@ fn default_max_requests() -> usize {
 fn default_file_ttl() -> Duration {
     Duration::from_secs(7 * 24 * 3600)
 }
+fn default_webhook_retry_for() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+fn default_webhook_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_webhook_backoff() -> Duration {
+    Duration::from_secs(1)
+}
 fn default_keep_alive() -> Duration {
     Duration::from_secs(15)
 }
@@ -103,6 +125,10 @@ impl Default for GatewaySettings {
             max_stream_life: default_max_stream_life(),
             max_requests: default_max_requests(),
             file_ttl: default_file_ttl(),
+            webhook_allow_private: false,
+            webhook_retry_for: default_webhook_retry_for(),
+            webhook_timeout: default_webhook_timeout(),
+            webhook_backoff: default_webhook_backoff(),
             keep_alive: default_keep_alive(),
         }
     }

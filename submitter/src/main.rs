@@ -136,6 +136,9 @@ enum KeyCommand {
         /// Largest file uploaded in one request, bytes.
         #[arg(long, default_value_t = 100 << 20)]
         max_upload_bytes: u64,
+        /// A host jobs' `callback_url` may name (repeat for more; `*`: any).
+        #[arg(long = "webhook-host")]
+        webhook_hosts: Vec<String>,
     },
     /// List keys: id, tenant, name, quotas, created, revoked (never the key).
     Ls,
@@ -242,19 +245,34 @@ async fn keys(service: &ServiceConfig, command: KeyCommand, json: bool) -> anyho
     let mut redis = sandq_core::redis_conn::connect(&service.redis).await.context("cannot connect to redis")?;
     let names = sandq_schemas::names::Names::new(service.namespace.clone());
     match command {
-        KeyCommand::Create { tenant, name, max_in_flight, jobs_per_minute, max_sku, max_timeout, network, max_upload_bytes } => {
-            let quotas =
-                keys::Quotas { max_in_flight, jobs_per_minute, max_sku, max_timeout: max_timeout.into(), network, max_upload_bytes };
+        KeyCommand::Create {
+            tenant,
+            name,
+            max_in_flight,
+            jobs_per_minute,
+            max_sku,
+            max_timeout,
+            network,
+            max_upload_bytes,
+            webhook_hosts,
+        } => {
+            let webhook_hosts = webhook_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect();
+            let max_timeout = max_timeout.into();
+            let quotas = keys::Quotas { max_in_flight, jobs_per_minute, max_sku, max_timeout, network, max_upload_bytes, webhook_hosts };
             let (record, key) = keys::create(&mut redis, &names, &tenant, &name, quotas).await?;
             if json {
                 println!("{}", serde_json::json!({"key": key, "record": record}));
             } else {
                 eprintln!("key {} for tenant {}: shown once, store it now", record.id, record.tenant);
+                eprintln!("webhook signing secret: {}", record.webhook_secret);
                 println!("{key}");
             }
         }
         KeyCommand::Ls => {
-            let records = keys::list(&mut redis, &names).await?;
+            let mut records = keys::list(&mut redis, &names).await?;
+            for r in &mut records {
+                r.webhook_secret.clear();
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&records)?);
                 return Ok(0);
