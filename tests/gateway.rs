@@ -22,6 +22,8 @@ use serde_json::{json, Value};
 /// loopback allowed and retried after 200 ms doubling. Its log is [`log_path`].
 struct Gateway {
     base: String,
+    /// Its stdin's other end: when this process ends, the pipe closes and the gateway stops
+    /// (`--exit-on-stdin-eof`; a static is never dropped).
     _child: Child,
 }
 
@@ -37,6 +39,7 @@ fn spawn_gateway(log_name: &std::path::Path, env: &[(&str, &str)]) -> Child {
     let log = std::fs::File::create(log_name).expect("log file");
     let mut command = Command::new(bin_dir().join("sandq-gateway"));
     command
+        .arg("--exit-on-stdin-eof")
         .env("SANDQ__NAMESPACE", namespace())
         .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
         .env("SANDQ__GATEWAY__READ_TIMEOUT", "2s")
@@ -45,7 +48,7 @@ fn spawn_gateway(log_name: &std::path::Path, env: &[(&str, &str)]) -> Child {
         .env("SANDQ__GATEWAY__KEEP_ALIVE", "1s")
         .env("SANDQ__GATEWAY__WEBHOOK_BACKOFF", "200ms")
         .env("SANDQ__GATEWAY__WEBHOOK_TIMEOUT", "2s")
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(log);
     for (k, v) in env {
@@ -816,4 +819,77 @@ async fn callback_urls_to_hosts_not_allowed_or_private_addresses_are_refused() {
     assert_eq!(post("http://user:pw@127.0.0.1/x").await.0, StatusCode::BAD_REQUEST);
     c.kill().expect("kill");
     let _ = c.wait();
+}
+
+#[tokio::test]
+async fn session_files_are_written_and_read_without_a_job_and_kept_between_jobs_for_their_tenant() {
+    let quotas = Quotas { max_sessions: 2, ..Quotas::default() };
+    let (_, key) = new_key(&tenant("sess"), quotas).await;
+    let (_, other) = new_key(&tenant("sess"), Quotas::default()).await;
+    let base = gateway();
+    let create = |key: String, name: &'static str| async move {
+        http().post(format!("{base}/v1/sessions")).bearer_auth(&key).json(&json!({"name": name})).send().await.expect("POST").status()
+    };
+    assert_eq!(create(key.clone(), "work").await, StatusCode::CREATED);
+    assert_eq!(create(key.clone(), "work").await, StatusCode::OK, "already the tenant's");
+    // A file written without a job...
+    let put = http()
+        .put(format!("{base}/v1/sessions/work/files/data/in.txt"))
+        .bearer_auth(&key)
+        .body("hello from outside")
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let written: Value = put.json().await.expect("json");
+    assert_eq!(written["sha256"], hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"hello from outside")));
+    // ... is in /work for the session's next job, whose files stay for the one after.
+    let mut body = python("print(open('data/in.txt').read())\nopen('out.txt', 'w').write('made inside')\nx = 41");
+    body["session"] = json!("work");
+    let (status, job, _) = post_job(&key, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let done = wait_job(&key, job["job_id"].as_str().expect("id")).await;
+    assert_eq!(done["stdout"]["text"], "hello from outside\n", "{done}");
+    assert_eq!(done["session"]["name"], "work", "the tenant's name in the result");
+    let mut body = python("print(x + 1, open('out.txt').read())");
+    body["session"] = json!("work");
+    let (_, job, _) = post_job(&key, &body).await;
+    assert_eq!(wait_job(&key, job["job_id"].as_str().expect("id")).await["stdout"]["text"], "42 made inside\n");
+    let (status, listing) = get_json(&key, "/v1/sessions/work/files").await;
+    assert_eq!(status, StatusCode::OK);
+    let paths: Vec<&str> = listing["files"].as_array().expect("files").iter().filter_map(|f| f["path"].as_str()).collect();
+    assert_eq!(paths, vec!["data/in.txt", "out.txt"]);
+    let read = http().get(format!("{base}/v1/sessions/work/files/out.txt")).bearer_auth(&key).send().await.expect("GET");
+    assert_eq!(read.text().await.expect("text"), "made inside", "the redirect serves the file's bytes");
+    let (_, sessions) = get_json(&key, "/v1/sessions").await;
+    assert_eq!(sessions["sessions"][0]["name"], "work");
+    assert_eq!(sessions["sessions"][0]["files"], 2);
+    // Another tenant reaches none of it.
+    assert_eq!(get_json(&other, "/v1/sessions/work/files").await.0, StatusCode::NOT_FOUND);
+    let theirs = http().put(format!("{base}/v1/sessions/work/files/x")).bearer_auth(&other).body("x").send().await.expect("PUT");
+    assert_eq!(theirs.status(), StatusCode::NOT_FOUND);
+    assert_eq!(get_json(&other, "/v1/sessions").await.1["sessions"], json!([]));
+    // Paths stay under /work.
+    // (Sent raw: an HTTP client library would normalise the dots away before sending.)
+    for bad in ["../x", "a/../../x", "a%00b", "./x"] {
+        let key = key.clone();
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut stream = raw_connection();
+            let request = format!("PUT /v1/sessions/work/files/{bad} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx");
+            stream.write_all(request.as_bytes()).expect("write");
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer);
+            answer
+        })
+        .await
+        .expect("thread");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{bad}: {answer}");
+    }
+    // Two sessions at most; deleting one frees its place.
+    assert_eq!(create(key.clone(), "second").await, StatusCode::CREATED);
+    assert_eq!(create(key.clone(), "third").await, StatusCode::TOO_MANY_REQUESTS);
+    let deleted = http().delete(format!("{base}/v1/sessions/work")).bearer_auth(&key).send().await.expect("DELETE");
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    assert_eq!(get_json(&key, "/v1/sessions/work/files").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(create(key.clone(), "third").await, StatusCode::CREATED);
 }

@@ -51,6 +51,9 @@ pub struct Quotas {
     /// Largest file uploaded in one request (`POST /v1/files`), bytes; default 100 MiB.
     #[serde(default = "default_upload")]
     pub max_upload_bytes: u64,
+    /// Sessions the key's tenant may have at once (counted per tenant); default 100.
+    #[serde(default = "default_sessions")]
+    pub max_sessions: u32,
     /// Host names a job's `callback_url` may name (exact, lower case; `*`: any); default none.
     #[serde(default)]
     pub webhook_hosts: Vec<String>,
@@ -64,6 +67,9 @@ fn default_per_minute() -> u32 {
 }
 fn default_sku() -> Sku {
     Sku::M
+}
+fn default_sessions() -> u32 {
+    100
 }
 fn default_upload() -> u64 {
     100 << 20
@@ -81,6 +87,7 @@ impl Default for Quotas {
             max_timeout: default_timeout(),
             network: false,
             max_upload_bytes: default_upload(),
+            max_sessions: default_sessions(),
             webhook_hosts: Vec::new(),
         }
     }

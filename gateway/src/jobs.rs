@@ -151,17 +151,7 @@ pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<(JobS
     }
     spec.submitted_at_ms = Some(sandq_core::time::now_ms());
     if let Some(session) = request.session {
-        let ok = !session.is_empty()
-            && session.len() <= caller.max_id_len()
-            && !session.starts_with('.')
-            && session.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !ok {
-            return Err(Problem::invalid(format!(
-                "session {session:?} is not 1 to {} of [A-Za-z0-9_.-] not starting with '.'",
-                caller.max_id_len()
-            )));
-        }
-        spec.session = Some(caller.scoped(&session));
+        spec.session = Some(crate::sessions::session_of(caller, &session)?);
     }
     Ok((spec, request.callback_url))
 }
@@ -222,6 +212,9 @@ pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers
         })?;
         // Checked now for a clear answer, and again at each delivery (DNS may change).
         crate::webhooks::resolve(&target, gateway.settings.webhook_allow_private).await.map_err(|e| Problem::invalid(e.to_string()))?;
+    }
+    if let Some(session) = &spec.session {
+        crate::sessions::register(&gateway, &caller, &session[caller.key.tenant.len() + 1..]).await?;
     }
     let digest = hex_prefix(&Sha256::digest(&body), 64);
     // The whole acceptance runs on a task of its own: a client that disconnects (or a shutdown)

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod problem;
 pub mod quota;
 pub mod scope;
+pub mod sessions;
 pub mod settings;
 pub mod webhooks;
 
@@ -177,6 +178,10 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/artifacts/{*path}", get(files::artifact))
         .route("/v1/files", axum::routing::post(files::upload))
+        .route("/v1/sessions", get(sessions::list).post(sessions::create))
+        .route("/v1/sessions/{name}", axum::routing::delete(sessions::delete))
+        .route("/v1/sessions/{name}/files", get(sessions::files))
+        .route("/v1/sessions/{name}/files/{*path}", get(sessions::read).put(sessions::write))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))

@@ -17,6 +17,10 @@ struct Args {
     /// Logs as JSON lines.
     #[arg(long, env = "SANDQ_JSON_LOGS")]
     json_logs: bool,
+    /// Stop (as on SIGTERM) when standard input reaches its end: a parent that holds the
+    /// other end of a pipe (a test) stops the gateway by ending, however it ends.
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
 }
 
 #[tokio::main]
@@ -39,6 +43,14 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(sandq_gateway::webhooks::dispatch(gateway.clone()));
     tracing::info!(addr = %listener.local_addr()?, "serving the API");
     let (stop, shutdown) = tokio::sync::watch::channel(false);
+    if args.exit_on_stdin_eof {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            tracing::info!("standard input ended: stopping");
+            let _ = stop.send(true);
+        });
+    }
     tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {

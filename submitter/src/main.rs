@@ -136,6 +136,9 @@ enum KeyCommand {
         /// Largest file uploaded in one request, bytes.
         #[arg(long, default_value_t = 100 << 20)]
         max_upload_bytes: u64,
+        /// Sessions the tenant may have at once.
+        #[arg(long, default_value_t = 100)]
+        max_sessions: u32,
         /// A host jobs' `callback_url` may name (repeat for more; `*`: any).
         #[arg(long = "webhook-host")]
         webhook_hosts: Vec<String>,
@@ -254,11 +257,21 @@ async fn keys(service: &ServiceConfig, command: KeyCommand, json: bool) -> anyho
             max_timeout,
             network,
             max_upload_bytes,
+            max_sessions,
             webhook_hosts,
         } => {
             let webhook_hosts = webhook_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect();
             let max_timeout = max_timeout.into();
-            let quotas = keys::Quotas { max_in_flight, jobs_per_minute, max_sku, max_timeout, network, max_upload_bytes, webhook_hosts };
+            let quotas = keys::Quotas {
+                max_in_flight,
+                jobs_per_minute,
+                max_sku,
+                max_timeout,
+                network,
+                max_upload_bytes,
+                max_sessions,
+                webhook_hosts,
+            };
             let (record, key) = keys::create(&mut redis, &names, &tenant, &name, quotas).await?;
             if json {
                 println!("{}", serde_json::json!({"key": key, "record": record}));

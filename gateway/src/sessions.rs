@@ -1,0 +1,313 @@
+//! `/v1/sessions`: a tenant's sessions (create, list, delete) and their files (list, read,
+//! write) without running a job.
+//!
+//! A tenant's session `<name>` is the queue's session `<tenant>_<name>`; the gateway keeps the
+//! tenant's sessions in `<ns>:tenant:{<tenant>}:sessions` (a sorted set: name -> when it was
+//! registered), which bounds their number (`max_sessions`) and lists them. A job naming a
+//! session registers it. Files are read from and written to the session's manifest and blobs
+//! in S3 as a job leaves them, under the session's lock (never while a job of it runs).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt as _;
+use redis::AsyncCommands as _;
+use sandq_core::sessions::{self, FileEntry, Manifest, SessionError};
+use sandq_core::storage;
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+use crate::auth::Caller;
+use crate::problem::Problem;
+use crate::Gateway;
+
+/// The tenant's sessions.
+fn tenant_sessions_key(gateway: &Gateway, tenant: &str) -> String {
+    format!("{}:tenant:{{{tenant}}}:sessions", gateway.names.namespace())
+}
+
+/// Checks a tenant's session name: 1 to 64 less the tenant's prefix of `[A-Za-z0-9_.-]`, not
+/// starting with `.`; returns the queue's name.
+pub(crate) fn session_of(caller: &Caller, name: &str) -> Result<String, Problem> {
+    let ok = !name.is_empty()
+        && name.len() <= caller.max_id_len()
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(caller.scoped(name))
+    } else {
+        Err(Problem::invalid(format!("session {name:?} is not 1 to {} of [A-Za-z0-9_.-] not starting with '.'", caller.max_id_len())))
+    }
+}
+
+/// Registers the session for the tenant (a job naming it, or `POST /v1/sessions`).
+///
+/// # Errors
+/// 429 when the tenant already has `max_sessions` other sessions; 503 when Redis fails.
+pub(crate) async fn register(gateway: &Gateway, caller: &Caller, name: &str) -> Result<bool, Problem> {
+    let mut redis = gateway.redis.clone();
+    let key = tenant_sessions_key(gateway, &caller.key.tenant);
+    let unavailable = |e: redis::RedisError| Problem::unavailable(format!("redis: {e}"));
+    let known: Option<f64> = redis.zscore(&key, name).await.map_err(unavailable)?;
+    if known.is_some() {
+        return Ok(false);
+    }
+    // Sessions that expired (no manifest any more, and registered over a day ago) leave the
+    // count first.
+    let registered: Vec<(String, f64)> = redis.zrange_withscores(&key, 0, -1).await.map_err(unavailable)?;
+    let now = sandq_core::time::now_ms();
+    for (other, at) in &registered {
+        let old = now.saturating_sub(*at as u64) > 24 * 3600 * 1000;
+        if old
+            && sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &caller.scoped(other)).await.ok().flatten().is_none()
+        {
+            let _: redis::RedisResult<()> = redis.zrem(&key, other).await;
+        }
+    }
+    let (added, count): (u64, u64) = redis::pipe()
+        .atomic()
+        .cmd("ZADD")
+        .arg(&key)
+        .arg("NX")
+        .arg(now as f64)
+        .arg(name)
+        .zcard(&key)
+        .query_async(&mut redis)
+        .await
+        .map_err(unavailable)?;
+    if count > u64::from(caller.key.quotas.max_sessions) {
+        if added == 1 {
+            let _: redis::RedisResult<()> = redis.zrem(&key, name).await;
+        }
+        return Err(Problem::too_many(format!("at most {} sessions for this key's tenant", caller.key.quotas.max_sessions), 60));
+    }
+    Ok(added == 1)
+}
+
+/// Checks that the tenant registered `name`; returns the queue's name.
+async fn owned(gateway: &Gateway, caller: &Caller, name: &str) -> Result<String, Problem> {
+    let scoped = session_of(caller, name).map_err(|_| Problem::not_found("session", name))?;
+    let mut redis = gateway.redis.clone();
+    let known: Option<f64> = redis
+        .zscore(tenant_sessions_key(gateway, &caller.key.tenant), name)
+        .await
+        .map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
+    if known.is_some() {
+        Ok(scoped)
+    } else {
+        Err(Problem::not_found("session", name))
+    }
+}
+
+fn storage_problem(e: impl std::fmt::Display) -> Problem {
+    Problem::unavailable(format!("s3: {e}"))
+}
+
+fn session_problem(e: SessionError) -> Problem {
+    match e {
+        SessionError::Busy { name } => Problem::conflict(format!("session {name:?} is in use by a job; retry")).retry_after(2),
+        e => Problem::unavailable(e.to_string()),
+    }
+}
+
+/// `POST /v1/sessions`'s body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// The session's name; default a new UUID.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// `POST /v1/sessions`: 201 `{"name"}` (a new session), 200 when the tenant has it already.
+pub async fn create(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let request: CreateSession = if headers.contains_key(header::CONTENT_TYPE) {
+        let bytes = crate::jobs::read_body(&gateway, &headers, body).await?;
+        if bytes.is_empty() {
+            CreateSession::default()
+        } else {
+            serde_json::from_slice(&bytes).map_err(|e| Problem::invalid(format!("the body is not a session: {e}")))?
+        }
+    } else {
+        CreateSession::default()
+    };
+    let name = request.name.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    session_of(&caller, &name)?;
+    let new = register(&gateway, &caller, &name).await?;
+    let status = if new { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({"name": name})).into_response()).into_response())
+}
+
+/// `GET /v1/sessions`: the tenant's sessions (at most 1000), with their files' count and bytes
+/// and expiry (`null` for a session no job has used yet).
+pub async fn list(State(gateway): State<Arc<Gateway>>, caller: Caller) -> Result<Response, Problem> {
+    let mut redis = gateway.redis.clone();
+    let names: Vec<String> = redis
+        .zrange(tenant_sessions_key(&gateway, &caller.key.tenant), 0, 999)
+        .await
+        .map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
+    let mut listed = Vec::with_capacity(names.len());
+    for name in names {
+        let manifest = sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &caller.scoped(&name))
+            .await
+            .map_err(session_problem)?;
+        listed.push(match manifest {
+            Some(m) => json!({"name": name, "files": m.files.len(), "bytes": m.bytes(), "expires_at_ms": m.expires_at_ms, "execution_count": m.execution_count}),
+            None => json!({"name": name, "files": 0, "bytes": 0, "expires_at_ms": null, "execution_count": 0}),
+        });
+    }
+    Ok(Json(json!({"sessions": listed})).into_response())
+}
+
+/// `DELETE /v1/sessions/{name}`: its files and state deleted (waiting up to 30 s for a job of
+/// it to end), and the name given back. 204.
+pub async fn delete(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
+    let scoped = owned(&gateway, &caller, &name).await?;
+    let mut redis = gateway.redis.clone();
+    let holder = format!("gateway-{}", uuid::Uuid::new_v4());
+    sessions::lock(&mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(60), Duration::from_secs(30))
+        .await
+        .map_err(session_problem)?;
+    let deleted = sessions::delete(&gateway.s3, &gateway.service.s3.bucket, &mut redis, &gateway.names, &scoped).await;
+    let _ = sessions::unlock(&mut redis, &gateway.names, &scoped, &holder).await;
+    deleted.map_err(session_problem)?;
+    let _: redis::RedisResult<()> = redis.zrem(tenant_sessions_key(&gateway, &caller.key.tenant), &name).await;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Most files listed by `GET /v1/sessions/{name}/files`.
+const MAX_LISTED: usize = 10_000;
+
+/// `GET /v1/sessions/{name}/files`: `{"files": [{"path", "size", "sha256"}], "truncated"}`.
+pub async fn files(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
+    let scoped = owned(&gateway, &caller, &name).await?;
+    let manifest = sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped)
+        .await
+        .map_err(session_problem)?
+        .unwrap_or_default();
+    let files: Vec<_> =
+        manifest.files.iter().take(MAX_LISTED).map(|(path, f)| json!({"path": path, "size": f.size, "sha256": f.sha256})).collect();
+    Ok(Json(json!({"files": files, "truncated": manifest.files.len() > MAX_LISTED})).into_response())
+}
+
+/// `GET /v1/sessions/{name}/files/{path}`: 307 to a presigned URL of the file (15 min); 404
+/// when the session has no such file.
+pub async fn read(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path((name, path)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    let scoped = owned(&gateway, &caller, &name).await?;
+    let manifest = sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped)
+        .await
+        .map_err(session_problem)?
+        .unwrap_or_default();
+    let entry = manifest.files.get(&path).ok_or_else(|| Problem::not_found("file", &path))?;
+    let key = gateway.names.session_blob_key(&scoped, &entry.sha256);
+    let url =
+        storage::presign_get(&gateway.s3, &gateway.service.s3.bucket, &key, Duration::from_secs(15 * 60)).await.map_err(storage_problem)?;
+    let mut response = StatusCode::TEMPORARY_REDIRECT.into_response();
+    response.headers_mut().insert(header::LOCATION, url.parse().map_err(|_| Problem::unavailable("the file's URL"))?);
+    Ok(response)
+}
+
+/// A session file's path: relative, `/`-separated, no empty, `.` or `..` component, no NUL,
+/// at most 1024 bytes (the worker restores it under `/work`).
+fn check_path(path: &str) -> Result<(), Problem> {
+    let ok = !path.is_empty()
+        && path.len() <= 1024
+        && !path.starts_with('/')
+        && !path.contains('\0')
+        && path.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+    if ok {
+        Ok(())
+    } else {
+        Err(Problem::invalid(format!("path {path:?} must be relative, without empty, '.' or '..' components or NUL")))
+    }
+}
+
+/// How long a session written to without a job lives (the worker's default idle time-out).
+const NEW_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
+
+/// `PUT /v1/sessions/{name}/files/{path}`: the body (any type, at most the key's
+/// `max_upload_bytes`) becomes the file at `path` in the session, as if a job had written it;
+/// the next job of the session finds it in `/work`. 201 `{"path", "size", "sha256"}`; 409
+/// while a job of the session runs (retry).
+pub async fn write(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path((name, path)): Path<(String, String)>,
+    body: Body,
+) -> Result<Response, Problem> {
+    check_path(&path)?;
+    let scoped = owned(&gateway, &caller, &name).await?;
+    let max = caller.key.quotas.max_upload_bytes;
+    let mut bytes = Vec::new();
+    let mut stream = body.into_data_stream();
+    loop {
+        let next = tokio::time::timeout(gateway.settings.read_timeout, stream.next())
+            .await
+            .map_err(|_| Problem::slow_body(gateway.settings.read_timeout))?;
+        match next {
+            None => break,
+            Some(Err(_)) => return Err(Problem::invalid("the body was cut off")),
+            Some(Ok(chunk)) => {
+                if bytes.len() as u64 + chunk.len() as u64 > max {
+                    return Err(Problem::too_large(usize::try_from(max).unwrap_or(usize::MAX)));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+        }
+    }
+    let sha256: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    let size = bytes.len() as u64;
+    let bucket = &gateway.service.s3.bucket;
+    let mut redis = gateway.redis.clone();
+    let holder = format!("gateway-{}", uuid::Uuid::new_v4());
+    sessions::lock(&mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(60), Duration::ZERO).await.map_err(session_problem)?;
+    let written = async {
+        storage::put_bytes(&gateway.s3, bucket, &gateway.names.session_blob_key(&scoped, &sha256), bytes, "application/octet-stream")
+            .await
+            .map_err(storage_problem)?;
+        let now = sandq_core::time::now_ms();
+        let mut manifest = sessions::load(&gateway.s3, bucket, &gateway.names, &scoped)
+            .await
+            .map_err(session_problem)?
+            .unwrap_or_else(|| Manifest { created_at_ms: now, ..Manifest::default() });
+        manifest.files.insert(path.clone(), FileEntry { sha256: sha256.clone(), size });
+        manifest.updated_at_ms = now;
+        manifest.expires_at_ms = manifest.expires_at_ms.max(now + NEW_SESSION_TTL.as_millis() as u64);
+        sessions::store(&gateway.s3, bucket, &mut redis, &gateway.names, &scoped, &manifest).await.map_err(session_problem)?;
+        Ok::<_, Problem>(())
+    }
+    .await;
+    let _ = sessions::unlock(&mut gateway.redis.clone(), &gateway.names, &scoped, &holder).await;
+    written?;
+    Ok((StatusCode::CREATED, Json(json!({"path": path, "size": size, "sha256": sha256}))).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_file_paths_stay_under_work() {
+        for good in ["a.txt", "data/x.csv", "deep/er/file"] {
+            assert!(check_path(good).is_ok(), "{good}");
+        }
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a/", "a\0b", &"x".repeat(1025)] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+    }
+}
