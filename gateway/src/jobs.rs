@@ -99,23 +99,6 @@ fn view(caller: &Caller, result: &JobResult) -> Value {
     view_for_tenant(&caller.key.tenant, result)
 }
 
-/// Reads a request body: at most `max_body_bytes`, within `read_timeout`.
-pub(crate) async fn read_body(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes, Problem> {
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
-    if !json {
-        return Err(Problem::media_type());
-    }
-    let max = gateway.settings.max_body_bytes;
-    match tokio::time::timeout(gateway.settings.read_timeout, axum::body::to_bytes(body, max)).await {
-        Err(_) => Err(Problem::slow_body(gateway.settings.read_timeout)),
-        Ok(Err(_)) => Err(Problem::too_large(max)),
-        Ok(Ok(bytes)) => Ok(bytes),
-    }
-}
-
 /// Decodes a submission and turns it into the queue's job (ids scoped to the tenant).
 ///
 /// # Errors
@@ -169,7 +152,7 @@ fn hex_prefix(bytes: &[u8], len: usize) -> String {
 /// when the same id (or `Idempotency-Key`) was submitted before with the same body; 409 when
 /// with another body.
 pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
-    let body = read_body(&gateway, &headers, body).await?;
+    let body = crate::body::read_json(&gateway, &headers, body).await?;
     let (spec, callback_url) = decode(&caller, &headers, &body)?;
     let external = spec.job_id[caller.key.tenant.len() + 1..].to_owned();
     note(caller.audit.as_ref(), |a| a.job_id = Some(external.clone()));

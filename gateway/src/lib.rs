@@ -8,6 +8,7 @@
 //! decoding, quotas, the queue) -> a [`problem::Problem`] or the answer.
 
 pub mod auth;
+pub mod body;
 pub mod files;
 pub mod jobs;
 pub mod metrics;

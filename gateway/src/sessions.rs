@@ -15,7 +15,6 @@ use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::StreamExt as _;
 use redis::AsyncCommands as _;
 use sandq_core::sessions::{self, FileEntry, Manifest, SessionError};
 use sandq_core::storage;
@@ -133,7 +132,7 @@ pub async fn create(
     body: Body,
 ) -> Result<Response, Problem> {
     let request: CreateSession = if headers.contains_key(header::CONTENT_TYPE) {
-        let bytes = crate::jobs::read_body(&gateway, &headers, body).await?;
+        let bytes = crate::body::read_json(&gateway, &headers, body).await?;
         if bytes.is_empty() {
             CreateSession::default()
         } else {
@@ -252,24 +251,7 @@ pub async fn write(
 ) -> Result<Response, Problem> {
     check_path(&path)?;
     let scoped = owned(&gateway, &caller, &name).await?;
-    let max = caller.key.quotas.max_upload_bytes;
-    let mut bytes = Vec::new();
-    let mut stream = body.into_data_stream();
-    loop {
-        let next = tokio::time::timeout(gateway.settings.read_timeout, stream.next())
-            .await
-            .map_err(|_| Problem::slow_body(gateway.settings.read_timeout))?;
-        match next {
-            None => break,
-            Some(Err(_)) => return Err(Problem::invalid("the body was cut off")),
-            Some(Ok(chunk)) => {
-                if bytes.len() as u64 + chunk.len() as u64 > max {
-                    return Err(Problem::too_large(usize::try_from(max).unwrap_or(usize::MAX)));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-        }
-    }
+    let bytes = crate::body::read_bounded(&gateway, body, caller.key.quotas.max_upload_bytes).await?;
     let sha256: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
     let size = bytes.len() as u64;
     let bucket = &gateway.service.s3.bucket;
