@@ -15,9 +15,9 @@ ns="sandq-bench-gw-$$"
 export SANDQ__NAMESPACE=$ns
 # Each idle event stream holds two descriptors in the gateway (its socket, its Redis
 # connection) and one here.
-ulimit -n 65536
+ulimit -n "$(ulimit -Hn)"
 log=$(mktemp)
-SANDQ__GATEWAY__LISTEN=127.0.0.1:0 "$bin"/sandq-gateway 2>"$log" &
+SANDQ__GATEWAY__LISTEN=127.0.0.1:0 SANDQ__GATEWAY__MAX_STREAMS=$((streams + 10)) SANDQ__GATEWAY__MAX_STREAMS_PER_KEY=$((streams + 10)) "$bin"/sandq-gateway 2>"$log" &
 gateway=$!
 trap 'kill $gateway 2>/dev/null; wait $gateway 2>/dev/null; rm -f "$log"' EXIT
 for _ in $(seq 1 300); do grep -q 'serving the API' "$log" && break; sleep 0.1; done

@@ -546,9 +546,12 @@ async fn slow_headers_and_slow_bodies_are_cut_off_and_others_are_served_meanwhil
 }
 
 #[tokio::test]
-async fn health_readiness_and_metrics_are_served_without_a_key() {
+async fn health_readiness_metrics_and_the_openapi_document_are_served_without_a_key() {
     let base = gateway();
-    for (path, expect) in [("/healthz", "ok"), ("/readyz", "ready"), ("/metrics", "sandq_gateway_requests_total")] {
+    let document = std::fs::read_to_string(sandq_tests::repo_root().join("docs/openapi.json")).expect("docs/openapi.json");
+    for (path, expect) in
+        [("/healthz", "ok"), ("/readyz", "ready"), ("/metrics", "sandq_gateway_requests_total"), ("/v1/openapi.json", document.as_str())]
+    {
         let response = http().get(format!("{base}{path}")).send().await.expect("GET");
         assert_eq!(response.status(), StatusCode::OK, "{path}");
         assert!(response.text().await.expect("text").contains(expect), "{path}");

@@ -48,6 +48,9 @@ pub(crate) async fn uploaded_size(gateway: &Gateway, tenant: &str, sha256: &str)
 /// `POST /v1/files`: the body (any content type) is the file. 201 with `file_id` (its
 /// SHA-256), `size`; 413 over the key's `max_upload_bytes`; 408 when no bytes came for
 /// `read_timeout`. The bytes go through a temporary file (never held in memory).
+#[utoipa::path(post, path = "/v1/files", tag = "files", request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
+    responses((status = 201, description = "`{\"file_id\", \"size\", \"expires_in_s\"}`", body = serde_json::Value), (status = 413, description = "body-too-large", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn upload(State(gateway): State<Arc<Gateway>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let max = caller.key.quotas.max_upload_bytes;
     let too_large = || Problem::too_large(usize::try_from(max).unwrap_or(usize::MAX));
@@ -115,6 +118,10 @@ const ARTIFACT_URL_TTL: Duration = Duration::from_secs(15 * 60);
 
 /// `GET /v1/jobs/{id}/artifacts/{path}`: 307 to a presigned URL of the artifact the job left
 /// at `path` (as in the result's `artifacts`), valid 15 minutes; 404 when it has none there.
+#[utoipa::path(get, path = "/v1/jobs/{id}/artifacts/{path}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"), ("path" = String, Path, description = "The artifact's path, as in the result's `artifacts`")),
+    responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn artifact(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,

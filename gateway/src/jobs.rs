@@ -34,7 +34,7 @@ use crate::scope::{accepted_key, job_id_of, owned, view_for_tenant};
 use crate::Gateway;
 
 /// `POST /v1/jobs`'s body: a job as JSON. Unknown fields are refused.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitJob {
     /// The job's id within the tenant: `[A-Za-z0-9_-]`, at most 64 minus the tenant's length
@@ -42,11 +42,13 @@ pub struct SubmitJob {
     #[serde(default)]
     pub job_id: Option<String>,
     /// `python` or `node`.
+    #[schema(value_type = String, example = "python")]
     pub runtime: Runtime,
     /// The program (UTF-8, at most 1 MiB).
     pub code: String,
     /// `S`, `M`, `L`, `XL`; default `S`.
     #[serde(default)]
+    #[schema(value_type = Option<String>, example = "M")]
     pub sku: Option<Sku>,
     /// Command-line arguments.
     #[serde(default)]
@@ -65,9 +67,11 @@ pub struct SubmitJob {
     pub result_ttl: Option<String>,
     /// `none` (default) or `outbound`.
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub network: Option<NetworkMode>,
     /// `notebook` (default) or `script`.
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub mode: Option<RunMode>,
     /// A session of this tenant (its files and state carry over between its jobs).
     #[serde(default)]
@@ -85,7 +89,7 @@ pub struct SubmitJob {
 }
 
 /// One input of a job: an uploaded file and where it goes.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputRef {
     /// The file's id from `POST /v1/files`.
@@ -151,6 +155,16 @@ fn hex_prefix(bytes: &[u8], len: usize) -> String {
 /// `POST /v1/jobs`: 201 with the job (`queued`) and its `Location`; 200 with the job as it is
 /// when the same id (or `Idempotency-Key`) was submitted before with the same body; 409 when
 /// with another body.
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = SubmitJob,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: the same key and body find the first job")),
+    responses(
+        (status = 201, description = "Queued: the job (a JobResult, docs/protocol.md) with `Location`", body = serde_json::Value),
+        (status = 200, description = "This id or Idempotency-Key was submitted before with the same body: the job as it is", body = serde_json::Value),
+        (status = 400, description = "invalid-request", body = Problem), (status = 403, description = "forbidden-by-quota", body = Problem),
+        (status = 409, description = "conflict", body = Problem), (status = 413, description = "body-too-large", body = Problem),
+        (status = 415, description = "unsupported-media-type", body = Problem), (status = 429, description = "quota-exceeded", body = Problem),
+        (status = 503, description = "unavailable", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let body = crate::body::read_json(&gateway, &headers, body).await?;
     let (spec, callback_url) = decode(&caller, &headers, &body)?;
@@ -370,6 +384,10 @@ fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -
 
 /// `GET /v1/jobs/{id}[?wait=30s]`: the job's result (200), as it is now or once it ended
 /// within `wait`.
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"), ("wait" = Option<String>, Query, description = "Wait up to this long (humantime, at most `max_wait`) for the job to end")),
+    responses((status = 200, description = "The job: a JobResult (docs/protocol.md)", body = serde_json::Value), (status = 404, description = "not-found", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn get(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
@@ -409,6 +427,10 @@ pub async fn get(
 
 /// `DELETE /v1/jobs/{id}`: asks for the job to be cancelled (202): a queued job is not run, a
 /// running one is killed within about a second. 409 when it is already over.
+#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path, description = "The job's id")),
+    responses((status = 202, description = "Cancellation requested", body = serde_json::Value), (status = 404, description = "not-found", body = Problem),
+        (status = 409, description = "The job is over", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn cancel(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(id): Path<String>) -> Result<Response, Problem> {
     let job_id = owned(&gateway, &caller, &id).await?;
     let mut redis = gateway.redis.clone();
@@ -472,6 +494,12 @@ fn is_stream_id(cursor: &str) -> bool {
 /// `GET /v1/jobs/{id}/events`: the job's live events as server-sent events, from the first or
 /// after `Last-Event-ID` (or `?after=`); the stream ends after `end`, or once the job is over
 /// with nothing left to read.
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"), ("after" = Option<String>, Query, description = "Resume after this event id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (wins over `after`)")),
+    responses((status = 200, description = "Server-sent events: attempt, started, stdout, stderr, display, truncated, finished, requeued, end (docs/gateway.md)", content_type = "text/event-stream", body = String),
+        (status = 404, description = "not-found", body = Problem), (status = 429, description = "Too many open streams for the key", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn events(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,

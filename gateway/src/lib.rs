@@ -12,6 +12,7 @@ pub mod body;
 pub mod files;
 pub mod jobs;
 pub mod metrics;
+pub mod openapi;
 pub mod problem;
 pub mod quota;
 pub mod scope;
@@ -183,6 +184,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/sessions/{name}", axum::routing::delete(sessions::delete))
         .route("/v1/sessions/{name}/files", get(sessions::files))
         .route("/v1/sessions/{name}/files/{*path}", get(sessions::read).put(sessions::write))
+        .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::json()) }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 /// One problem: an HTTP status, a stable type and what happened.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     /// `urn:sandq:problem:<slug>`.
     #[serde(rename = "type")]

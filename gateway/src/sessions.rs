@@ -116,7 +116,7 @@ fn session_problem(e: SessionError) -> Problem {
 }
 
 /// `POST /v1/sessions`'s body.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     /// The session's name; default a new UUID.
@@ -125,6 +125,10 @@ pub struct CreateSession {
 }
 
 /// `POST /v1/sessions`: 201 `{"name"}` (a new session), 200 when the tenant has it already.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body(content = Option<CreateSession>),
+    responses((status = 201, description = "`{\"name\"}`: a new session", body = serde_json::Value), (status = 200, description = "The tenant has it already", body = serde_json::Value),
+        (status = 429, description = "quota-exceeded", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn create(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
@@ -150,6 +154,9 @@ pub async fn create(
 
 /// `GET /v1/sessions`: the tenant's sessions (at most 1000), with their files' count and bytes
 /// and expiry (`null` for a session no job has used yet).
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    responses((status = 200, description = "`{\"sessions\": [{\"name\", \"files\", \"bytes\", \"expires_at_ms\", \"execution_count\"}]}`", body = serde_json::Value)),
+    security(("api_key" = [])))]
 pub async fn list(State(gateway): State<Arc<Gateway>>, caller: Caller) -> Result<Response, Problem> {
     let mut redis = gateway.redis.clone();
     let names: Vec<String> = redis
@@ -171,6 +178,9 @@ pub async fn list(State(gateway): State<Arc<Gateway>>, caller: Caller) -> Result
 
 /// `DELETE /v1/sessions/{name}`: its files and state deleted (waiting up to 30 s for a job of
 /// it to end), and the name given back. 204.
+#[utoipa::path(delete, path = "/v1/sessions/{name}", tag = "sessions", params(("name" = String, Path, description = "The session")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "not-found", body = Problem), (status = 409, description = "A job of it still runs", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn delete(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
     let scoped = owned(&gateway, &caller, &name).await?;
     let mut redis = gateway.redis.clone();
@@ -189,6 +199,9 @@ pub async fn delete(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(na
 const MAX_LISTED: usize = 10_000;
 
 /// `GET /v1/sessions/{name}/files`: `{"files": [{"path", "size", "sha256"}], "truncated"}`.
+#[utoipa::path(get, path = "/v1/sessions/{name}/files", tag = "sessions", params(("name" = String, Path, description = "The session")),
+    responses((status = 200, description = "`{\"files\": [{\"path\", \"size\", \"sha256\"}], \"truncated\"}`", body = serde_json::Value), (status = 404, description = "not-found", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn files(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
     let scoped = owned(&gateway, &caller, &name).await?;
     let manifest = sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped)
@@ -202,6 +215,10 @@ pub async fn files(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(nam
 
 /// `GET /v1/sessions/{name}/files/{path}`: 307 to a presigned URL of the file (15 min); 404
 /// when the session has no such file.
+#[utoipa::path(get, path = "/v1/sessions/{name}/files/{path}", tag = "sessions",
+    params(("name" = String, Path, description = "The session"), ("path" = String, Path, description = "The file's path under /work")),
+    responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn read(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
@@ -243,6 +260,12 @@ const NEW_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 /// `max_upload_bytes`) becomes the file at `path` in the session, as if a job had written it;
 /// the next job of the session finds it in `/work`. 201 `{"path", "size", "sha256"}`; 409
 /// while a job of the session runs (retry).
+#[utoipa::path(put, path = "/v1/sessions/{name}/files/{path}", tag = "sessions",
+    params(("name" = String, Path, description = "The session"), ("path" = String, Path, description = "The file's path under /work")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
+    responses((status = 201, description = "`{\"path\", \"size\", \"sha256\"}`", body = serde_json::Value), (status = 400, description = "invalid-request", body = Problem),
+        (status = 404, description = "not-found", body = Problem), (status = 409, description = "A job of the session runs", body = Problem)),
+    security(("api_key" = [])))]
 pub async fn write(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,

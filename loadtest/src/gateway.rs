@@ -186,11 +186,27 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     println!("| ratio | {:.2} |", through_gateway / direct);
 
     // 3. Memory with idle event streams (the job stays queued: no worker serves this namespace).
+    let streams = idle_streams(&args, &key, &format!("{jobs_url}/{an_id}/events"), &mut redis).await;
+
+    // The run's namespace goes, whatever happened above: its queues (holding the jobs) and
+    // its key.
+    let connection = sandq_core::broker::connect(&service.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
+    sandq_core::topology::delete_queues(&connection.create_channel().await?, &names).await?;
+    let () = redis::cmd("DEL")
+        .arg(format!("{}:apikey:{{{}}}", names.namespace(), record.id))
+        .arg(format!("{}:apikeys", names.namespace()))
+        .query_async(&mut redis)
+        .await?;
+    streams
+}
+
+/// Opens `--streams` idle event streams on `url` and prints the gateway's memory before and
+/// with them.
+async fn idle_streams(args: &GatewayArgs, key: &str, url: &str, redis: &mut sandq_core::redis_conn::RedisConn) -> anyhow::Result<()> {
     let before = rss_kib(args.pid);
-    let url = format!("{jobs_url}/{an_id}/events");
     let mut open = Vec::with_capacity(args.streams);
     for _ in 0..args.streams {
-        let response = reqwest::Client::new().get(&url).bearer_auth(&key).send().await?;
+        let response = reqwest::Client::new().get(url).bearer_auth(key).send().await?;
         if !response.status().is_success() {
             bail!("GET events: {}", response.status());
         }
@@ -198,7 +214,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let with_streams = rss_kib(args.pid);
-    let redis_clients: String = redis::cmd("INFO").arg("clients").query_async(&mut redis).await?;
+    let redis_clients: String = redis::cmd("INFO").arg("clients").query_async(redis).await?;
     let connected = redis_clients.lines().find_map(|l| l.strip_prefix("connected_clients:")).unwrap_or("?").trim().to_owned();
     // Each stream is still open: a first poll would wait for an event.
     if let Some(first) = open.first_mut() {
@@ -212,14 +228,5 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     println!("| per stream | {:.1} |", (with_streams.saturating_sub(before)) as f64 / args.streams as f64);
     println!("\nRedis clients connected with the streams open: {connected} (each stream holds one connection for `XREAD BLOCK`)");
     drop(open);
-
-    // The run's namespace goes: its queues (holding the jobs) and its key.
-    let connection = sandq_core::broker::connect(&service.amqp.addresses(), 0, &lapin::ConnectionProperties::default()).await?.0;
-    sandq_core::topology::delete_queues(&connection.create_channel().await?, &names).await?;
-    let () = redis::cmd("DEL")
-        .arg(format!("{}:apikey:{{{}}}", names.namespace(), record.id))
-        .arg(format!("{}:apikeys", names.namespace()))
-        .query_async(&mut redis)
-        .await?;
     Ok(())
 }
