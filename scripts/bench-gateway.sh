@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 requests=${1:-300}
 streams=${2:-1000}
-cargo build --release --bins -q
+[ -n "${SANDQ_BENCH_NO_BUILD:-}" ] || cargo build --release --bins -q
 bin=${CARGO_TARGET_DIR:-target}/release
 ns="sandq-bench-gw-$$"
 export SANDQ__NAMESPACE=$ns

@@ -49,7 +49,9 @@ pub async fn give_back_rate(redis: &mut RedisConn, names: &Names, key_id: &str, 
     let _: redis::RedisResult<i64> = redis.decr(&key, 1).await;
 }
 
-/// Adds `job_id` to the key's jobs in flight, first dropping those that finished; `max_age` is
+/// Adds `job_id` to the key's jobs in flight; when that makes more than `max`, first drops
+/// those that finished (a status read each: only then, so a submission under the quota costs
+/// one round trip however many jobs are in flight) and counts again. `max_age` is
 /// the longest a job can be in flight (queue wait and run), after which it is dropped unread
 /// (`None`: the queue has no unserved limit, so age alone drops nothing).
 ///
@@ -67,12 +69,31 @@ pub async fn take_in_flight(
 ) -> Result<(), Problem> {
     let key = format!("{}:inflight", key_prefix(names, key_id));
     let unavailable = |e: redis::RedisError| Problem::unavailable(format!("redis: {e}"));
+    // Added first, counted after, in one transaction: of concurrent submissions over the
+    // quota, every one sees the others and none is let past it. (`NX`: a member already
+    // there, from a concurrent request with the same id, is not counted twice, and is not this
+    // request's to remove.)
+    let add_and_count = |redis: &mut RedisConn| {
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("ZADD").arg(&key).arg("NX").arg(now_ms as f64).arg(job_id).zcard(&key);
+        let mut redis = redis.clone();
+        async move { pipe.query_async::<(u64, u64)>(&mut redis).await }
+    };
+    let (added, count) = add_and_count(redis).await.map_err(unavailable)?;
+    if count <= u64::from(max) {
+        return Ok(());
+    }
+    // Over the quota as counted: drop the jobs that are over (one status read each, so only
+    // here, not on every submission), then count again.
     if let Some(max_age) = max_age {
         let oldest = now_ms.saturating_sub(max_age.as_millis() as u64);
         let () = redis.zrembyscore(&key, 0, oldest as f64).await.map_err(unavailable)?;
     }
     let members: Vec<(String, f64)> = redis.zrange_withscores(&key, 0, -1).await.map_err(unavailable)?;
     for (member, score) in members {
+        if member == job_id {
+            continue;
+        }
         let status = results::status(redis, names, &member).await.map_err(|e| Problem::unavailable(e.to_string()))?;
         let gone = match status {
             Some(s) => s.is_terminal(),
@@ -82,21 +103,7 @@ pub async fn take_in_flight(
             let () = redis.zrem(&key, &member).await.map_err(unavailable)?;
         }
     }
-    // Added first, counted after, in one transaction: of concurrent submissions over the
-    // quota, every one sees the others and none is let past it.
-    // (`NX`: a member already there, from a concurrent request with the same id, is not
-    // counted twice, and is not this request's to remove.)
-    let (added, count): (u64, u64) = redis::pipe()
-        .atomic()
-        .cmd("ZADD")
-        .arg(&key)
-        .arg("NX")
-        .arg(now_ms as f64)
-        .arg(job_id)
-        .zcard(&key)
-        .query_async(redis)
-        .await
-        .map_err(unavailable)?;
+    let count: u64 = redis.zcard(&key).await.map_err(unavailable)?;
     if count > u64::from(max) {
         if added == 1 {
             let () = redis.zrem(&key, job_id).await.map_err(unavailable)?;
