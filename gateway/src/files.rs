@@ -127,15 +127,65 @@ pub async fn artifact(
     caller: Caller,
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, Problem> {
-    let job_id = crate::scope::owned(&gateway, &caller, &id).await?;
+    let result = owned_result(&gateway, &caller, &id).await?;
+    let artifact = result.artifacts.iter().find(|a| a.path == path).ok_or_else(|| Problem::not_found("artifact", &path))?;
+    redirect(&gateway, &artifact.key).await
+}
+
+/// `GET /v1/jobs/{id}/outputs/{name}`: 307 to a presigned URL of a rich output's stored
+/// representation (`output-<i>-<n>.<ext>`, the `artifact.path` of a value in the result's
+/// `outputs`: a chart's PNG), valid 15 minutes; 404 when the job has none of that name.
+#[utoipa::path(get, path = "/v1/jobs/{id}/outputs/{name}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"), ("name" = String, Path, description = "The representation's `artifact.path` in the result's `outputs`")),
+    responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
+    security(("api_key" = [])))]
+pub async fn output(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    let result = owned_result(&gateway, &caller, &id).await?;
+    let stored = result.outputs.iter().flat_map(|o| o.data.values()).filter_map(|v| v.artifact.as_ref()).find(|a| a.path == name);
+    let stored = stored.ok_or_else(|| Problem::not_found("output", &name))?;
+    redirect(&gateway, &stored.key).await
+}
+
+/// `GET /v1/jobs/{id}/logs/{stream}`: 307 to a presigned URL of the job's whole `stdout` or
+/// `stderr` as stored (up to the worker's `max_output_bytes`, 8 MiB; the result's `text` holds
+/// the first 64 KiB), valid 15 minutes; 404 for an empty stream or another name.
+#[utoipa::path(get, path = "/v1/jobs/{id}/logs/{stream}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"), ("stream" = String, Path, description = "`stdout` or `stderr`")),
+    responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
+    security(("api_key" = [])))]
+pub async fn log(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path((id, stream)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    let result = owned_result(&gateway, &caller, &id).await?;
+    let captured = match stream.as_str() {
+        "stdout" => &result.stdout,
+        "stderr" => &result.stderr,
+        _ => return Err(Problem::not_found("log", &stream)),
+    };
+    let key = captured.log_key.as_deref().ok_or_else(|| Problem::not_found("log", &stream))?;
+    redirect(&gateway, key).await
+}
+
+/// The tenant's job `id`'s result; 404 when it has none (yet) or the job is not the tenant's.
+async fn owned_result(gateway: &Gateway, caller: &Caller, id: &str) -> Result<sandq_schemas::JobResult, Problem> {
+    let job_id = crate::scope::owned(gateway, caller, id).await?;
     let mut redis = gateway.redis.clone();
     let result = sandq_core::results::read(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
-    let artifact =
-        result.as_ref().and_then(|r| r.artifacts.iter().find(|a| a.path == path)).ok_or_else(|| Problem::not_found("artifact", &path))?;
-    let url = storage::presign_get(&gateway.s3, &gateway.service.s3.bucket, &artifact.key, ARTIFACT_URL_TTL)
+    result.ok_or_else(|| Problem::not_found("job", id))
+}
+
+/// 307 to a presigned GET of `key`, valid [`ARTIFACT_URL_TTL`].
+async fn redirect(gateway: &Gateway, key: &str) -> Result<Response, Problem> {
+    let url = storage::presign_get(&gateway.s3, &gateway.service.s3.bucket, key, ARTIFACT_URL_TTL)
         .await
         .map_err(|e| Problem::unavailable(format!("s3: {e}")))?;
     let mut response = StatusCode::TEMPORARY_REDIRECT.into_response();
-    response.headers_mut().insert(header::LOCATION, url.parse().map_err(|_| Problem::unavailable("the artifact's URL"))?);
+    response.headers_mut().insert(header::LOCATION, url.parse().map_err(|_| Problem::unavailable("the object's URL"))?);
     Ok(response)
 }

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod body;
 pub mod files;
 pub mod jobs;
+pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod problem;
@@ -172,13 +173,22 @@ impl Drop for StreamPermit {
     }
 }
 
-/// The API's routes, with the metrics and audit layer.
+/// The API's routes, with the metrics and audit layer, and `/mcp` (the MCP server, whose tools
+/// call the other routes in-process: [`mcp`]).
 pub fn router(gateway: Arc<Gateway>) -> Router {
+    let api = rest(gateway.clone());
+    api.clone().merge(mcp::service(gateway, api))
+}
+
+/// The REST routes, with the metrics and audit layer.
+fn rest(gateway: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/jobs", axum::routing::post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::get).delete(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(jobs::events))
         .route("/v1/jobs/{id}/artifacts/{*path}", get(files::artifact))
+        .route("/v1/jobs/{id}/outputs/{name}", get(files::output))
+        .route("/v1/jobs/{id}/logs/{stream}", get(files::log))
         .route("/v1/files", axum::routing::post(files::upload))
         .route("/v1/sessions", get(sessions::list).post(sessions::create))
         .route("/v1/sessions/{name}", axum::routing::delete(sessions::delete))
@@ -214,7 +224,7 @@ async fn ready(State(gateway): State<Arc<Gateway>>) -> Response {
 
 /// Bounds the requests under way, counts the request, times it, and writes its audit line (target `audit`): method, route,
 /// status, key id, tenant, job id, outcome; never the key.
-async fn observe(State(gateway): State<Arc<Gateway>>, mut request: Request, next: Next) -> Response {
+pub(crate) async fn observe(State(gateway): State<Arc<Gateway>>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     // Only the methods the API knows become labels (any other is `other`): an unauthenticated

@@ -67,6 +67,12 @@ pub struct GatewaySettings {
     /// default `15s`.
     #[serde(default = "default_keep_alive", with = "humantime_serde")]
     pub keep_alive: Duration,
+    /// Host names (`host` or `host:port`) that `/mcp` answers to (its `Host` header); default
+    /// empty: any. rmcp's own default, loopback only, guards an unauthenticated server on a
+    /// desktop against DNS rebinding; every `/mcp` request here needs an API key, which a
+    /// rebinding page does not have.
+    #[serde(default)]
+    pub mcp_allowed_hosts: Vec<String>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -130,6 +136,7 @@ impl Default for GatewaySettings {
             webhook_timeout: default_webhook_timeout(),
             webhook_backoff: default_webhook_backoff(),
             keep_alive: default_keep_alive(),
+            mcp_allowed_hosts: Vec::new(),
         }
     }
 }

@@ -22,11 +22,16 @@ WORKER_ID = "test-sdk-python"
 REPO = Path(__file__).resolve().parents[3]
 
 
-def worker_binary() -> Path:
+def cargo_binary(name: str) -> Path:
+    """A binary of the workspace's debug build: `${CARGO_TARGET_DIR:-target}/debug/<name>`."""
     target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
     if not target.is_absolute():
         target = REPO / target
-    return target / "debug" / "sandq-worker"
+    return target / "debug" / name
+
+
+def worker_binary() -> Path:
+    return cargo_binary("sandq-worker")
 
 
 def start_worker(worker_id: str, env: dict[str, str]) -> subprocess.Popen:
@@ -97,3 +102,39 @@ def worker(config: sandq.Config):
 def client(config: sandq.Config, worker) -> sandq.Client:
     with sandq.Client(config) as c:
         yield c
+
+
+def new_key(tenant: str) -> str:
+    """A new API key of `tenant` in the test namespace (`sandq key create`, which prints it)."""
+    env = {**os.environ, "SANDQ__NAMESPACE": NAMESPACE}
+    out = subprocess.run([str(cargo_binary("sandq")), "key", "create", "--tenant", tenant, "--max-sku", "M", "--max-timeout", "10m"],
+                         env=env, check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def gateway(worker) -> str:
+    """A gateway (`sandq-gateway`) in the test namespace on a free port, bodies of at most 2 MiB,
+    stopped when the tests end (`--exit-on-stdin-eof`); its base URL, from the line of its log that
+    says where it serves."""
+    binary = cargo_binary("sandq-gateway")
+    assert binary.exists(), f"{binary} missing: build the workspace first (cargo build --workspace)"
+    log_path = Path(tempfile.gettempdir()) / "sandq-test-sdk-python-gateway.log"
+    env = {**os.environ, "SANDQ__NAMESPACE": NAMESPACE, "SANDQ__GATEWAY__LISTEN": "127.0.0.1:0",
+           "SANDQ__GATEWAY__MAX_BODY_BYTES": str(2 << 20)}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([str(binary), "--exit-on-stdin-eof"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   stderr=log, env=env)
+    started = time.monotonic()
+    url = None
+    while url is None:
+        for line in log_path.read_text(errors="replace").splitlines():
+            if "serving the API" in line and "addr=" in line:
+                url = "http://" + line.split("addr=")[1].split()[0]
+        if url is None:
+            if process.poll() is not None or time.monotonic() - started > 60:
+                process.kill()
+                pytest.fail(f"the gateway did not start; its log:\n{log_path.read_text(errors='replace')}")
+            time.sleep(0.05)
+    yield url
+    stop_worker(process)

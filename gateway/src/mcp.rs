@@ -1,0 +1,90 @@
+//! `/mcp`: the MCP server ([`sandq_mcp`], docs/mcp.md) over streamable HTTP.
+//!
+//! The request must carry a valid API key (`Authorization: Bearer`), checked here before any
+//! MCP message is read (401 otherwise, with `WWW-Authenticate: Bearer`). The server's tools
+//! then call this gateway's own REST routes in-process with that key, so quotas, scoping and
+//! audit lines apply as to any REST client. MCP sessions are not kept (stateless mode): each
+//! POST stands alone, so any replica serves any request, like the rest of the API.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use futures::{StreamExt as _, TryStreamExt as _};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use sandq_mcp::rest::{BoxError, Reply, Transport};
+use sandq_mcp::server::KeySource;
+use tower::ServiceExt as _;
+
+use crate::auth::Caller;
+use crate::problem::Problem;
+use crate::Gateway;
+
+/// REST calls of the MCP tools, answered by the gateway's own router (no network hop).
+struct InProcess {
+    api: Router,
+}
+
+impl Transport for InProcess {
+    fn send(&self, request: axum::http::Request<bytes::Bytes>) -> futures::future::BoxFuture<'static, Result<Reply, BoxError>> {
+        let api = self.api.clone();
+        Box::pin(async move {
+            let response = api.oneshot(request.map(Body::from)).await?;
+            let (parts, body) = response.into_parts();
+            let body = body.into_data_stream().map_err(|e| Box::new(e) as BoxError).boxed();
+            Ok(Reply { status: parts.status, headers: parts.headers, body })
+        })
+    }
+}
+
+/// The `/mcp` service: the key check, the body bound, then rmcp's streamable HTTP server whose
+/// tools call `api` (the REST routes, with their state).
+pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
+    let fetch = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap_or_default();
+    let server = sandq_mcp::Sandq::new(Arc::new(InProcess { api }), KeySource::Bearer, fetch);
+    let mut config = StreamableHttpServerConfig::default();
+    config.legacy_session_mode = false;
+    config.json_response = true;
+    // The Host check guards a server on a desktop against DNS rebinding; the gateway is a
+    // network service behind its own TLS and keys, reached by any host name it is given.
+    config.allowed_hosts = gateway.settings.mcp_allowed_hosts.clone();
+    let mcp: StreamableHttpService<sandq_mcp::Sandq, LocalSessionManager> =
+        StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
+    Router::new()
+        .route_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), admit))
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::observe))
+        .with_state(gateway)
+}
+
+/// A valid key, and a body within `max_body_bytes`, or the request goes no further.
+async fn admit(State(gateway): State<Arc<Gateway>>, caller: Result<Caller, Problem>, request: Request, next: Next) -> Response {
+    if let Err(problem) = caller {
+        let mut response = problem.into_response();
+        if response.status() == axum::http::StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+        }
+        return response;
+    }
+    let too_long = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|n| n > gateway.settings.max_body_bytes);
+    if too_long {
+        return Problem::too_large(gateway.settings.max_body_bytes).into_response();
+    }
+    let limit = gateway.settings.max_body_bytes;
+    let request = request.map(|body| Body::new(http_body_util::Limited::new(body, limit)));
+    next.run(request).await
+}
