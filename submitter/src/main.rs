@@ -11,6 +11,12 @@
 //! sandq key create --tenant T | ls | revoke ID
 //! sandq export ID... -o out.ipynb      (or --session NAME)
 //! ```
+//!
+//! With `--url` (or `SANDQ_URL`) and `--api-key` (or `SANDQ_API_KEY`) every command but `key`
+//! and `export` goes to a gateway over HTTP (docs/gateway.md) instead of to the broker, Redis
+//! and S3 of the config file, which is then not read.
+
+mod backend;
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
@@ -18,9 +24,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use backend::Backend;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use sandq_client::{Client, EventKind, Transcript};
+use sandq_client::{Client, EventKind, HttpClient, Transcript};
 use sandq_core::config::{self, ServiceConfig};
 use sandq_core::time::now_ms;
 use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Output, OutputType, RunMode, Runtime, Sku};
@@ -35,6 +42,13 @@ struct Cli {
     /// Print results as JSON (the JobResult, as in docs/protocol.md) instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// A sandq gateway's URL (https://...): talk to it over HTTP, with an API key, instead of
+    /// to the broker, Redis and S3 of the config file (docs/gateway.md).
+    #[arg(long, global = true, env = "SANDQ_URL", value_name = "URL")]
+    url: Option<String>,
+    /// The API key for --url (sq_..., from `sandq key create`).
+    #[arg(long, global = true, env = "SANDQ_API_KEY", hide_env_values = true, value_name = "KEY")]
+    api_key: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -318,35 +332,61 @@ async fn keys(service: &ServiceConfig, command: KeyCommand, json: bool) -> anyho
     Ok(0)
 }
 
-async fn async_main(cli: Cli) -> anyhow::Result<i32> {
-    let path = config::config_path(cli.config.as_deref());
-    let service: ServiceConfig = config::load(&path)?;
-    if let Command::Key { command } = cli.command {
-        return keys(&service, command, cli.json).await;
+/// What a command with no HTTP route does instead, for its refusal in URL mode.
+fn direct_only(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Key { .. } => Some("`sandq key` writes the key store in Redis"),
+        Command::Export { .. } => Some("`sandq export` reads the code this client recorded in Redis"),
+        _ => None,
     }
-    let mut client = Client::connect(service).await.context("cannot connect to sandq's services")?;
+}
+
+async fn async_main(cli: Cli) -> anyhow::Result<i32> {
+    let mut backend = match &cli.url {
+        Some(url) => {
+            if let Some(what) = direct_only(&cli.command) {
+                bail!("{what}: it has no HTTP equivalent; run it without --url (and SANDQ_URL), on a host with the deployment's config");
+            }
+            let key = cli.api_key.as_deref().filter(|k| !k.trim().is_empty()).context(
+                "--url needs an API key: give --api-key or set SANDQ_API_KEY (`sandq key create` makes one, on the deployment's host)",
+            )?;
+            Backend::Http(HttpClient::new(url, key)?)
+        }
+        None => {
+            let path = config::config_path(cli.config.as_deref());
+            let service: ServiceConfig = config::load(&path)?;
+            if let Command::Key { command } = cli.command {
+                return keys(&service, command, cli.json).await;
+            }
+            Backend::Direct(Box::new(Client::connect(service).await.context("cannot connect to sandq's services")?))
+        }
+    };
     match cli.command {
         Command::Submit(args) => {
-            let spec = build_job(&client, &args).await?;
-            client.submit(&spec).await?;
-            warn_if_unserved(&client, spec.sku).await;
+            let spec = build_job(&backend, &args).await?;
+            backend.submit(&spec).await?;
             println!("{}", spec.job_id);
             Ok(0)
         }
         Command::Run(args) => {
-            let spec = build_job(&client, &args).await?;
-            client.submit(&spec).await?;
-            warn_if_unserved(&client, spec.sku).await;
-            let live = if args.no_stream || cli.json { None } else { Some(stream_live(&mut client, &spec.job_id, args.wait.into()).await) };
-            finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json, live.as_ref()).await
+            let spec = build_job(&backend, &args).await?;
+            backend.submit(&spec).await?;
+            let live =
+                if args.no_stream || cli.json { None } else { Some(stream_live(&mut backend, &spec.job_id, args.wait.into()).await) };
+            finish(&mut backend, &spec.job_id, &args.out, args.wait.into(), cli.json, live.as_ref()).await
         }
         Command::Export { ids, session, output } => {
-            export(&mut client, ids, session.as_deref(), &output).await?;
+            let Backend::Direct(client) = &mut backend else { bail!("`sandq export` works on sandq's services directly") };
+            export(client, ids, session.as_deref(), &output).await?;
             Ok(0)
         }
-        Command::Wait { id, out, wait } => finish(&mut client, &id, &out, wait.into(), cli.json, None).await,
-        Command::Key { .. } => unreachable!("handled before connecting"),
+        Command::Wait { id, out, wait } => finish(&mut backend, &id, &out, wait.into(), cli.json, None).await,
+        Command::Key { .. } => bail!("`sandq key` works on the key store directly"),
         Command::Session { command: SessionCommand::Ls } => {
+            let client = match &mut backend {
+                Backend::Direct(client) => client,
+                Backend::Http(http) => return http_sessions(http, cli.json).await,
+            };
             let sessions = client.sessions(1000).await?;
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&sessions)?);
@@ -368,12 +408,20 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Session { command: SessionCommand::Rm { name, wait } } => {
-            let deleted = client.remove_session(&name, wait.into()).await?;
-            eprintln!("session {name}: {deleted} objects deleted");
+            match &mut backend {
+                Backend::Direct(client) => {
+                    let deleted = client.remove_session(&name, wait.into()).await?;
+                    eprintln!("session {name}: {deleted} objects deleted");
+                }
+                Backend::Http(http) => {
+                    http.remove_session(&name, wait.into()).await.with_context(|| format!("cannot delete session {name}"))?;
+                    eprintln!("session {name}: deleted");
+                }
+            }
             Ok(0)
         }
         Command::Cancel { id } => {
-            if client.cancel(&id).await? {
+            if backend.cancel(&id).await? {
                 eprintln!("cancellation of {id} requested");
                 Ok(0)
             } else {
@@ -385,7 +433,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             if let Err(e) = sandq_schemas::validate::check_job_id(&id) {
                 bail!("{e}");
             }
-            match client.status(&id).await? {
+            match backend.status(&id).await? {
                 None => {
                     eprintln!("job {id} is unknown (never submitted, or its result expired)");
                     Ok(2)
@@ -405,6 +453,24 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// `sandq session ls` over HTTP: the tenant's sessions (`GET /v1/sessions`).
+async fn http_sessions(http: &HttpClient, json: bool) -> anyhow::Result<i32> {
+    let sessions = http.sessions().await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&sessions)?);
+        return Ok(0);
+    }
+    println!("{:<40} {:>6} {:>12} {:>12}  CELLS", "SESSION", "FILES", "BYTES", "EXPIRES IN");
+    let now = now_ms();
+    for s in sessions {
+        let left = s
+            .expires_at_ms
+            .map_or("-".into(), |at| humantime::format_duration(Duration::from_secs(at.saturating_sub(now) / 1000)).to_string());
+        println!("{:<40} {:>6} {:>12} {:>12}  {}", s.name, s.files, s.bytes, left, s.execution_count);
+    }
+    Ok(0)
 }
 
 /// `sandq export`: reads each job's terminal result and recorded code, writes the notebook.
@@ -463,15 +529,7 @@ async fn export(client: &mut Client, ids: Vec<String>, session: Option<&str>, pa
     Ok(())
 }
 
-/// Says so on stderr when no worker consumes the SKU's queue right now (the job then waits in
-/// the queue until one does, e.g. when the autoscaler adds one).
-async fn warn_if_unserved(client: &Client, sku: Sku) {
-    if let Ok(0) = client.consumers(sku).await {
-        eprintln!("sandq: no worker serves SKU {sku} right now; the job waits in the queue until one does");
-    }
-}
-
-async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
+async fn build_job(backend: &Backend, args: &JobArgs) -> anyhow::Result<JobSpec> {
     let runtime = match (&args.runtime, &args.program) {
         (Some(r), _) if r == "node" => Runtime::Node,
         (Some(_), _) => Runtime::Python,
@@ -493,7 +551,7 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
                 (local, name)
             }
         };
-        inputs.push(client.upload(&local, &sandbox_path).await.with_context(|| format!("cannot upload {}", local.display()))?);
+        inputs.push(backend.upload(&local, &sandbox_path).await.with_context(|| format!("cannot upload {}", local.display()))?);
     }
     let stdin = match &args.stdin {
         None => None,
@@ -530,11 +588,10 @@ async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
 /// Prints the job's live events as they come (docs/protocol.md "Live events"): stdout and
 /// stderr text to ours, a line per display, a line when an attempt starts over. Returns what
 /// was printed, so that the end prints only what the stream missed. Gives up after `wait`.
-async fn stream_live(client: &mut Client, job_id: &str, wait: Duration) -> Transcript {
+async fn stream_live(backend: &mut Backend, job_id: &str, wait: Duration) -> Transcript {
     let mut transcript = Transcript::default();
     let printing = async {
-        let events = client.events(job_id, sandq_core::events::START, Duration::from_millis(500));
-        futures::pin_mut!(events);
+        let mut events = backend.events(job_id);
         while let Some(event) = futures::StreamExt::next(&mut events).await {
             let restarted = event.attempt > transcript.attempt() && transcript.attempt() > 0;
             transcript.push(&event);
@@ -581,7 +638,7 @@ fn print_live_display(index: u64, output: &Output) -> std::io::Result<()> {
 }
 
 async fn finish(
-    client: &mut Client,
+    backend: &mut Backend,
     job_id: &str,
     out: &Path,
     wait: Duration,
@@ -596,8 +653,8 @@ async fn finish(
     } else {
         None
     };
-    let result = client
-        .wait(job_id, wait, Duration::from_millis(500), |status| {
+    let result = backend
+        .wait(job_id, wait, |status| {
             if let Some(bar) = &progress {
                 bar.set_message(format!("job {job_id}: {}", status.map_or("unknown".to_owned(), |s| s.to_string())));
             }
@@ -614,7 +671,7 @@ async fn finish(
     // but the result is printed whatever happens here.
     let mut download_failed = false;
     for artifact in &result.artifacts {
-        match client.download_artifact(artifact, &dir).await {
+        match backend.download_artifact(job_id, artifact, &dir).await {
             Ok(path) => downloaded.push((artifact, path)),
             Err(e) => {
                 download_failed = true;
@@ -625,7 +682,7 @@ async fn finish(
     let outputs_dir = dir.join("outputs");
     let mut saved_outputs = BTreeMap::new();
     for (index, output) in result.outputs.iter().enumerate() {
-        match save_output(client, output, index, &outputs_dir).await {
+        match save_output(backend, output, index, &outputs_dir).await {
             Ok(Some(saved)) => {
                 saved_outputs.insert(index, saved);
             }
@@ -657,7 +714,7 @@ fn exit_code(result: &JobResult) -> i32 {
 /// Saves the representation of a rich output a person wants as a file: an image, or the HTML
 /// of a plotly figure, or any representation stored only in S3 (too large to inline). Returns
 /// the local path.
-async fn save_output(client: &Client, output: &Output, index: usize, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+async fn save_output(backend: &Backend, output: &Output, index: usize, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
     let image = output.data.iter().find(|(mime, _)| mime.starts_with("image/"));
     let plotly_html = output.data.contains_key("application/vnd.plotly.v1+json").then(|| output.data.get("text/html")).flatten();
     let chosen = image.map(|(_, v)| v).or(plotly_html).or_else(|| {
@@ -666,7 +723,7 @@ async fn save_output(client: &Client, output: &Output, index: usize, dir: &Path)
     });
     let Some(value) = chosen else { return Ok(None) };
     if let Some(artifact) = &value.artifact {
-        return Ok(Some(client.download_artifact(artifact, dir).await?));
+        return Ok(Some(backend.download_output(artifact, dir).await?));
     }
     let Some(text) = &value.text else { return Ok(None) };
     std::fs::create_dir_all(dir)?;
