@@ -84,7 +84,19 @@ async fn admit(State(gateway): State<Arc<Gateway>>, caller: Result<Caller, Probl
     if too_long {
         return Problem::too_large(gateway.settings.max_body_bytes).into_response();
     }
-    let limit = gateway.settings.max_body_bytes;
-    let request = request.map(|body| Body::new(http_body_util::Limited::new(body, limit)));
-    next.run(request).await
+    // The body is read here, bounded, so that one that is not JSON gets JSON-RPC's parse error
+    // (rmcp answers it with a bare 415).
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, gateway.settings.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(_) => return Problem::too_large(gateway.settings.max_body_bytes).into_response(),
+    };
+    if parts.method == axum::http::Method::POST {
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+            let error =
+                serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": format!("parse error: {e}")}});
+            return (axum::http::StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+        }
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
 }

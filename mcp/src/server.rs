@@ -1,8 +1,9 @@
 //! The MCP server: its tools (run code, sessions, files, jobs), a session's files as
 //! resources, and progress while code runs.
 //!
-//! Arguments that do not match a tool's schema (unknown fields, wrong types) are JSON-RPC
-//! `invalid params` errors; what the gateway refuses (a quota, a bad path, another tenant's
+//! Arguments that do not match a tool's schema (unknown fields, wrong types) or its limits are
+//! tool error results naming the problem (rmcp's rule, and MCP's for input validation); an
+//! unknown tool or a malformed message is a JSON-RPC error; what the gateway refuses (a quota, a bad path, another tenant's
 //! id) is an `isError` tool result whose text says why, so the model can change course.
 
 use std::sync::Arc;
@@ -214,6 +215,13 @@ pub fn bearer(headers: &http::HeaderMap) -> Option<String> {
     bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned)).filter(|k| !k.is_empty())
 }
 
+/// Arguments a tool cannot take, as a tool error result: what rmcp does for arguments that do
+/// not match the schema, and what MCP (2025-11-25, "Tool Execution Errors") asks of input
+/// validation, so that the model reads why and corrects the call.
+fn bad_arguments(why: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(format!("invalid arguments: {why}"))])
+}
+
 /// A refused request as a tool error result (the model reads why); a broken gateway as a
 /// JSON-RPC internal error.
 fn refused(e: RestError) -> Result<CallToolResult, ErrorData> {
@@ -277,7 +285,7 @@ impl Sandq {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         if args.code.len() > MAX_CODE_BYTES {
-            return Err(ErrorData::invalid_params(format!("code is {} bytes; at most {MAX_CODE_BYTES}", args.code.len()), None));
+            return Ok(bad_arguments(format!("code is {} bytes; at most {MAX_CODE_BYTES}", args.code.len())));
         }
         let rest = self.rest(&context.extensions)?;
         let timeout = args.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
@@ -370,12 +378,13 @@ impl Sandq {
     ) -> Result<CallToolResult, ErrorData> {
         let bytes = match args.encoding {
             Encoding::Text => args.content.into_bytes(),
-            Encoding::Base64 => base64::engine::general_purpose::STANDARD
-                .decode(args.content.trim())
-                .map_err(|e| ErrorData::invalid_params(format!("content is not base64: {e}"), None))?,
+            Encoding::Base64 => match base64::engine::general_purpose::STANDARD.decode(args.content.trim()) {
+                Ok(bytes) => bytes,
+                Err(e) => return Ok(bad_arguments(format!("content is not base64: {e}"))),
+            },
         };
         if bytes.len() > MAX_UPLOAD_BYTES {
-            return Err(ErrorData::invalid_params(format!("content is {} bytes; at most {MAX_UPLOAD_BYTES} here", bytes.len()), None));
+            return Ok(bad_arguments(format!("content is {} bytes; at most {MAX_UPLOAD_BYTES} here", bytes.len())));
         }
         let rest = self.rest(&context.extensions)?;
         let size = bytes.len();

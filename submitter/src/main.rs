@@ -10,6 +10,7 @@
 //! sandq session rm NAME
 //! sandq key create --tenant T | ls | revoke ID
 //! sandq export ID... -o out.ipynb      (or --session NAME)
+//! sandq mcp               (an MCP server on stdio, for assistants: needs --url and --api-key)
 //! ```
 //!
 //! With `--url` (or `SANDQ_URL`) and `--api-key` (or `SANDQ_API_KEY`) every command but `key`
@@ -17,6 +18,7 @@
 //! and S3 of the config file, which is then not read.
 
 mod backend;
+mod mcp;
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
@@ -58,6 +60,10 @@ enum Command {
     /// Submit a job, wait for it, print its output, download its artifacts; exit with its exit
     /// code.
     Run(JobArgs),
+    /// Serve MCP (the Model Context Protocol, docs/mcp.md) on stdin and stdout, for an AI
+    /// assistant that starts sandq as a tool server; its tools call the gateway of --url with
+    /// the key of --api-key.
+    Mcp,
     /// Submit a job and print its id.
     Submit(JobArgs),
     /// Print a job's current status and result.
@@ -342,6 +348,13 @@ fn direct_only(command: &Command) -> Option<&'static str> {
 }
 
 async fn async_main(cli: Cli) -> anyhow::Result<i32> {
+    if let Command::Mcp = cli.command {
+        let (Some(url), Some(key)) = (cli.url.as_deref(), cli.api_key.as_deref().filter(|k| !k.trim().is_empty())) else {
+            bail!("sandq mcp needs a gateway: give --url and --api-key (or set SANDQ_URL and SANDQ_API_KEY)");
+        };
+        mcp::serve(url, key).await?;
+        return Ok(0);
+    }
     let mut backend = match &cli.url {
         Some(url) => {
             if let Some(what) = direct_only(&cli.command) {
@@ -382,6 +395,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Wait { id, out, wait } => finish(&mut backend, &id, &out, wait.into(), cli.json, None).await,
         Command::Key { .. } => bail!("`sandq key` works on the key store directly"),
+        Command::Mcp => bail!("`sandq mcp` is served before any backend is made"),
         Command::Session { command: SessionCommand::Ls } => {
             let client = match &mut backend {
                 Backend::Direct(client) => client,

@@ -17,8 +17,9 @@ import pytest
 
 import sandq
 
-NAMESPACE = "sandq-test-sdk-python"
-WORKER_ID = "test-sdk-python"
+# SANDQ_TEST_SDK_NAMESPACE: another namespace (and worker id), for two runs side by side.
+NAMESPACE = os.environ.get("SANDQ_TEST_SDK_NAMESPACE", "sandq-test-sdk-python")
+WORKER_ID = NAMESPACE.removeprefix("sandq-")
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -119,7 +120,7 @@ def gateway(worker) -> str:
     says where it serves."""
     binary = cargo_binary("sandq-gateway")
     assert binary.exists(), f"{binary} missing: build the workspace first (cargo build --workspace)"
-    log_path = Path(tempfile.gettempdir()) / "sandq-test-sdk-python-gateway.log"
+    log_path = Path(tempfile.gettempdir()) / f"{NAMESPACE}-gateway.log"
     env = {**os.environ, "SANDQ__NAMESPACE": NAMESPACE, "SANDQ__GATEWAY__LISTEN": "127.0.0.1:0",
            "SANDQ__GATEWAY__MAX_BODY_BYTES": str(2 << 20)}
     with open(log_path, "wb") as log:

@@ -78,11 +78,11 @@ async def test_tools_are_listed_with_valid_schemas(connect):
     assert TOOLS <= names, names
     for tool in listed.tools:
         assert tool.description and len(tool.description) > 20, tool.name
-        jsonschema.Draft202012Validator.check_schema(tool.inputSchema)
-        assert tool.inputSchema.get("type") == "object"
+        jsonschema.Draft202012Validator.check_schema(tool.input_schema)
+        assert tool.input_schema.get("type") == "object"
     run_code = next(t for t in listed.tools if t.name == "run_code")
-    assert run_code.inputSchema["required"] == ["code"]
-    assert {"code", "language", "session", "sku", "timeout", "network"} <= set(run_code.inputSchema["properties"])
+    assert run_code.input_schema["required"] == ["code"]
+    assert {"code", "language", "session", "sku", "timeout", "network"} <= set(run_code.input_schema["properties"])
 
 
 async def test_a_csv_uploaded_to_a_session_is_summed_by_pandas_into_a_table_and_charted(connect):
@@ -96,7 +96,7 @@ async def test_a_csv_uploaded_to_a_session_is_summed_by_pandas_into_a_table_and_
         created = await mcp.call_tool("create_session", {})
         session = texts(created).split("session: ")[1].strip()
         up = await mcp.call_tool("upload_file", {"session": session, "path": "data/sales.csv", "content": csv})
-        assert not up.isError, texts(up)
+        assert not up.is_error, texts(up)
         code = ("import pandas as pd, matplotlib.pyplot as plt\n"
                 "df = pd.read_csv('data/sales.csv')\n"
                 "totals = df.groupby('region').qty.sum()\n"
@@ -106,7 +106,7 @@ async def test_a_csv_uploaded_to_a_session_is_summed_by_pandas_into_a_table_and_
                 "totals.to_frame()\n")
         result = await mcp.call_tool("run_code", {"code": code, "session": session})
         await mcp.call_tool("delete_session", {"session": session})
-    assert not result.isError, texts(result)
+    assert not result.is_error, texts(result)
     text = texts(result)
     assert "succeeded" in text
     # The markdown table pandas wrote: one row per region with its sum (computed above).
@@ -117,7 +117,7 @@ async def test_a_csv_uploaded_to_a_session_is_summed_by_pandas_into_a_table_and_
         assert line.split("|")[2].strip() == str(total), (line, total)
     images = [c for c in result.content if c.type == "image"]
     assert len(images) == 1
-    assert images[0].mimeType == "image/png"
+    assert images[0].mime_type == "image/png"
     picture = Image.open(io.BytesIO(base64.b64decode(images[0].data)))
     picture.load()  # decodes every pixel
     assert picture.size == (400, 300)
@@ -129,7 +129,7 @@ async def test_a_file_the_code_wrote_is_listed_and_read_back_and_is_a_resource(c
         session = texts(await mcp.call_tool("create_session", {})).split("session: ")[1].strip()
         code = f"import os\nos.makedirs('out', exist_ok=True)\nopen('out/report.txt', 'w').write({payload!r})\nprint('wrote')"
         ran = await mcp.call_tool("run_code", {"code": code, "session": session})
-        assert not ran.isError, texts(ran)
+        assert not ran.is_error, texts(ran)
         links = [c for c in ran.content if c.type == "resource_link"]
         assert any(str(l.name) == "out/report.txt" and l.size == len(payload) for l in links), links
         listed = texts(await mcp.call_tool("list_files", {"session": session, "path": "out"}))
@@ -148,10 +148,10 @@ async def test_a_variable_is_kept_between_two_runs_of_a_session(connect):
     async with connect() as mcp:
         session = texts(await mcp.call_tool("create_session", {"name": f"s{uuid.uuid4().hex[:8]}"})).split("session: ")[1].strip()
         first = await mcp.call_tool("run_code", {"code": "rate = 0.5\ndef scaled(x):\n    return x * rate\n", "session": session})
-        assert not first.isError, texts(first)
+        assert not first.is_error, texts(first)
         second = await mcp.call_tool("run_code", {"code": "rate = 3\nprint(scaled(14))", "session": session})
         await mcp.call_tool("delete_session", {"session": session})
-    assert not second.isError, texts(second)
+    assert not second.is_error, texts(second)
     assert "stdout:\n42\n" in texts(second)
 
 
@@ -175,17 +175,17 @@ async def test_a_long_job_reports_progress_and_is_cancelled(connect):
             await asyncio.sleep(0.1)
         job_id = next(m for m in seen if m.startswith("started job ")).split()[2]
         cancelled = await other.call_tool("cancel_job", {"job_id": job_id})
-        assert not cancelled.isError, texts(cancelled)
+        assert not cancelled.is_error, texts(cancelled)
         result = await asyncio.wait_for(call, 60)
     assert any(m.startswith("stdout: tick") for m in seen), seen
-    assert result.isError
+    assert result.is_error
     assert f"job {job_id}: cancelled" in texts(result)
 
 
 async def test_an_exception_is_an_error_result_with_its_traceback(connect):
     async with connect() as mcp:
         result = await mcp.call_tool("run_code", {"code": "def divide(a, b):\n    return a / b\n\ndivide(1, 0)\n"})
-    assert result.isError
+    assert result.is_error
     text = texts(result)
     assert "error: ZeroDivisionError: division by zero" in text
     assert "line 2, in divide" in text
@@ -201,7 +201,7 @@ async def test_another_tenants_session_and_job_are_not_found(connect, gateway):
             for name, args in [("list_files", {"session": session}), ("read_file", {"session": session, "path": "x"}),
                                ("get_job", {"job_id": job_id}), ("cancel_job", {"job_id": job_id})]:
                 refused = await theirs.call_tool(name, args)
-                assert refused.isError, (name, texts(refused))
+                assert refused.is_error, (name, texts(refused))
                 assert "not-found" in texts(refused), texts(refused)
         await mcp.call_tool("delete_session", {"session": session})
 
@@ -228,20 +228,31 @@ def test_malformed_unknown_and_oversized_requests_get_json_rpc_errors_and_the_se
         return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
 
     def error_of(response):
+        """The JSON-RPC error of an answer (plain JSON or one SSE event), None if it has none."""
         assert response.status_code in (200, 400), (response.status_code, response.text)
         text = response.text
         if text.startswith("data:") or "\ndata:" in text:
             text = next(l[5:] for l in text.splitlines() if l.startswith("data:"))
         return json.loads(text).get("error")
 
-    assert error_of(post(b"{not json")) is not None
+    def refused_arguments(response):
+        """Arguments a tool cannot take: a tool error result naming them (MCP's rule for input
+        validation, so the model can correct the call); a JSON-RPC error is accepted too."""
+        error = error_of(response)
+        if error is not None:
+            return error["message"]
+        text = response.text if response.text.startswith("{") else next(l[5:] for l in response.text.splitlines() if l.startswith("data:"))
+        result = json.loads(text)["result"]
+        assert result["isError"] is True, result
+        return result["content"][0]["text"]
+
+    assert error_of(post(b"{not json"))["code"] == -32700
     assert error_of(post(call("no_such_tool", {}))) is not None
-    assert error_of(post(call("run_code", {"code": 42}))) is not None
-    assert error_of(post(call("run_code", {"code": "print(1)", "surprise": True}))) is not None
-    assert error_of(post(call("get_job", {"job_id": ["not", "a", "string"]}))) is not None
+    assert "expected a string" in refused_arguments(post(call("run_code", {"code": 42})))
+    assert "surprise" in refused_arguments(post(call("run_code", {"code": "print(1)", "surprise": True})))
+    assert "invalid type" in refused_arguments(post(call("get_job", {"job_id": ["not", "a", "string"]})))
     # An argument past the tool's limit (code over 1 MiB) is refused before anything runs.
-    error = error_of(post(call("run_code", {"code": "#" * ((1 << 20) + 1)})))
-    assert error is not None and "at most" in error["message"]
+    assert "at most" in refused_arguments(post(call("run_code", {"code": "#" * ((1 << 20) + 1)})))
     # A body past the gateway's limit is refused outright.
     assert post(b"[" + b" " * (3 << 20) + b"]").status_code == 413
     # Still up: a good call works.
