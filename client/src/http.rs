@@ -123,7 +123,7 @@ pub enum HttpError {
         body: String,
     },
     /// The gateway could not be reached, or the connection failed mid-answer.
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}")]
     Transport {
         /// The request's URL (no key in it).
         url: String,
@@ -206,6 +206,12 @@ pub enum HttpError {
 }
 
 impl HttpError {
+    /// A transport error of a request to `url` (reqwest's own message without the URL, which
+    /// this one names).
+    fn transport(url: &str, source: reqwest::Error) -> HttpError {
+        HttpError::Transport { url: url.to_owned(), source: source.without_url() }
+    }
+
     /// The problem document the gateway sent, when the error is one.
     pub fn problem(&self) -> Option<&Problem> {
         match self {
@@ -326,7 +332,7 @@ impl HttpClient {
             .read_timeout(READ_TIMEOUT)
             .user_agent(concat!("sandq-client/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|source| HttpError::Transport { url: base_url.to_owned(), source })?;
+            .map_err(|source| HttpError::transport(base_url, source))?;
         Ok(HttpClient { base, key: key.to_owned(), http })
     }
 
@@ -355,12 +361,12 @@ impl HttpClient {
         let mut tries = 0;
         loop {
             tries += 1;
-            let request = build()?.build().map_err(|source| HttpError::Transport { url: self.base.to_string(), source })?;
+            let request = build()?.build().map_err(|source| HttpError::transport(self.base.as_str(), source))?;
             let url = request.url().to_string();
             let error = match self.http.execute(request).await {
                 Ok(response) if response.status().is_success() || response.status().is_redirection() => return Ok(response),
                 Ok(response) => error_of(response).await,
-                Err(source) => HttpError::Transport { url, source },
+                Err(source) => HttpError::transport(&url, source),
             };
             match error.retry_pause() {
                 Some(pause) if tries < MAX_TRIES => {
@@ -691,7 +697,7 @@ impl HttpClient {
     /// GETs a presigned URL: no key, no redirect followed.
     async fn fetch_plain(&self, url: Url) -> Result<Response, HttpError> {
         let shown = url.as_str().split('?').next().unwrap_or_default().to_owned();
-        let response = self.http.get(url).send().await.map_err(|source| HttpError::Transport { url: shown.clone(), source })?;
+        let response = self.http.get(url).send().await.map_err(|source| HttpError::transport(&shown, source))?;
         if !response.status().is_success() {
             let status = response.status().as_u16();
             let body = response.text().await.unwrap_or_default().chars().take(300).collect();
@@ -750,7 +756,7 @@ async fn error_of(response: Response) -> HttpError {
 /// A successful response's JSON body.
 async fn json_of<T: serde::de::DeserializeOwned>(response: Response, what: &'static str) -> Result<T, HttpError> {
     let url = response.url().to_string();
-    let body = response.bytes().await.map_err(|source| HttpError::Transport { url, source })?;
+    let body = response.bytes().await.map_err(|source| HttpError::transport(&url, source))?;
     serde_json::from_slice(&body).map_err(|source| HttpError::Decode { what, source })
 }
 
@@ -769,7 +775,7 @@ async fn save(mut response: Response, artifact: &Artifact, dest: &Path) -> Resul
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
         let url = response.url().as_str().split('?').next().unwrap_or_default().to_owned();
-        while let Some(chunk) = response.chunk().await.map_err(|source| HttpError::Transport { url: url.clone(), source })? {
+        while let Some(chunk) = response.chunk().await.map_err(|source| HttpError::transport(&url, source))? {
             size += chunk.len() as u64;
             if size > artifact.size {
                 return Err(mismatch(format!("more than its {} bytes", artifact.size)));
