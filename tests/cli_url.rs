@@ -222,6 +222,13 @@ async fn artifacts_and_charts_are_saved_through_the_gateway_with_their_bytes() {
     let saved = out_dir.path().join(&id).join("out/data bin");
     assert_eq!(std::fs::read(&saved).expect("the artifact was saved"), expected);
     assert!(stderr.contains(&format!("artifact out/data bin (application/octet-stream, 100000 bytes) -> {}", saved.display())), "{stderr}");
+    // Through the gateway's redirect, once.
+    let log = std::fs::read_to_string(gateway_log()).expect("gateway log");
+    let redirects = log
+        .lines()
+        .filter(|l| l.contains(r#"route="/v1/jobs/{id}/artifacts/{*path}" status=307"#) && l.contains(&format!("job_id=\"{id}\"")))
+        .count();
+    assert_eq!(redirects, 1);
     // The chart left open is a display, saved from its own URL.
     let outputs: Vec<_> = std::fs::read_dir(out_dir.path().join(&id).join("outputs")).expect("outputs dir").collect();
     assert_eq!(outputs.len(), 1, "{outputs:?}");

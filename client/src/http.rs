@@ -642,7 +642,9 @@ impl HttpClient {
                         match s.client.status(s.job_id).await {
                             Ok(None) => s.done = true,
                             Ok(Some(result)) if result.status.is_terminal() => s.done = true,
-                            _ => {}
+                            // Not over: open it again, not in a tight loop should the streams
+                            // keep ending at once (a proxy's time-out).
+                            _ => tokio::time::sleep(Duration::from_millis(200)).await,
                         }
                     }
                     Err(e) => {
