@@ -14,8 +14,10 @@ use sandq_schemas::names::Names;
 use sandq_tests::{bin_dir, ensure_worker, namespace, repo_root, service_config};
 use serde_json::Value;
 
-/// The gateway of this test binary, in the test namespace; stops when this process ends
-/// (`--exit-on-stdin-eof`: the pipe on its stdin closes).
+/// The gateway of this test binary, in the test namespace, ending every event stream after
+/// 1 s (`max_stream_life`: the CLI must resume each with `Last-Event-ID`); stops when this
+/// process ends (`--exit-on-stdin-eof`: the pipe on its stdin closes). Its log is
+/// [`gateway_log`].
 struct Gateway {
     base: String,
     _child: Child,
@@ -23,16 +25,21 @@ struct Gateway {
 
 static GATEWAY: OnceLock<Gateway> = OnceLock::new();
 
+fn gateway_log() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{}-gateway.log", namespace()))
+}
+
 fn gateway() -> &'static str {
     &GATEWAY
         .get_or_init(|| {
             ensure_worker();
-            let log_path = std::env::temp_dir().join(format!("{}-gateway.log", namespace()));
+            let log_path = gateway_log();
             let log = std::fs::File::create(&log_path).expect("log file");
             let child = Command::new(bin_dir().join("sandq-gateway"))
                 .arg("--exit-on-stdin-eof")
                 .env("SANDQ__NAMESPACE", namespace())
                 .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
+                .env("SANDQ__GATEWAY__MAX_STREAM_LIFE", "1s")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -54,9 +61,13 @@ fn gateway() -> &'static str {
 
 /// A key of a tenant of its own (tests run in parallel; quotas count per key).
 async fn new_key(label: &str) -> String {
+    new_key_with(label, Quotas::default()).await
+}
+
+async fn new_key_with(label: &str, quotas: Quotas) -> String {
     let tenant = format!("{label}{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let mut redis = sandq_core::redis_conn::connect(&service_config().redis).await.expect("redis");
-    keys::create(&mut redis, &Names::new(namespace()), &tenant, "cli", Quotas::default()).await.expect("create key").1
+    keys::create(&mut redis, &Names::new(namespace()), &tenant, "cli", quotas).await.expect("create key").1
 }
 
 /// `sandq` in URL mode with `key`; no config file to fall back on.
@@ -182,6 +193,11 @@ async fn output_is_printed_while_the_job_runs_and_only_once() {
     let expected: Vec<String> = (0..12).map(|i| format!("line {i}")).collect();
     assert_eq!(lines, expected, "every line once, in order");
     assert!(!stderr.contains("differs"), "{stderr}");
+    // The job printed for 2.4 s and each stream lived 1 s: the lines above came through
+    // several, each resumed after the last event read.
+    let log = std::fs::read_to_string(gateway_log()).expect("gateway log");
+    let opened = log.lines().filter(|l| l.contains(r#"route="/v1/jobs/{id}/events""#) && l.contains(&format!("job_id=\"{id}\""))).count();
+    assert!(opened >= 2, "the event stream was opened {opened} times");
 
     // --no-stream prints the same at the end.
     let out = run(sandq(&key).args(["run", "--sku", "S", "--wait", "3m", "--no-stream", "-c", "print('a')\nprint('b')"]));
@@ -206,6 +222,13 @@ async fn artifacts_and_charts_are_saved_through_the_gateway_with_their_bytes() {
     let saved = out_dir.path().join(&id).join("out/data bin");
     assert_eq!(std::fs::read(&saved).expect("the artifact was saved"), expected);
     assert!(stderr.contains(&format!("artifact out/data bin (application/octet-stream, 100000 bytes) -> {}", saved.display())), "{stderr}");
+    // Through the gateway's redirect, once.
+    let log = std::fs::read_to_string(gateway_log()).expect("gateway log");
+    let redirects = log
+        .lines()
+        .filter(|l| l.contains(r#"route="/v1/jobs/{id}/artifacts/{*path}" status=307"#) && l.contains(&format!("job_id=\"{id}\"")))
+        .count();
+    assert_eq!(redirects, 1);
     // The chart left open is a display, saved from its own URL.
     let outputs: Vec<_> = std::fs::read_dir(out_dir.path().join(&id).join("outputs")).expect("outputs dir").collect();
     assert_eq!(outputs.len(), 1, "{outputs:?}");
@@ -269,6 +292,16 @@ async fn a_wrong_or_missing_key_and_direct_only_commands_are_refused_clearly() {
     let out = run(sandq("").env_remove("SANDQ_API_KEY").args(["run", "-c", "print(1)"]));
     assert_eq!(out.status.code(), Some(125));
     assert!(text(&out.stderr).contains("--url needs an API key"), "{}", text(&out.stderr));
+
+    // More than the key may ever do is refused with the gateway's reason; a job naming no
+    // timeout gets the key's longest.
+    let short = new_key_with("short", Quotas { max_timeout: Duration::from_secs(30), ..Quotas::default() }).await;
+    let out = run(sandq(&short).args(["run", "--sku", "S", "--timeout", "5m", "-c", "print(1)"]));
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("the API key may not do this") && text(&out.stderr).contains("403"), "{}", text(&out.stderr));
+    let out = run(sandq(&short).args(["run", "--sku", "S", "--wait", "3m", "-c", "print(1)"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "1\n");
 
     let key = new_key("refuse").await;
     for args in [&["key", "ls"][..], &["export", "x", "-o", "/tmp/never.ipynb"]] {

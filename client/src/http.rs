@@ -69,7 +69,11 @@ impl Problem {
 
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({} {})", self.detail, self.status, self.slug())
+        write!(f, "{} ({} {})", self.detail, self.status, self.slug())?;
+        match self.retry_after {
+            Some(seconds) if self.status == 429 => write!(f, "; retry after {seconds} s"),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -123,7 +127,7 @@ pub enum HttpError {
         body: String,
     },
     /// The gateway could not be reached, or the connection failed mid-answer.
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}")]
     Transport {
         /// The request's URL (no key in it).
         url: String,
@@ -206,6 +210,12 @@ pub enum HttpError {
 }
 
 impl HttpError {
+    /// A transport error of a request to `url` (reqwest's own message without the URL, which
+    /// this one names).
+    fn transport(url: &str, source: reqwest::Error) -> HttpError {
+        HttpError::Transport { url: url.to_owned(), source: source.without_url() }
+    }
+
     /// The problem document the gateway sent, when the error is one.
     pub fn problem(&self) -> Option<&Problem> {
         match self {
@@ -326,7 +336,7 @@ impl HttpClient {
             .read_timeout(READ_TIMEOUT)
             .user_agent(concat!("sandq-client/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|source| HttpError::Transport { url: base_url.to_owned(), source })?;
+            .map_err(|source| HttpError::transport(base_url, source))?;
         Ok(HttpClient { base, key: key.to_owned(), http })
     }
 
@@ -355,12 +365,12 @@ impl HttpClient {
         let mut tries = 0;
         loop {
             tries += 1;
-            let request = build()?.build().map_err(|source| HttpError::Transport { url: self.base.to_string(), source })?;
+            let request = build()?.build().map_err(|source| HttpError::transport(self.base.as_str(), source))?;
             let url = request.url().to_string();
             let error = match self.http.execute(request).await {
                 Ok(response) if response.status().is_success() || response.status().is_redirection() => return Ok(response),
                 Ok(response) => error_of(response).await,
-                Err(source) => HttpError::Transport { url, source },
+                Err(source) => HttpError::transport(&url, source),
             };
             match error.retry_pause() {
                 Some(pause) if tries < MAX_TRIES => {
@@ -632,7 +642,9 @@ impl HttpClient {
                         match s.client.status(s.job_id).await {
                             Ok(None) => s.done = true,
                             Ok(Some(result)) if result.status.is_terminal() => s.done = true,
-                            _ => {}
+                            // Not over: open it again, not in a tight loop should the streams
+                            // keep ending at once (a proxy's time-out).
+                            _ => tokio::time::sleep(Duration::from_millis(200)).await,
                         }
                     }
                     Err(e) => {
@@ -691,7 +703,7 @@ impl HttpClient {
     /// GETs a presigned URL: no key, no redirect followed.
     async fn fetch_plain(&self, url: Url) -> Result<Response, HttpError> {
         let shown = url.as_str().split('?').next().unwrap_or_default().to_owned();
-        let response = self.http.get(url).send().await.map_err(|source| HttpError::Transport { url: shown.clone(), source })?;
+        let response = self.http.get(url).send().await.map_err(|source| HttpError::transport(&shown, source))?;
         if !response.status().is_success() {
             let status = response.status().as_u16();
             let body = response.text().await.unwrap_or_default().chars().take(300).collect();
@@ -750,7 +762,7 @@ async fn error_of(response: Response) -> HttpError {
 /// A successful response's JSON body.
 async fn json_of<T: serde::de::DeserializeOwned>(response: Response, what: &'static str) -> Result<T, HttpError> {
     let url = response.url().to_string();
-    let body = response.bytes().await.map_err(|source| HttpError::Transport { url, source })?;
+    let body = response.bytes().await.map_err(|source| HttpError::transport(&url, source))?;
     serde_json::from_slice(&body).map_err(|source| HttpError::Decode { what, source })
 }
 
@@ -769,7 +781,7 @@ async fn save(mut response: Response, artifact: &Artifact, dest: &Path) -> Resul
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
         let url = response.url().as_str().split('?').next().unwrap_or_default().to_owned();
-        while let Some(chunk) = response.chunk().await.map_err(|source| HttpError::Transport { url: url.clone(), source })? {
+        while let Some(chunk) = response.chunk().await.map_err(|source| HttpError::transport(&url, source))? {
             size += chunk.len() as u64;
             if size > artifact.size {
                 return Err(mismatch(format!("more than its {} bytes", artifact.size)));
@@ -1008,6 +1020,88 @@ mod tests {
         );
         spec.stdin = Some(vec![0xff]);
         assert!(matches!(HttpClient::submit_body(&spec), Err(HttpError::Unsupported { field: "stdin", .. })));
+    }
+
+    /// A loopback stand-in for the gateway that answers each request with the next of
+    /// `answers` (status, `Retry-After`, body; the last one again once they run out) and
+    /// records each request's `Idempotency-Key` and body.
+    async fn canned(answers: Vec<(u16, Option<u64>, String)>) -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>) {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            for n in 0.. {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let mut reader = tokio::io::BufReader::new(stream);
+                let (mut length, mut key) = (0usize, String::new());
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).await.expect("a header line");
+                    let line = line.trim_end().to_ascii_lowercase();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.strip_prefix("content-length:") {
+                        length = v.trim().parse().expect("a length");
+                    }
+                    if let Some(v) = line.strip_prefix("idempotency-key:") {
+                        key = v.trim().to_owned();
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).await.expect("the body");
+                record.lock().expect("lock").push((key, body));
+                let (status, retry_after, text) = answers[n.min(answers.len() - 1)].clone();
+                let retry = retry_after.map(|s| format!("retry-after: {s}\r\n")).unwrap_or_default();
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{retry}connection: close\r\n\r\n{text}",
+                    text.len()
+                );
+                let mut stream = reader.into_inner();
+                stream.write_all(answer.as_bytes()).await.expect("answer");
+                let _ = stream.shutdown().await;
+            }
+        });
+        (base, seen)
+    }
+
+    fn problem_body(slug: &str, status: u16) -> String {
+        json!({"type": format!("urn:sandq:problem:{slug}"), "title": "t", "status": status, "detail": "d"}).to_string()
+    }
+
+    #[tokio::test]
+    async fn a_submission_answered_503_is_sent_again_with_the_same_key_and_body_a_bounded_number_of_times() {
+        let spec = JobSpec::new("job-7", Sku::S, Runtime::Python, "print(1)");
+        let queued = serde_json::to_string(&JobResult::new("job-7", JobStatus::Queued)).expect("JSON");
+        let (base, seen) = canned(vec![
+            (503, Some(1), problem_body("unavailable", 503)),
+            (503, Some(1), problem_body("unavailable", 503)),
+            (201, None, queued),
+        ])
+        .await;
+        let client = HttpClient::new(&base, "sq_k").expect("a client");
+        let started = Instant::now();
+        let (result, new) = client.submit(&spec).await.expect("submitted on the third try");
+        assert_eq!((result.job_id.as_str(), result.status, new), ("job-7", JobStatus::Queued, true));
+        assert!(started.elapsed() >= Duration::from_secs(2), "each retry waited its Retry-After");
+        let seen = seen.lock().expect("lock").clone();
+        assert_eq!(seen.len(), 3);
+        assert!(seen.iter().all(|(key, body)| key == "job-7" && *body == seen[0].1), "{seen:?}");
+
+        // Always 503: given up after MAX_TRIES, as `unavailable`.
+        let (base, seen) = canned(vec![(503, Some(1), problem_body("unavailable", 503))]).await;
+        let error = HttpClient::new(&base, "sq_k").expect("a client").submit(&spec).await.expect_err("never accepted");
+        assert!(matches!(error, HttpError::Unavailable(_)), "{error}");
+        assert_eq!(seen.lock().expect("lock").len(), MAX_TRIES as usize);
+
+        // Any other problem is not retried.
+        let (base, seen) = canned(vec![(429, Some(30), problem_body("quota-exceeded", 429))]).await;
+        let error = HttpClient::new(&base, "sq_k").expect("a client").submit(&spec).await.expect_err("over quota");
+        assert!(matches!(&error, HttpError::QuotaExceeded(p) if p.retry_after == Some(30)), "{error}");
+        assert!(error.to_string().ends_with("(429 quota-exceeded); retry after 30 s"), "{error}");
+        assert_eq!(seen.lock().expect("lock").len(), 1);
     }
 
     #[test]

@@ -183,9 +183,10 @@ struct JobArgs {
     /// Upload FILE into /work (as its file name, or as PATH with FILE:PATH). Repeatable.
     #[arg(long = "upload", value_name = "FILE[:PATH]")]
     uploads: Vec<String>,
-    /// Wall-clock limit of the program (humantime).
-    #[arg(long, default_value = "60s")]
-    timeout: String,
+    /// Wall-clock limit of the program (humantime); default 60 s (through a gateway: the API
+    /// key's longest when that is shorter).
+    #[arg(long)]
+    timeout: Option<String>,
     /// Feed this file to the program's stdin ("-" reads our stdin).
     #[arg(long)]
     stdin: Option<PathBuf>,
@@ -587,7 +588,7 @@ async fn build_job(backend: &Backend, args: &JobArgs) -> anyhow::Result<JobSpec>
     spec.inputs = inputs;
     spec.stdin = stdin;
     spec.env = env;
-    spec.timeout = Some(args.timeout.clone());
+    spec.timeout = args.timeout.clone();
     spec.network = if args.network == "outbound" { NetworkMode::Outbound } else { NetworkMode::None };
     spec.submitted_at_ms = Some(now_ms());
     spec.mode = match args.mode.as_deref() {
