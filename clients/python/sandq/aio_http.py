@@ -4,9 +4,8 @@ and stream resumption)."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any, AsyncIterator, Optional
 
 import httpx
 
@@ -97,13 +96,6 @@ class AsyncHttpClient(AsyncClient):
         if fetched.status_code != 200:
             raise SandqError(f"artifact {artifact.path}: its URL answered {fetched.status_code}")
         return check_download(artifact, fetched.content)
-
-    async def download_to(self, artifact: Artifact, dest: Union[str, os.PathLike]) -> Path:
-        target = Path(dest)
-        if target.is_dir():
-            target = target / Path(artifact.path).name
-        target.write_bytes(await self.download(artifact))
-        return target
 
     async def read_log(self, stream: Stream) -> bytes:
         return gateway.offline_log(stream)

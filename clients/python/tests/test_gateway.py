@@ -39,10 +39,10 @@ WAIT = 120.0
 TICKER = """\
 import time
 for i in range(10):
-    print(f"tick {i}", flush=True)
+    print(f"tick {i} " + "." * 60, flush=True)
     time.sleep(0.2)
 """
-TICKS = "".join(f"tick {i}\n" for i in range(10))
+TICKS = "".join(f"tick {i} " + "." * 60 + "\n" for i in range(10))
 
 
 # --- without services ----------------------------------------------------------------------
@@ -207,12 +207,13 @@ def client(gateway_url, api_key):
 
 class CuttingProxy:
     """A loopback TCP proxy to the gateway that cuts the first `cuts` requests whose bytes hold
-    `marker`: it forwards at most `cut_after` bytes of the answer, then closes the connection."""
+    `marker`: it forwards at most `cut_after` bytes of the answer, then closes the connection.
+    `cut` counts the answers it did cut."""
 
     def __init__(self, upstream_url: str, marker: bytes, cut_after: int, cuts: int):
         host, port = upstream_url.removeprefix("http://").split(":")
         self.upstream = (host, int(port))
-        self.marker, self.cut_after, self.cuts, self.cut = marker, cut_after, cuts, 0
+        self.marker, self.cut_after, self.cuts, self.armed, self.cut = marker, cut_after, cuts, 0, 0
         self.lock = threading.Lock()
         self.server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
@@ -238,8 +239,8 @@ class CuttingProxy:
                 while data := down.recv(65536):
                     if self.marker in data:
                         with self.lock:
-                            if self.cut < self.cuts:
-                                self.cut += 1
+                            if self.armed < self.cuts:
+                                self.armed += 1
                                 state["cutting"], state["sent"] = True, 0
                     up.sendall(data)
             except OSError:
@@ -257,6 +258,8 @@ class CuttingProxy:
                     room = self.cut_after - state["sent"]
                     if len(data) >= room:
                         down.sendall(data[:max(room, 0)])
+                        with self.lock:
+                            self.cut += 1
                         break
                     state["sent"] += len(data)
                 down.sendall(data)
@@ -321,7 +324,7 @@ def test_live_events_come_while_the_job_runs_and_resume_without_gap_or_duplicate
     job_id = client.submit(TICKER, sku="S", mode="script")
     # Through a proxy that cuts the first two event streams mid-way: the client reopens them
     # after the last event it read.
-    proxy = CuttingProxy(gateway_url, b"/events", cut_after=900, cuts=2)
+    proxy = CuttingProxy(gateway_url, b"/events", cut_after=700, cuts=2)
     seen: list[sandq.Event] = []
     first_at_ms: Optional[float] = None
     status_at_first = None
@@ -446,17 +449,29 @@ async def test_the_asyncio_client_runs_with_callbacks(gateway_url, api_key):
         await asyncio.sleep(0)
         events.append(event)
 
+    # Its event stream is cut once mid-way: it resumes as the blocking client's does.
+    proxy = CuttingProxy(gateway_url, b"/events", cut_after=700, cuts=1)
+    try:
+        async with AsyncClient(url=proxy.url, api_key=api_key) as client:
+            assert isinstance(client, sandq.AsyncHttpClient)
+            result = await client.run(TICKER, sku="S", mode="script", wait_timeout=WAIT, on_stdout=chunks.append,
+                                      on_event=on_event)
+    finally:
+        proxy.close()
+    assert proxy.cut == 1
+    assert result.status == "succeeded", result.stderr.text
+    assert "".join(chunks) == TICKS == result.stdout.text
+    assert events[-1].type == "end" and events[-1].status == "succeeded"
+    assert [e.id for e in events] == [e.id for e in await collect(gateway_url, api_key, result.job_id)]
     async with AsyncClient(url=gateway_url, api_key=api_key) as client:
-        assert isinstance(client, sandq.AsyncHttpClient)
-        result = await client.run(TICKER, sku="S", mode="script", wait_timeout=WAIT, on_stdout=chunks.append,
-                                  on_event=on_event)
-        assert result.status == "succeeded", result.stderr.text
-        assert "".join(chunks) == TICKS == result.stdout.text
-        assert events[-1].type == "end" and events[-1].status == "succeeded"
-        assert len({e.id for e in events}) == len(events)
         assert (await client.status(result.job_id)) == result
         data = b"a,b\n1,2\n"
         upload = await client.upload(data, "t.csv")
         again = await client.run("print(open('t.csv').read(), end='')", inputs=[upload], sku="S", mode="script",
                                  wait_timeout=WAIT)
         assert again.stdout.text == data.decode()
+
+
+async def collect(url: str, key: str, job_id: str) -> list[sandq.Event]:
+    async with AsyncClient(url=url, api_key=key) as client:
+        return [event async for event in client.events(job_id)]
