@@ -475,3 +475,15 @@ async def test_the_asyncio_client_runs_with_callbacks(gateway_url, api_key):
 async def collect(url: str, key: str, job_id: str) -> list[sandq.Event]:
     async with AsyncClient(url=url, api_key=key) as client:
         return [event async for event in client.events(job_id)]
+
+
+def test_a_rich_outputs_image_downloads_through_its_url(client):
+    result = client.run("import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(4, 2), dpi=50)\nax.plot([1, 3, 2])\n",
+                        sku="S", wait_timeout=WAIT)
+    assert result.status == "succeeded", result.stderr.text
+    [(output, value)] = result.images()
+    assert value.artifact is not None and value.artifact.job_id is None, "not one of the result's artifacts"
+    png = client.download(value.artifact)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (200, 100) == (output.image.width, output.image.height)
