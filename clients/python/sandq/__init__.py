@@ -11,11 +11,18 @@
             print(event.type, event.data)
 
 `sandq.aio.AsyncClient` is the asyncio twin.
+
+Through sandq-gateway over HTTP (docs/gateway.md), the same API with an API key instead of the
+services' credentials (a `sandq.http.HttpClient`; `sandq.gateway` says which mode is taken when):
+
+    with sandq.Client(url="https://sandq.example.com", api_key="sq_...") as client:  # or $SANDQ_URL, $SANDQ_API_KEY
+        print(client.run("print(6 * 7)", sku="S").stdout.text)
 """
 from .client import Client, Session
 from .events import Callbacks, Transcript
-from .errors import (JobCancelled, JobError, JobExpired, JobFailed, JobInternalError, JobNotFound, JobOOMKilled,
-                     JobRejected, JobTimedOut, SandqError, SubmitError, WaitTimeout)
+from .errors import (Conflict, ForbiddenByQuota, GatewayError, InvalidRequest, JobCancelled, JobError, JobExpired, JobFailed,
+                     JobInternalError, JobNotFound, JobOOMKilled, JobRejected, JobTimedOut, NotFound, Problem, QuotaExceeded,
+                     SandqError, SubmitError, Unauthorized, Unavailable, WaitTimeout)
 from .protocol import Config, load_config
 from .types import (TERMINAL, Artifact, ErrorInfo, Event, ImageInfo, InputFile, JobResult, MimeValue, Output, SandboxInfo,
                     SessionInfo, SessionState, SkippedArtifact, Stream, TableInfo, Usage)
@@ -26,13 +33,20 @@ def __getattr__(name: str):
     if name in ("AsyncClient", "AsyncSession"):
         from . import aio
         return getattr(aio, name)
+    if name == "AsyncHttpClient":
+        from . import aio_http
+        return aio_http.AsyncHttpClient
+    if name == "HttpClient":
+        from . import http
+        return http.HttpClient
     raise AttributeError(name)
 
 
 __all__ = [
-    "Client", "Session", "AsyncClient", "AsyncSession", "Config", "load_config", "TERMINAL",
+    "Client", "Session", "AsyncClient", "AsyncSession", "HttpClient", "AsyncHttpClient", "Config", "load_config", "TERMINAL",
     "Artifact", "ErrorInfo", "Event", "Transcript", "Callbacks", "ImageInfo", "InputFile", "JobResult", "MimeValue", "Output", "SandboxInfo", "SessionInfo",
     "SessionState", "SkippedArtifact", "Stream", "TableInfo", "Usage",
     "SandqError", "SubmitError", "WaitTimeout", "JobNotFound", "JobError", "JobFailed", "JobTimedOut", "JobOOMKilled",
-    "JobRejected", "JobCancelled", "JobExpired", "JobInternalError",
+    "JobRejected", "JobCancelled", "JobExpired", "JobInternalError", "Problem", "GatewayError", "Unauthorized",
+    "ForbiddenByQuota", "QuotaExceeded", "InvalidRequest", "NotFound", "Conflict", "Unavailable",
 ]

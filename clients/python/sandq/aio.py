@@ -18,7 +18,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.sentinel
 
-from . import protocol
+from . import gateway, protocol
 from .client import CONNECT_TIMEOUT_S, Source, check_download, fetch_url, read_source, s3_client
 from .errors import RAISED_BY_WAIT, JobNotFound, SubmitError, WaitTimeout, error_for
 from .events import ACTIVE, Callbacks, Transcript, parse_xread
@@ -27,10 +27,22 @@ from .types import TERMINAL, Artifact, Event, InputFile, JobResult, Output, Stre
 
 
 class AsyncClient:
-    """The asyncio twin of `sandq.Client`: the same methods, awaitable. Use `async with
-    AsyncClient() as client:` or call `aclose()`."""
+    """The asyncio twin of `sandq.Client`: the same methods, awaitable, and the same two modes
+    (`AsyncClient(url=..., api_key=...)`, or `$SANDQ_URL`, is a `sandq.aio_http.AsyncHttpClient`
+    speaking to sandq-gateway). Use `async with AsyncClient() as client:` or call `aclose()`."""
 
-    def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None):
+    def __new__(cls, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
+                api_key: Optional[str] = None) -> "AsyncClient":
+        if cls is AsyncClient and gateway.http_target(config, namespace, url, api_key) is not None:
+            from .aio_http import AsyncHttpClient
+            return super().__new__(AsyncHttpClient)
+        return super().__new__(cls)
+
+    def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
+                 api_key: Optional[str] = None):
+        if url or api_key:
+            raise ValueError("url= and api_key= are HTTP mode's: sandq.aio.AsyncClient or sandq.aio_http.AsyncHttpClient, "
+                             "not a subclass of the direct client")
         config = config or protocol.load_config()
         if namespace:
             config = config.with_namespace(namespace)

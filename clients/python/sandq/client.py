@@ -18,7 +18,7 @@ import redis
 import redis.cluster
 import redis.sentinel
 
-from . import protocol
+from . import gateway, protocol
 from .errors import RAISED_BY_WAIT, JobNotFound, SandqError, SubmitError, WaitTimeout, error_for
 from .events import ACTIVE, Callbacks, Transcript, parse_xread
 from .protocol import BLOCK_S, EVENTS_COUNT, EVENTS_START, Config, Names
@@ -79,11 +79,28 @@ def connect_any(config: Config, start: int) -> tuple[pika.BlockingConnection, in
 
 
 class Client:
-    """A sandq client. `Client()` reads the service config (`$SANDQ_CONFIG`, else
-    /etc/sandq/sandq.toml); pass a `Config` or `namespace=` to choose others. Thread-safe for
-    submitting; close it (or use it as a context manager) when done."""
+    """A sandq client, in one of two modes with the same methods:
 
-    def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None):
+    - direct: `Client()` reads the service config (`$SANDQ_CONFIG`, else /etc/sandq/sandq.toml)
+      and speaks AMQP, Redis and S3; pass a `Config` or `namespace=` to choose others;
+    - HTTP: `Client(url="https://sandq.example.com", api_key="sq_...")` speaks to sandq-gateway
+      (docs/gateway.md) and is a `sandq.http.HttpClient`; also taken when `$SANDQ_URL` is set
+      (with `$SANDQ_API_KEY`) and neither a config nor a namespace is given (`sandq.gateway`
+      has the rules).
+
+    Thread-safe for submitting; close it (or use it as a context manager) when done."""
+
+    def __new__(cls, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
+                api_key: Optional[str] = None) -> "Client":
+        if cls is Client and gateway.http_target(config, namespace, url, api_key) is not None:
+            from .http import HttpClient
+            return super().__new__(HttpClient)
+        return super().__new__(cls)
+
+    def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
+                 api_key: Optional[str] = None):
+        if url or api_key:
+            raise ValueError("url= and api_key= are HTTP mode's: sandq.Client or sandq.http.HttpClient, not a subclass of the direct client")
         config = config or protocol.load_config()
         if namespace:
             config = config.with_namespace(namespace)

@@ -4,29 +4,116 @@ status, carrying the result and the protocol's `reason`.
 `wait`/`run` raise `JobRejected`, `JobExpired` and `JobInternalError` (the program never ran, or
 sandq failed) by default; the statuses of a program that ran (`failed`, `timed_out`,
 `oom_killed`) and `cancelled` come back as results: `result.raise_for_status()` raises them too.
+
+Over HTTP (`Client(url=...)`), an error answer of sandq-gateway (an RFC 9457 problem document,
+docs/gateway.md "Errors") is raised as the class of its stable `type`, with the document in
+`.problem`: `unauthorized` -> `Unauthorized`; `forbidden-by-quota` -> `ForbiddenByQuota`;
+`quota-exceeded` -> `QuotaExceeded` (`.retry_after`); `not-found` -> `NotFound` (`JobNotFound`
+for a job); `conflict` -> `Conflict`; `unavailable` (and a gateway that cannot be reached) ->
+`Unavailable` (`.retry_after`; a submission's is a `SubmitError`); `invalid-request`,
+`unsupported-media-type`, `body-too-large`, `body-timeout`, `method-not-allowed` ->
+`InvalidRequest`; any other -> `GatewayError`. The classes name what happened, whichever mode
+raised them (`JobNotFound` in direct mode too); only `problem` says it came from the gateway.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from .types import JobResult
 
 
+@dataclass(frozen=True)
+class Problem:
+    """A problem document of sandq-gateway (RFC 9457): `type` is a stable URN
+    (`urn:sandq:problem:<slug>`), `status` the HTTP status, `detail` what was wrong with this
+    request, `retry_after` the seconds to wait before trying again (429, 503; from the body or
+    the `Retry-After` header), `raw` the document as it came (an answer that was not a problem
+    document gets `type` `about:blank` and its first bytes in `detail`)."""
+    type: str
+    status: int
+    title: str = ""
+    detail: str = ""
+    retry_after: Optional[float] = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def slug(self) -> str:
+        """The type's last part (`quota-exceeded`)."""
+        return self.type.rsplit(":", 1)[-1]
+
+
 class SandqError(Exception):
-    """Base class of every sandq exception."""
+    """Base class of every sandq exception. `problem` is the gateway's problem document when
+    the error came from one (HTTP mode), else None."""
+    problem: Optional[Problem] = None
+
+    def __init__(self, *args: object, problem: Optional[Problem] = None):
+        super().__init__(*args)
+        if problem is not None:
+            self.problem = problem
 
 
 class SubmitError(SandqError):
-    """The broker did not confirm the job, or returned it: it is not queued (retry with the same job id)."""
+    """The broker did not confirm the job, or returned it (over HTTP: the gateway answered
+    `unavailable`, or could not be reached, after the client's retries): it may not be queued
+    (retry with the same job id: a job id names one job, so a retry never makes a second)."""
+
+
+class GatewayError(SandqError):
+    """An error answer of sandq-gateway that no class below names (`problem` says what)."""
+
+
+class Unauthorized(SandqError, PermissionError):
+    """401: the API key is missing, malformed, unknown or revoked."""
+
+
+class ForbiddenByQuota(SandqError, PermissionError):
+    """403: the request asks for more than the key may ever do (a larger SKU, a longer timeout,
+    outbound network, a webhook host it does not allow)."""
+
+
+class QuotaExceeded(SandqError):
+    """429: over a rate or count quota now (jobs per minute, jobs in flight, sessions, open
+    event streams); `retry_after` seconds later it may pass."""
+
+    @property
+    def retry_after(self) -> Optional[float]:
+        return self.problem.retry_after if self.problem else None
+
+
+class InvalidRequest(SandqError, ValueError):
+    """400, 405, 408, 413, 415: the gateway refused the request as it is (`problem.detail` says
+    which field or value); sending it again will not help."""
+
+
+class Conflict(SandqError):
+    """409: the job id was used with another body, or by a job the gateway did not accept; a
+    session in use by a job."""
+
+
+class Unavailable(SandqError, ConnectionError):
+    """503, or no answer: the gateway, or a service behind it, failed after the client's
+    retries; nothing was kept; try again after `retry_after` seconds."""
+
+    @property
+    def retry_after(self) -> Optional[float]:
+        return self.problem.retry_after if self.problem else None
 
 
 class WaitTimeout(SandqError, TimeoutError):
     """The job had no terminal result within the time the caller waited (it may still finish)."""
 
 
-class JobNotFound(SandqError, KeyError):
-    """No result under this job id: never submitted, or its result expired."""
+class NotFound(SandqError, KeyError):
+    """404: no such job, artifact or session for this key's tenant (another tenant's ids
+    included)."""
+
+
+class JobNotFound(NotFound):
+    """No result under this job id: never submitted, or its result expired (over HTTP: or
+    another tenant's)."""
 
 
 class JobError(SandqError):

@@ -54,7 +54,9 @@ class Stream:
 
 @dataclass(frozen=True)
 class Artifact:
-    """A file the job wrote (or a stored rich-output representation); `url` is presigned."""
+    """A file the job wrote (or a stored rich-output representation); `url` is presigned.
+    `job_id` is the job of a result's `artifacts` entry (what the gateway serves it by; None for
+    a rich output's representation)."""
     path: str
     key: str
     size: int
@@ -62,11 +64,12 @@ class Artifact:
     content_type: str
     url: Optional[str] = None
     url_expires_at_ms: Optional[int] = None
+    job_id: Optional[str] = None
 
     @classmethod
-    def from_wire(cls, m: dict) -> "Artifact":
+    def from_wire(cls, m: dict, job_id: Optional[str] = None) -> "Artifact":
         return cls(m["path"], m["key"], m.get("size") or 0, m.get("sha256") or "", m.get("content_type") or "application/octet-stream",
-                   m.get("url"), m.get("url_expires_at_ms"))
+                   m.get("url"), m.get("url_expires_at_ms"), job_id)
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,8 @@ class SandboxInfo:
 
 @dataclass(frozen=True)
 class JobResult:
-    """A job's status and result, as stored in Redis (`JobResult` of docs/protocol.md)."""
+    """A job's status and result, as stored in Redis (`JobResult` of docs/protocol.md), or as
+    the gateway shows it (the same fields, in JSON, with the tenant's job id and session name)."""
     job_id: str
     status: str
     reason: Optional[str]
@@ -243,7 +247,7 @@ class JobResult:
             job_id=m.get("job_id") or "", status=m.get("status") or "", reason=m.get("reason"), sku=m.get("sku"),
             exit_code=_int(m.get("exit_code")), signal=m.get("signal"),
             stdout=Stream.from_wire(m.get("stdout")), stderr=Stream.from_wire(m.get("stderr")),
-            artifacts=[Artifact.from_wire(a) for a in _list(m.get("artifacts"))],
+            artifacts=[Artifact.from_wire(a, m.get("job_id") or None) for a in _list(m.get("artifacts"))],
             skipped_artifacts=[SkippedArtifact.from_wire(s) for s in _list(m.get("skipped_artifacts"))],
             skipped_artifacts_total=_int(m.get("skipped_artifacts_total")) or 0,
             usage=Usage.from_wire(m.get("usage")), queued_at_ms=_int(m.get("queued_at_ms")),
