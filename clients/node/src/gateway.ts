@@ -31,41 +31,58 @@ function backoffMs(attempt: number, retryAfterS: number | null): number {
   return Math.min(3200, 200 * 2 ** (attempt - 1));
 }
 
-function retryAfter(response: Response): number | null {
-  const header = response.headers.get("retry-after");
+
+/** A controller aborted when `parent` is, or after `timeoutMs`; `dispose` unlinks it (so a
+ * long-lived client's signal does not collect a listener per request). */
+function linked(parent: AbortSignal, timeoutMs?: number): { signal: AbortSignal; abort: () => void; dispose: () => void } {
+  const controller = new AbortController();
+  const abort = () => controller.abort(parent.reason);
+  if (parent.aborted) abort();
+  else parent.addEventListener("abort", abort, { once: true });
+  const timer = timeoutMs === undefined ? undefined : setTimeout(() => controller.abort(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+  return {
+    signal: controller.signal,
+    abort: () => controller.abort(),
+    dispose: () => {
+      clearTimeout(timer);
+      parent.removeEventListener("abort", abort);
+    },
+  };
+}
+
+/** A response read whole. */
+interface Reply {
+  status: number;
+  statusText: string;
+  headers: Headers;
+  text: string;
+}
+
+function retryAfterOf(headers: Headers): number | null {
+  const header = headers.get("retry-after");
   return header !== null && /^\d+$/.test(header.trim()) ? Number(header.trim()) : null;
 }
 
-/** An abort signal that fires when any of `signals` does. */
-function anySignal(signals: AbortSignal[]): AbortSignal {
-  const controller = new AbortController();
-  for (const signal of signals) {
-    if (signal.aborted) {
-      controller.abort(signal.reason);
-      break;
-    }
-    signal.addEventListener("abort", () => controller.abort(signal.reason), { once: true });
-  }
-  return controller.signal;
-}
-
-/** The problem document of a response that is not a success (read from its body; a body that
- * is not one, a proxy's error page, becomes `about:blank` with the status). */
-export async function problemOf(response: Response): Promise<Problem> {
-  const text = await response.text().catch(() => "");
+/** The problem document of a reply that is not a success (a body that is not one, a proxy's
+ * error page, becomes `about:blank` with the status). */
+export function problemOf(reply: Reply): Problem {
   try {
-    const value = JSON.parse(text) as Partial<Problem>;
+    const value = JSON.parse(reply.text) as Partial<Problem>;
     if (value && typeof value.type === "string" && typeof value.status === "number") {
       return { ...value, title: String(value.title ?? ""), detail: String(value.detail ?? ""), type: value.type, status: value.status } as Problem;
     }
   } catch {
     // not JSON
   }
-  const after = retryAfter(response);
+  const after = retryAfterOf(reply.headers);
   return {
-    type: "about:blank", title: response.statusText, status: response.status, detail: text.slice(0, 500),
+    type: "about:blank", title: reply.statusText, status: reply.status, detail: reply.text.slice(0, 500),
     ...(after !== null ? { retry_after: after } : {}),
   };
+}
+
+async function readReply(response: Response): Promise<Reply> {
+  return { status: response.status, statusText: response.statusText, headers: response.headers, text: await response.text() };
 }
 
 /** `path` relative to /work as a URL path, each segment escaped. */
@@ -126,47 +143,55 @@ export class GatewayTransport implements Transport {
     return { authorization: `Bearer ${this.apiKey}`, "user-agent": USER_AGENT, ...extra };
   }
 
-  /** One request, sent again (the same body: every call of this client is safe to repeat) when
-   * the gateway cannot be reached, answers 502, 503 or 504, or a 409 with `Retry-After`; at most
-   * `ATTEMPTS` times. Resolves to the last response; throws a SandqError when no attempt got one. */
-  private async request(method: string, path: string, options: RequestOptions = {}): Promise<Response> {
-    let last: unknown = null;
+  /** One request, read whole, sent again (the same body: every call of this client is safe to
+   * repeat) when the gateway cannot be reached, answers 502, 503 or 504, or a 409 with
+   * `Retry-After`; at most `ATTEMPTS` times. Resolves to the last reply; throws a SandqError when
+   * no attempt got one. */
+  private async request(method: string, path: string, options: RequestOptions = {}): Promise<Reply> {
     for (let attempt = 1; ; attempt++) {
       if (this.closed.signal.aborted) throw new SandqError("the client is closed");
-      let response: Response;
+      const link = linked(this.closed.signal, options.timeoutMs ?? this.requestTimeoutMs);
+      let reply: Reply;
       try {
-        response = await fetch(`${this.url}${path}`, {
+        const response = await fetch(`${this.url}${path}`, {
           method,
           headers: this.headers(options.headers),
           body: options.body,
           redirect: options.redirect ?? "follow",
-          signal: anySignal([this.closed.signal, AbortSignal.timeout(options.timeoutMs ?? this.requestTimeoutMs)]),
+          signal: link.signal,
         });
+        reply = await readReply(response);
       } catch (e) {
-        last = e;
         if (this.closed.signal.aborted) throw new SandqError("the client is closed", { cause: e });
         if (attempt >= ATTEMPTS) {
           const why = e instanceof Error ? `${e.message}${e.cause instanceof Error ? ` (${e.cause.message})` : ""}` : String(e);
-          throw new SandqError(`${method} ${this.url}${path}: ${why}`, { cause: last });
+          throw new SandqError(`${method} ${this.url}${path}: ${why}`, { cause: e });
         }
         await sleep(backoffMs(attempt, null));
         continue;
+      } finally {
+        link.dispose();
       }
-      const again = [502, 503, 504].includes(response.status) || (response.status === 409 && retryAfter(response) !== null);
-      if (!again || attempt >= ATTEMPTS) return response;
-      await response.body?.cancel().catch(() => {});
-      await sleep(backoffMs(attempt, retryAfter(response)));
+      const after = retryAfterOf(reply.headers);
+      const again = [502, 503, 504].includes(reply.status) || (reply.status === 409 && after !== null);
+      if (!again || attempt >= ATTEMPTS) return reply;
+      await sleep(backoffMs(attempt, after));
     }
   }
 
-  /** The typed error of a response that is not a success. */
-  private async fail(response: Response, context: string): Promise<GatewayError> {
-    return errorForProblem(await problemOf(response), context);
+  /** The typed error of a reply that is not a success. */
+  private fail(reply: Reply, context: string): GatewayError {
+    return errorForProblem(problemOf(reply), context);
   }
 
-  private async json(response: Response): Promise<Record<string, unknown>> {
-    const value: unknown = await response.json();
-    if (value === null || typeof value !== "object" || Array.isArray(value)) throw new SandqError(`the gateway answered ${JSON.stringify(value)}, not an object`);
+  private json(reply: Reply): Record<string, unknown> {
+    let value: unknown;
+    try {
+      value = JSON.parse(reply.text);
+    } catch {
+      throw new SandqError(`the gateway answered ${reply.status} with a body that is not JSON: ${reply.text.slice(0, 200)}`);
+    }
+    if (value === null || typeof value !== "object" || Array.isArray(value)) throw new SandqError(`the gateway answered ${reply.text.slice(0, 200)}, not an object`);
     return value as Record<string, unknown>;
   }
 
@@ -186,9 +211,9 @@ export class GatewayTransport implements Transport {
       path = basename(source);
     }
     const sha256 = sha256Hex(data);
-    const response = await this.request("POST", "/v1/files", { body: data, headers: { "content-type": "application/octet-stream" } });
-    if (response.status !== 201 && response.status !== 200) throw await this.fail(response, `upload ${path}`);
-    const body = await this.json(response);
+    const reply = await this.request("POST", "/v1/files", { body: data, headers: { "content-type": "application/octet-stream" } });
+    if (reply.status !== 201 && reply.status !== 200) throw this.fail(reply, `upload ${path}`);
+    const body = this.json(reply);
     if (body.file_id !== sha256 || body.size !== data.length) {
       throw new SandqError(`upload ${path}: the gateway stored ${String(body.size)} bytes as ${String(body.file_id)}, not ${data.length} as ${sha256}`);
     }
@@ -202,20 +227,22 @@ export class GatewayTransport implements Transport {
     const job = jobId ?? this.artifactJobs.get(artifact);
     let url = artifact.url ?? null;
     if (job !== undefined) {
-      const response = await this.request("GET", `/v1/jobs/${encodeURIComponent(job)}/artifacts/${pathSegments(artifact.path)}`, { redirect: "manual" });
-      const location = response.headers.get("location");
-      if (response.status >= 300 && response.status < 400 && location) {
-        url = new URL(location, this.url).href;
-      } else if (!(response.status === 404 && url)) {
-        throw await this.fail(response, `artifact ${artifact.path} of job ${job}`);
-      }
-      await response.body?.cancel().catch(() => {});
+      const reply = await this.request("GET", `/v1/jobs/${encodeURIComponent(job)}/artifacts/${pathSegments(artifact.path)}`, { redirect: "manual" });
+      const location = reply.headers.get("location");
+      if (reply.status < 300 || reply.status >= 400 || !location) throw this.fail(reply, `artifact ${artifact.path} of job ${job}`);
+      url = new URL(location, this.url).href;
     }
     if (!url) throw new SandqError(`artifact ${artifact.path}: no URL, and no job to ask the gateway about (give its job id)`);
     // The presigned URL carries its own authorization: the API key is not sent there.
-    const response = await fetch(url, { signal: anySignal([this.closed.signal, AbortSignal.timeout(10 * this.requestTimeoutMs)]) });
-    if (!response.ok) throw new SandqError(`artifact ${artifact.path}: HTTP ${response.status}`);
-    const data = Buffer.from(await response.arrayBuffer());
+    const link = linked(this.closed.signal, 10 * this.requestTimeoutMs);
+    let data: Buffer;
+    try {
+      const response = await fetch(url, { signal: link.signal });
+      if (!response.ok) throw new SandqError(`artifact ${artifact.path}: HTTP ${response.status}`);
+      data = Buffer.from(await response.arrayBuffer());
+    } finally {
+      link.dispose();
+    }
     if (data.length !== artifact.size || sha256Hex(data) !== artifact.sha256) {
       throw new SandqError(`artifact ${artifact.path}: downloaded ${data.length} bytes that do not match its size or sha256`);
     }
@@ -236,35 +263,35 @@ export class GatewayTransport implements Transport {
   async submit(options: JobOptions): Promise<string> {
     const job = gatewayJob(options);
     const id = String(job.job_id);
-    let response: Response;
+    const unsure = (why: string) => `job ${id} may not be submitted (submitting again with the same job_id is safe): ${why}`;
+    let reply: Reply;
     try {
-      response = await this.request("POST", "/v1/jobs", {
+      reply = await this.request("POST", "/v1/jobs", {
         body: JSON.stringify(job),
         headers: { "content-type": "application/json", "idempotency-key": id },
       });
     } catch (e) {
-      throw new SubmitError(`job ${id} may not be submitted (submitting again with the same job_id is safe): ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+      throw new SubmitError(unsure(e instanceof Error ? e.message : String(e)), { cause: e });
     }
-    if (response.status === 201 || response.status === 200) {
-      const body = await this.json(response);
+    if (reply.status === 201 || reply.status === 200) {
+      const body = this.json(reply);
       return typeof body.job_id === "string" ? body.job_id : id;
     }
-    const error = await this.fail(response, `submit ${id}`);
-    if (error instanceof Unavailable || (error instanceof Conflict && error.retryAfter !== null)) {
-      throw new SubmitError(`job ${id} may not be submitted (submitting again with the same job_id is safe): ${error.message}`, { cause: error });
-    }
+    const error = this.fail(reply, `submit ${id}`);
+    if (error instanceof Unavailable || (error instanceof Conflict && error.retryAfter !== null)) throw new SubmitError(unsure(error.message), { cause: error });
     throw error;
+  }
+
+  private notFound(jobId: string, reply: Reply): JobNotFound {
+    return new JobNotFound(`job ${jobId} is unknown (never submitted, its result expired, or not this tenant's)`, problemOf(reply));
   }
 
   /** `GET /v1/jobs/{id}`; null on 404 (unknown, expired, or another tenant's). */
   async status(jobId: string): Promise<JobResult | null> {
-    const response = await this.request("GET", `/v1/jobs/${encodeURIComponent(jobId)}`);
-    if (response.status === 404) {
-      await response.body?.cancel().catch(() => {});
-      return null;
-    }
-    if (!response.ok) throw await this.fail(response, `status of job ${jobId}`);
-    return this.result(await this.json(response));
+    const reply = await this.request("GET", `/v1/jobs/${encodeURIComponent(jobId)}`);
+    if (reply.status === 404) return null;
+    if (reply.status !== 200) throw this.fail(reply, `status of job ${jobId}`);
+    return this.result(this.json(reply));
   }
 
   /** `GET /v1/jobs/{id}?wait=` (at most 30 s a request) until the job is over. */
@@ -273,10 +300,10 @@ export class GatewayTransport implements Transport {
     for (;;) {
       const waitMs = Math.max(0, Math.floor(deadline === undefined ? WAIT_CHUNK_MS : Math.min(WAIT_CHUNK_MS, deadline - Date.now())));
       const asked = Date.now();
-      const response = await this.request("GET", `/v1/jobs/${encodeURIComponent(jobId)}?wait=${waitMs}ms`, { timeoutMs: waitMs + this.requestTimeoutMs });
-      if (response.status === 404) throw new JobNotFound(`job ${jobId} is unknown (never submitted, its result expired, or not this tenant's)`, await problemOf(response));
-      if (!response.ok) throw await this.fail(response, `wait for job ${jobId}`);
-      const result = this.result(await this.json(response));
+      const reply = await this.request("GET", `/v1/jobs/${encodeURIComponent(jobId)}?wait=${waitMs}ms`, { timeoutMs: waitMs + this.requestTimeoutMs });
+      if (reply.status === 404) throw this.notFound(jobId, reply);
+      if (reply.status !== 200) throw this.fail(reply, `wait for job ${jobId}`);
+      const result = this.result(this.json(reply));
       if (TERMINAL.has(result.status)) return result;
       if (deadline !== undefined && Date.now() >= deadline) throw new WaitTimeout(`job ${jobId} is still ${result.status} after ${timeoutMs} ms`);
       // A gateway that answered at once (a shorter max_wait than asked, or none): not a busy loop.
@@ -296,11 +323,10 @@ export class GatewayTransport implements Transport {
     for (;;) {
       const left = deadline === undefined ? undefined : deadline - Date.now();
       if (left !== undefined && left <= 0) return;
-      const stop = new AbortController();
-      let timedOut = false;
-      const timer = left === undefined ? undefined : setTimeout(() => { timedOut = true; stop.abort(); }, left);
+      // Aborted by close(), at the deadline, or when the loop ends (`break` included).
+      const link = linked(this.closed.signal, left);
       // The head must come within the request time-out; the body may take as long as the job.
-      const head = setTimeout(() => stop.abort(), this.requestTimeoutMs);
+      const head = setTimeout(link.abort, this.requestTimeoutMs);
       let dropped: unknown = null;
       let retryAfterS: number | null = null;
       try {
@@ -308,45 +334,43 @@ export class GatewayTransport implements Transport {
         try {
           response = await fetch(`${this.url}/v1/jobs/${encodeURIComponent(jobId)}/events`, {
             headers: this.headers({ accept: "text/event-stream", "last-event-id": cursor }),
-            signal: anySignal([this.closed.signal, stop.signal]),
+            signal: link.signal,
           });
         } catch (e) {
           dropped = e;
         } finally {
           clearTimeout(head);
         }
-        if (response !== null) {
-          if (response.status === 404) throw new JobNotFound(`job ${jobId} is unknown (never submitted, its result expired, or not this tenant's)`, await problemOf(response));
-          if ([502, 503, 504].includes(response.status)) {
-            retryAfterS = retryAfter(response);
-            dropped = await this.fail(response, `events of job ${jobId}`);
-          } else if (!response.ok || !response.body) {
-            throw await this.fail(response, `events of job ${jobId}`);
-          } else {
-            const parser = new SseParser();
-            const decoder = new TextDecoder();
-            try {
-              for await (const chunk of response.body as AsyncIterable<Uint8Array>) {
-                for (const message of parser.push(decoder.decode(chunk, { stream: true }))) {
-                  if (message.id === null) continue;
-                  const event = parseGatewayEvent(message);
-                  cursor = event.id;
-                  failures = 0;
-                  yield event;
-                  if (event.type === "end") return;
-                }
+        if (response !== null && response.status !== 200) {
+          const reply = await readReply(response).catch(() => ({ status: response.status, statusText: response.statusText, headers: response.headers, text: "" }));
+          if (reply.status === 404) throw this.notFound(jobId, reply);
+          if (![502, 503, 504].includes(reply.status)) throw this.fail(reply, `events of job ${jobId}`);
+          retryAfterS = retryAfterOf(reply.headers);
+          dropped = this.fail(reply, `events of job ${jobId}`);
+        } else if (response !== null && response.body) {
+          const parser = new SseParser();
+          const decoder = new TextDecoder();
+          try {
+            for await (const chunk of response.body as AsyncIterable<Uint8Array>) {
+              for (const message of parser.push(decoder.decode(chunk, { stream: true }))) {
+                if (message.id === null) continue;
+                const event = parseGatewayEvent(message);
+                cursor = event.id;
+                failures = 0;
+                yield event;
+                if (event.type === "end") return;
               }
-            } catch (e) {
-              dropped = e;
             }
+          } catch (e) {
+            dropped = e;
           }
         }
       } finally {
-        clearTimeout(timer);
         clearTimeout(head);
-        stop.abort();
+        link.abort();
+        link.dispose();
       }
-      if (timedOut) return;
+      if (deadline !== undefined && Date.now() >= deadline) return;
       if (this.closed.signal.aborted) throw new SandqError("the client is closed");
       if (dropped === null) {
         // The gateway ended the stream without `end`: over (an expired stream, an older worker)
@@ -366,25 +390,19 @@ export class GatewayTransport implements Transport {
 
   /** `DELETE /v1/jobs/{id}`: true on 202; false when the job is over (409) or unknown (404). */
   async cancel(jobId: string): Promise<boolean> {
-    const response = await this.request("DELETE", `/v1/jobs/${encodeURIComponent(jobId)}`);
-    if (response.status === 202 || response.status === 200) {
-      await response.body?.cancel().catch(() => {});
-      return true;
-    }
-    if (response.status === 404 || response.status === 409) {
-      await response.body?.cancel().catch(() => {});
-      return false;
-    }
-    throw await this.fail(response, `cancel job ${jobId}`);
+    const reply = await this.request("DELETE", `/v1/jobs/${encodeURIComponent(jobId)}`);
+    if (reply.status === 202 || reply.status === 200) return true;
+    if (reply.status === 404 || reply.status === 409) return false;
+    throw this.fail(reply, `cancel job ${jobId}`);
   }
 
   // --- sessions --------------------------------------------------------------------------------
 
   /** `GET /v1/sessions`: the tenant's sessions, soonest to expire first (unused ones last). */
   async sessions(): Promise<SessionSummary[]> {
-    const response = await this.request("GET", "/v1/sessions");
-    if (!response.ok) throw await this.fail(response, "sessions");
-    const body = await this.json(response);
+    const reply = await this.request("GET", "/v1/sessions");
+    if (reply.status !== 200) throw this.fail(reply, "sessions");
+    const body = this.json(reply);
     const rows = Array.isArray(body.sessions) ? (body.sessions as Record<string, unknown>[]) : [];
     const listed = rows.map((r) => ({
       name: String(r.name),

@@ -17,7 +17,7 @@ export {
   Client, Session, clientMode, redisClient, connectAny, type ClientOptions, type WaitOptions, type RunOptions, type EventsOptions, type SessionSummary,
 } from "./client.js";
 export { SseParser, parseGatewayEvent, type SseMessage } from "./sse.js";
-export { gatewayJob, problemOf } from "./gateway.js";
+export { gatewayJob } from "./gateway.js";
 export { Transcript, parseEvent, parseXRead, callbacksFor, type EventCallbacks } from "./events.js";
 export * from "./errors.js";
 export {
