@@ -197,6 +197,30 @@ test("a stream cut mid-job is resumed with Last-Event-ID: no gap, no duplicate",
   }
 });
 
+test("display events and an output's image, as direct mode reads them", async () => {
+  const code = "import matplotlib.pyplot as plt\nimport pandas as pd\nplt.plot([1, 2, 3])\nplt.show()\npd.DataFrame({'a': [1, 2]})";
+  const id = await client.submit({ code, ...S });
+  const displays = [];
+  const result = await client.run({ code, ...S }, { ...WAIT, onDisplay: (output) => displays.push(output) });
+  // (The worker stamps an event's URL expiry a few ms apart from the result's.)
+  const stamped = (value) => JSON.parse(JSON.stringify(value, (k, v) => (k === "url_expires_at_ms" ? undefined : v)));
+  assert.deepEqual(stamped(displays), stamped(result.outputs), "every output, as the result has it");
+  const http = [];
+  for await (const event of client.events(id)) http.push(event);
+  const raw = [];
+  for await (const event of direct.events(`${tenantA}_${id}`)) raw.push(event);
+  assert.deepEqual(http.map((e) => e.type), raw.map((e) => e.type));
+  assert.equal(raw.filter((e) => e.type === "display").length, 2);
+  // The same events; a display's JSON text is the gateway's serialization, the same value.
+  const value = (e) => (e.type === "display" ? { ...e, data: JSON.parse(e.data), fields: { ...e.fields, data: JSON.parse(e.fields.data) } } : e);
+  assert.deepEqual(http.map(value), raw.map(value));
+  // An image of the outputs is no artifact of the job: it comes through its own presigned URL.
+  const image = result.outputs.flatMap((o) => Object.entries(o.data)).find(([mime]) => mime === "image/png")[1];
+  const png = await client.download(image.artifact);
+  assert.equal(png.length, image.size);
+  assert.equal(png.subarray(1, 4).toString("latin1"), "PNG");
+});
+
 test("a session keeps a variable", async () => {
   const session = client.session();
   const first = raiseForStatus(await session.run({ code: "x = 40", ...S }, WAIT));
