@@ -173,6 +173,8 @@ test("a stream cut mid-job is resumed with Last-Event-ID: no gap, no duplicate",
   const viaProxy = new Client({ url: proxy.url, apiKey: keyA });
   try {
     const id = await viaProxy.submit({ code: TICKS, ...S });
+    const post = proxy.requests().split("POST /v1/jobs ").at(-1).split("\r\n\r\n")[0].toLowerCase();
+    assert.match(post, new RegExp(`\r\nidempotency-key: ${id}\r\n`), "the submission's Idempotency-Key is its job id");
     const got = [];
     let cut = false;
     for await (const event of viaProxy.events(id)) {
