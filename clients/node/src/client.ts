@@ -1,315 +1,170 @@
-// The client: amqplib (confirm channel, mandatory), node-redis, the AWS SDK's S3 client.
-import { readFile } from "node:fs/promises";
-import { basename } from "node:path";
-import * as amqp from "amqplib";
-import { createClient, createCluster, createSentinel, RESP_TYPES } from "redis";
-import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
-import { decode, encode } from "@msgpack/msgpack";
-import { errorFor, JobNotFound, RAISED_BY_WAIT, SandqError, SubmitError, WaitTimeout } from "./errors.js";
-import { ACTIVE, callbacksFor, type EventCallbacks, hasCallbacks, parseXRead, Transcript } from "./events.js";
-import {
-  amqpAddresses, APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, EVENTS_COUNT, EVENTS_START, humantimeSeconds, inputKey, loadConfig, Names,
-  newSessionName, queueArguments, SCHEMA_VERSION, sha256Hex, SKUS,
-} from "./protocol.js";
-import { type Artifact, type Event, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL } from "./types.js";
+// The client, in either mode: direct (the broker, Redis and S3 of a sandq config: direct.ts) or
+// HTTP (sandq-gateway with an API key: gateway.ts). The same calls, the same results and events.
+import type { S3Client } from "@aws-sdk/client-s3";
+import { errorFor, RAISED_BY_WAIT, SandqError } from "./errors.js";
+import { callbacksFor, type EventCallbacks, hasCallbacks, Transcript } from "./events.js";
+import { DirectTransport } from "./direct.js";
+import { GatewayTransport } from "./gateway.js";
+import { type Config, EVENTS_START, type Names, newSessionName } from "./protocol.js";
+import type { EventsOptions, SessionSummary, Transport, WaitOptions } from "./transport.js";
+import type { Artifact, Event, InputFile, JobOptions, JobResult, Stream } from "./types.js";
 
-export interface WaitOptions {
-  /** Give up (WaitTimeout) after this many ms; default: wait as long as it takes. */
-  timeoutMs?: number;
-  /** Throw JobRejected, JobExpired and JobInternalError (default true). */
-  raiseOnError?: boolean;
-}
+export { connectAny, redisClient } from "./direct.js";
+export type { EventsOptions, SessionSummary, WaitOptions } from "./transport.js";
 
 /** `run`'s options: how to wait, and callbacks on the job's live events while it runs. */
 export interface RunOptions extends WaitOptions, EventCallbacks {}
 
-/** Which of a job's live events to read, and for how long. */
-export interface EventsOptions {
-  /** Read the events after this stream id (`Event.id`); default `"0-0"`: from the first. */
-  cursor?: string;
-  /** Longest wait of one read (ms, more than 0; default 5000): after a read that waited this
-   * long for nothing, the job's status is checked. */
-  blockMs?: number;
-  /** Stop, without error, after this many ms; default: as long as the job runs. */
-  timeoutMs?: number;
-}
-
 export interface ClientOptions {
-  /** The service config; default `loadConfig()` ($SANDQ_CONFIG, else /etc/sandq/sandq.toml). */
+  /** HTTP mode: the gateway's base URL (`https://sandq.example.com`); default `$SANDQ_URL`. */
+  url?: string;
+  /** HTTP mode: the API key (`sq_<id>_<secret>`, `sandq key create`); default `$SANDQ_API_KEY`. */
+  apiKey?: string;
+  /** HTTP mode: longest time of one request, ms (default 60000; a `wait` adds what it waits; an
+   * event stream's body is not bounded). */
+  requestTimeoutMs?: number;
+  /** Direct mode: the service config; default `loadConfig()` ($SANDQ_CONFIG, else
+   * /etc/sandq/sandq.toml). */
   config?: Config;
-  /** Another namespace than the config's. */
+  /** Direct mode: another namespace than the config's. */
   namespace?: string;
 }
 
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-type Redis = any;
-
-/** A node-redis client of the Redis `config` names (`redisMode`): one server, a Redis Cluster
- * (`createCluster`: routes each command by its key's slot, follows MOVED/ASK, rediscovers the
- * topology after a failover) or the primary the sentinels name (`createSentinel`). Not connected.
- * docs/protocol.md "Redis deployments". */
-export function redisClient(config: Config): Redis {
-  if (config.redisMode === "cluster") {
-    const first = new URL(config.redisNodes[0] ?? "redis://127.0.0.1:6379/");
-    const auth = first.password ? { username: decodeURIComponent(first.username) || undefined, password: decodeURIComponent(first.password) } : {};
-    return createCluster({ rootNodes: config.redisNodes.map((url) => ({ url })), defaults: auth });
+/** The mode `options` (and the environment) choose:
+ *
+ * 1. `options.url`: HTTP, with `options.apiKey`, else `$SANDQ_API_KEY`;
+ * 2. else `options.config` or `options.namespace`: direct (the environment's URL is ignored);
+ * 3. else `$SANDQ_URL` (not empty): HTTP, with `options.apiKey`, else `$SANDQ_API_KEY`;
+ * 4. else direct, with the config file.
+ *
+ * Throws for HTTP without a key, a URL with a config, a key without a URL. */
+export function clientMode(options: ClientOptions = {}, env: NodeJS.ProcessEnv = process.env): { mode: "http"; url: string; apiKey: string } | { mode: "direct" } {
+  const direct = options.config !== undefined || options.namespace !== undefined;
+  if (options.url && direct) throw new Error("give url (HTTP mode) or config/namespace (direct mode), not both");
+  const url = options.url || (direct ? "" : env.SANDQ_URL ?? "");
+  if (!url) {
+    if (options.apiKey !== undefined) throw new Error("an apiKey needs a gateway url (options.url or $SANDQ_URL)");
+    return { mode: "direct" };
   }
-  if (config.redisMode === "sentinel") {
-    const sentinelRootNodes = config.redisNodes.map((u) => {
-      const url = new URL(u);
-      return { host: url.hostname, port: Number(url.port || 26379) };
-    });
-    return createSentinel({ name: config.redisService, sentinelRootNodes });
-  }
-  return createClient({ url: config.redisUrl });
+  const apiKey = options.apiKey ?? env.SANDQ_API_KEY ?? "";
+  if (!apiKey) throw new Error(`no API key for the gateway at ${url}: give apiKey or set $SANDQ_API_KEY`);
+  return { mode: "http", url, apiKey };
 }
 
-/** A connection to the first broker address that answers, trying `amqpAddresses(config)` from
- * index `start` (modulo their count) round the list, each once and each within 10 s; with the
- * index used. Rejects with the last address's error when none answers. */
-export async function connectAny(config: Config, start: number): Promise<[amqp.ChannelModel, number]> {
-  const addresses = amqpAddresses(config);
-  let last: unknown = new Error("no AMQP address configured");
-  for (let offset = 0; offset < addresses.length; offset++) {
-    const index = (start + offset) % addresses.length;
-    try {
-      const connection = await amqp.connect(addresses[index], { timeout: 10_000, clientProperties: { connection_name: "sandq-node" } });
-      return [connection, index];
-    } catch (e) {
-      last = e;
-    }
-  }
-  throw last;
-}
+/** A direct transport `Client.connect` hands to the constructor it calls next (synchronously). */
+let handed: Transport | undefined;
 
-/** A sandq client. `await Client.connect()`; `close()` when done. */
+/** A sandq client. HTTP mode: `new Client({ url, apiKey })` (or `new Client()` with `$SANDQ_URL`
+ * and `$SANDQ_API_KEY`); direct mode: `await Client.connect()`, which makes either (`clientMode`
+ * says which). `close()` when done. */
 export class Client {
-  readonly config: Config;
-  readonly names: Names;
-  readonly s3: S3Client;
-  private amqp: amqp.ChannelModel | null = null;
-  private channel: amqp.ConfirmChannel | null = null;
-  /** Index in `amqpAddresses(config)` of the node `amqp` is (or was last) on. */
-  private amqpIndex = -1;
-  private returned = new Set<string>();
-  private publishing: Promise<unknown> = Promise.resolve();
+  private readonly transport: Transport;
 
-  private constructor(config: Config, private readonly redis: Redis, private readonly blocking: Redis) {
-    this.config = config;
-    this.names = new Names(config.namespace);
-    this.s3 = new S3Client({
-      endpoint: config.s3Endpoint,
-      region: config.s3Region,
-      forcePathStyle: true,
-      credentials: config.s3AccessKeyId
-        ? { accessKeyId: config.s3AccessKeyId, secretAccessKey: config.s3SecretAccessKey ?? "" }
-        : undefined,
-    });
+  /** An HTTP-mode client (nothing is connected before the first call). Throws when neither
+   * `options` nor the environment name a gateway (direct mode is `await Client.connect()`), or
+   * as `clientMode` does. */
+  constructor(options: ClientOptions = {}) {
+    if (handed !== undefined) {
+      this.transport = handed;
+      handed = undefined;
+      return;
+    }
+    const mode = clientMode(options);
+    if (mode.mode !== "http") throw new Error("no gateway url (options.url or $SANDQ_URL); direct mode: await Client.connect()");
+    this.transport = new GatewayTransport(mode.url, mode.apiKey, options.requestTimeoutMs);
   }
 
-  /** Connects to Redis (the broker is connected on the first submit). */
+  /** A client of the mode `clientMode(options)` chooses; direct mode connects to Redis first
+   * (the broker is connected on the first submit). */
   static async connect(options: ClientOptions = {}): Promise<Client> {
-    let config = options.config ?? loadConfig();
-    if (options.namespace) config = { ...config, namespace: options.namespace };
-    // Results are MessagePack: bulk strings come back as Buffers.
-    const base = redisClient(config);
-    base.on("error", () => {});
-    // BLPOP blocks its connection: a connection of its own.
-    const blocking = base.duplicate();
-    blocking.on("error", () => {});
-    await Promise.all([base.connect(), blocking.connect()]);
-    const mapping = { [RESP_TYPES.BLOB_STRING]: Buffer };
-    return new Client(config, base.withTypeMapping(mapping), blocking.withTypeMapping(mapping));
+    if (clientMode(options).mode === "http") return new Client(options);
+    handed = await DirectTransport.connect(options);
+    return new Client(options);
+  }
+
+  /** `http` (through sandq-gateway) or `direct` (the broker, Redis and S3). */
+  get mode(): "direct" | "http" {
+    return this.transport.mode;
+  }
+
+  /** HTTP mode: the gateway's base URL; null in direct mode. */
+  get url(): string | null {
+    return this.transport instanceof GatewayTransport ? this.transport.url : null;
+  }
+
+  private direct(what: string): DirectTransport {
+    if (this.transport instanceof DirectTransport) return this.transport;
+    throw new SandqError(`${what} is direct mode's; this client speaks to the gateway at ${this.url}`);
+  }
+
+  /** Direct mode: the service config (throws in HTTP mode). */
+  get config(): Config {
+    return this.direct("config").config;
+  }
+
+  /** Direct mode: the namespace's queue and key names (throws in HTTP mode). */
+  get names(): Names {
+    return this.direct("names").names;
+  }
+
+  /** Direct mode: the S3 client (throws in HTTP mode). */
+  get s3(): S3Client {
+    return this.direct("s3").s3;
   }
 
   // --- files ---------------------------------------------------------------------------------
 
-  /** Uploads a file (a path, or bytes) under its content address, unless it is there already;
-   * the job sees it at `/work/<path>` (default: the file's name). */
-  async upload(source: string | Uint8Array, path?: string): Promise<InputFile> {
-    const data = typeof source === "string" ? await readFile(source) : source;
-    if (path === undefined) {
-      if (typeof source !== "string") throw new Error("give the path inside /work for bytes");
-      path = basename(source);
-    }
-    const sha256 = sha256Hex(data);
-    const key = inputKey(sha256);
-    let exists = false;
-    try {
-      const head = await this.s3.send(new HeadObjectCommand({ Bucket: this.config.s3Bucket, Key: key }));
-      exists = head.ContentLength === data.length;
-    } catch {
-      exists = false;
-    }
-    if (!exists) await this.s3.send(new PutObjectCommand({ Bucket: this.config.s3Bucket, Key: key, Body: data }));
-    return { key, path, size: data.length, sha256 };
+  /** Uploads a file (a path, or bytes) under its content address, unless it is there already
+   * (HTTP: `POST /v1/files`, its id checked); the job sees it at `/work/<path>` (default: the
+   * file's name). */
+  upload(source: string | Uint8Array, path?: string): Promise<InputFile> {
+    return this.transport.upload(source, path);
   }
 
-  /** An artifact's bytes, through its presigned URL (from S3 by key when it has none), checked
-   * against its size and sha256. */
-  async download(artifact: Artifact): Promise<Buffer> {
-    let data: Buffer;
-    if (artifact.url) {
-      const response = await fetch(artifact.url);
-      if (!response.ok) throw new SandqError(`artifact ${artifact.path}: HTTP ${response.status}`);
-      data = Buffer.from(await response.arrayBuffer());
-    } else {
-      data = await this.getObject(artifact.key);
-    }
-    if (data.length !== artifact.size || sha256Hex(data) !== artifact.sha256) {
-      throw new SandqError(`artifact ${artifact.path}: downloaded ${data.length} bytes that do not match its size or sha256`);
-    }
-    return data;
+  /** An artifact's bytes, checked against its size and sha256: direct, through its presigned URL
+   * (from S3 by key when it has none); HTTP, through the gateway's redirect to a fresh URL when it
+   * is one of a job's `artifacts` (the job known from the result it came in, or `jobId`), else
+   * through its own `url` (a rich output's image). */
+  download(artifact: Artifact, jobId?: string): Promise<Buffer> {
+    return this.transport.download(artifact, jobId);
   }
 
-  /** The exact bytes of stdout or stderr (up to 8 MiB), from S3; the inline text when empty. */
-  async readLog(stream: Stream): Promise<Buffer> {
-    return stream.log_key ? this.getObject(stream.log_key) : Buffer.from(stream.text);
+  /** The exact bytes of stdout or stderr (up to 8 MiB), from S3; the inline text when empty.
+   * HTTP mode has no S3: the text when it is exact, else throws. */
+  readLog(stream: Stream): Promise<Buffer> {
+    return this.transport.readLog(stream);
   }
 
-  private async getObject(key: string): Promise<Buffer> {
-    const object = await this.s3.send(new GetObjectCommand({ Bucket: this.config.s3Bucket, Key: key }));
-    if (!object.Body) throw new SandqError(`s3 object ${key} has no body`);
-    return Buffer.from(await object.Body.transformToByteArray());
-  }
+  // --- jobs ----------------------------------------------------------------------------------
 
-  // --- submitting ----------------------------------------------------------------------------
-
-  private async openChannel(): Promise<amqp.ConfirmChannel> {
-    if (this.channel) return this.channel;
-    const [connection, index] = await connectAny(this.config, this.amqpIndex + 1);
-    this.amqpIndex = index;
-    connection.on("error", () => {});
-    connection.on("close", () => { if (this.amqp === connection) { this.amqp = null; this.channel = null; } });
-    const channel = await connection.createConfirmChannel();
-    channel.on("error", () => {});
-    channel.on("close", () => { if (this.channel === channel) this.channel = null; });
-    // A mandatory message no queue took comes back before its confirm.
-    channel.on("return", (message: amqp.Message) => {
-      if (message.properties.messageId) this.returned.add(String(message.properties.messageId));
-    });
-    this.amqp = connection;
-    this.channel = channel;
-    return channel;
-  }
-
-  private async publishOnce(job: Record<string, unknown>): Promise<void> {
-    const channel = await this.openChannel();
-    const id = String(job.job_id);
-    const body = Buffer.from(encode(job));
-    const confirmMs = humantimeSeconds(this.config.confirmTimeout ?? "30s") * 1000;
-    await new Promise<void>((resolve, reject) => {
-      // No confirm in time: give up on this node (the caller publishes again on the next).
-      const timer = setTimeout(() => reject(new Error(`no publisher confirm within ${confirmMs} ms`)), confirmMs);
-      const settle = (err: unknown) => { clearTimeout(timer); if (err) reject(err); else resolve(); };
-      channel.publish(this.names.exchange, String(job.sku), body, {
-        mandatory: true,
-        deliveryMode: 2,
-        contentType: "application/msgpack",
-        messageId: id,
-        timestamp: Math.floor(Number(job.submitted_at_ms) / 1000),
-        type: "sandq.job",
-        appId: APP_ID,
-        headers: { schema_version: SCHEMA_VERSION },
-      }, settle);
-    });
-    if (this.returned.delete(id)) throw new SubmitError(`job ${id} not accepted by the broker: returned (no queue for sku ${String(job.sku)})`);
-  }
-
-  private async publish(job: Record<string, unknown>): Promise<void> {
-    const id = String(job.job_id);
-    // A nack, a closed channel (e.g. no such exchange), a lost connection or a confirm that
-    // does not come: publish again, same body and job id, on the next broker address; at most
-    // once per address plus once. A duplicate is harmless (docs/protocol.md, "Several broker
-    // addresses").
-    const attempts = amqpAddresses(this.config).length + 1;
-    for (let attempt = 1; ; attempt++) {
-      try {
-        return await this.publishOnce(job);
-      } catch (e) {
-        if (e instanceof SubmitError) throw e;
-        await this.closeAmqp();
-        if (attempt >= attempts) throw new SubmitError(`job ${id} not submitted: ${e instanceof Error ? e.message : String(e)}`);
-      }
-    }
-  }
-
-  /** Submits a job and resolves to its id once the broker confirmed it. */
-  async submit(options: JobOptions): Promise<string> {
-    const job = buildJob(options);
-    // One publish at a time on the channel (confirms are matched to their publish in order).
-    const published = this.publishing.then(() => this.publish(job));
-    this.publishing = published.catch(() => {});
-    await published;
-    const id = String(job.job_id);
-    const record = encode({
-      schema_version: SCHEMA_VERSION, job_id: id, status: "queued", sku: job.sku,
-      queued_at_ms: job.submitted_at_ms, attempt: 0,
-    });
-    const ttl = humantimeSeconds(String(job.result_ttl ?? "24h"));
-    await this.redis.eval(CAS_SCRIPT, {
-      keys: [this.names.job(id), this.names.done(id)],
-      arguments: ["queued", Buffer.from(record), String(ttl)],
-    });
-    return id;
+  /** Submits a job and resolves to its id once it is queued: direct, once the broker confirmed
+   * it; HTTP, once the gateway accepted it (`Idempotency-Key`: the job's id; sent again on
+   * failures, never two jobs). Throws SubmitError when it is not known to be queued (submit again
+   * with the same `job_id`); over HTTP also the gateway's typed errors (Unauthorized,
+   * InvalidRequest, ForbiddenByQuota, QuotaExceeded, Conflict...). */
+  submit(options: JobOptions): Promise<string> {
+    return this.transport.submit(options);
   }
 
   /** Declares the namespace's exchanges and queues with exactly the workers' arguments (workers
-   * declare them too; a client may rely on them existing). */
-  async declareTopology(): Promise<void> {
-    const [connection] = await connectAny(this.config, 0);
-    try {
-      let ch = await connection.createChannel();
-      // A refused declaration closes the channel with an error event, answered below.
-      ch.on("error", () => {});
-      const n = this.names;
-      await ch.assertExchange(n.dlx, "fanout", { durable: true });
-      await ch.assertQueue(n.deadQueue, { durable: true, arguments: { "x-queue-type": "quorum" } });
-      await ch.bindQueue(n.deadQueue, n.dlx, "");
-      await ch.assertExchange(n.exchange, "direct", { durable: true });
-      for (const sku of SKUS) {
-        const args = queueArguments(n.dlx, this.config.deliveryLimit, this.config.unservedTtl);
-        try {
-          await ch.assertQueue(n.queue(sku), { durable: true, arguments: args });
-        } catch (e) {
-          // 406 PRECONDITION_FAILED: declared by an earlier version with other arguments
-          // (docs/operations.md); it is used as it is. The broker closed the channel.
-          if ((e as { code?: number }).code !== 406) throw e;
-          ch = await connection.createChannel();
-          ch.on("error", () => {});
-          await ch.checkQueue(n.queue(sku));
-        }
-        await ch.bindQueue(n.queue(sku), n.exchange, sku);
-      }
-    } finally {
-      await connection.close();
-    }
+   * declare them too; a client may rely on them existing). Direct mode only. */
+  declareTopology(): Promise<void> {
+    return this.direct("declareTopology").declareTopology();
   }
 
-  // --- results -------------------------------------------------------------------------------
-
-  /** The job's current result (`queued`, `running` or terminal); null when unknown. */
-  async status(jobId: string): Promise<JobResult | null> {
-    const raw: Buffer | null = await this.redis.hGet(this.names.job(jobId), "result");
-    return raw == null ? null : normalizeResult(decode(raw) as Record<string, unknown>);
+  /** The job's current result (`queued`, `running` or terminal); null when unknown (over HTTP
+   * also another tenant's job). */
+  status(jobId: string): Promise<JobResult | null> {
+    return this.transport.status(jobId);
   }
 
-  /** Resolves when the job's result is terminal (BLPOP on its done list, reading the hash before
-   * and after every wait). Throws WaitTimeout, JobNotFound, and unless `raiseOnError` is false
-   * JobRejected, JobExpired or JobInternalError. */
+  /** Resolves when the job's result is terminal (direct: BLPOP on its done list; HTTP: `?wait=`).
+   * Throws WaitTimeout, JobNotFound, and unless `raiseOnError` is false JobRejected, JobExpired
+   * or JobInternalError. */
   async wait(jobId: string, options: WaitOptions = {}): Promise<JobResult> {
-    const deadline = options.timeoutMs === undefined ? undefined : Date.now() + options.timeoutMs;
-    for (;;) {
-      const result = await this.status(jobId);
-      if (result === null) throw new JobNotFound(`job ${jobId} is unknown (never submitted, or its result expired)`);
-      if (TERMINAL.has(result.status)) {
-        if ((options.raiseOnError ?? true) && RAISED_BY_WAIT.has(result.status)) throw errorFor(result);
-        return result;
-      }
-      const left = deadline === undefined ? BLOCK_S : Math.min(BLOCK_S, (deadline - Date.now()) / 1000);
-      if (left <= 0) throw new WaitTimeout(`job ${jobId} is still ${result.status} after ${options.timeoutMs} ms`);
-      await this.blocking.blPop(this.names.done(jobId), Math.max(left, 0.01));
-    }
+    const result = await this.transport.wait(jobId, options.timeoutMs);
+    if ((options.raiseOnError ?? true) && RAISED_BY_WAIT.has(result.status)) throw errorFor(result);
+    return result;
   }
 
   /** `submit` then `wait`; resolves to the stored result, throws as `wait` does.
@@ -334,50 +189,20 @@ export class Client {
 
   /** The job's live events after `cursor`, in order, as they come (docs/protocol.md "Live
    * events"): `for await (const event of client.events(id)) ...`. Ends after yielding the `end`
-   * event, or when a read that waited `blockMs` found nothing new and the job is no longer queued
-   * or running (a stream without `end`: expired, or an older worker; an unknown job), after the
-   * events still unread; or, without error, after `timeoutMs`.
+   * event, or once the job is no longer queued or running and no event is left (a stream without
+   * `end`: expired, or an older worker; in direct mode also an unknown job); or, without error,
+   * after `timeoutMs`.
    *
    * To resume after an interruption, pass the `id` of the last event processed as `cursor`: the
    * events after it come, with no gap and no duplicate (unless the stream was trimmed: it keeps
-   * about 10,000 entries). Each iteration reads on a Redis connection of its own (XREAD BLOCK
-   * holds it), closed when the loop ends (`break` included). Throws RangeError for a `blockMs`
-   * out of range, and node-redis' errors. */
-  async *events(jobId: string, options: EventsOptions = {}): AsyncGenerator<Event, void, undefined> {
-    const blockMs = options.blockMs ?? BLOCK_S * 1000;
-    if (!(blockMs > 0 && Number.isFinite(blockMs))) throw new RangeError(`blockMs must be more than 0, not ${blockMs}`);
-    const key = this.names.events(jobId);
-    const deadline = options.timeoutMs === undefined ? undefined : Date.now() + options.timeoutMs;
-    let cursor = options.cursor ?? EVENTS_START;
-    const reader = redisClient(this.config);
-    reader.on("error", () => {});
-    try {
-      await reader.connect();
-      let over = false; // the job is over: read what is left without waiting
-      for (;;) {
-        let batch: Event[];
-        if (over) {
-          batch = parseXRead(await reader.xRead({ key, id: cursor }, { COUNT: EVENTS_COUNT }));
-          if (batch.length === 0) return;
-        } else {
-          const left = deadline === undefined ? blockMs : Math.min(blockMs, deadline - Date.now());
-          if (left <= 0) return;
-          batch = parseXRead(await reader.xRead({ key, id: cursor }, { COUNT: EVENTS_COUNT, BLOCK: Math.max(1, Math.round(left)) }));
-          if (batch.length === 0) {
-            over = !(await this.active(jobId));
-            continue;
-          }
-        }
-        for (const event of batch) {
-          cursor = event.id;
-          yield event;
-          if (event.type === "end") return;
-        }
-      }
-    } finally {
-      // Closed gracefully when it is idle (it is, between reads); dropped when it never opened.
-      await reader.close().catch(() => { try { reader.destroy(); } catch { /* never opened */ } });
-    }
+   * about 10,000 entries). Direct mode reads on a Redis connection of its own (XREAD BLOCK), closed
+   * when the loop ends (`break` included); throws RangeError for a `blockMs` out of range, and
+   * node-redis' errors. HTTP mode reads the gateway's server-sent events and, when the connection
+   * drops or the gateway ends the stream while the job runs, reconnects with `Last-Event-ID` (the
+   * last event yielded): no gap, no duplicate. It throws JobNotFound for a job the tenant does not
+   * have, the gateway's typed errors, and a SandqError after 8 failed connections in a row. */
+  events(jobId: string, options: EventsOptions = {}): AsyncGenerator<Event, void, undefined> {
+    return this.transport.events(jobId, options);
   }
 
   /** Reads the job's `events` (same options) into the callbacks, as `run` does (`EventCallbacks`
@@ -391,21 +216,10 @@ export class Client {
     return transcript;
   }
 
-  /** The job's hash says `queued` or `running`. */
-  private async active(jobId: string): Promise<boolean> {
-    const status: Buffer | null = await this.redis.hGet(this.names.job(jobId), "status");
-    return status != null && ACTIVE.has(status.toString());
-  }
-
   /** Asks the workers to cancel the job (skipped when queued, killed when running); false when
    * it is unknown or already finished. The result then becomes `cancelled`. */
-  async cancel(jobId: string): Promise<boolean> {
-    const key = this.names.job(jobId);
-    const status: Buffer | null = await this.redis.hGet(key, "status");
-    if (status == null || TERMINAL.has(status.toString())) return false;
-    const ttl = Number(await this.redis.ttl(key));
-    await this.redis.set(this.names.cancel(jobId), "1", { expiration: { type: "EX", value: ttl > 0 ? ttl : 86400 } });
-    return true;
+  cancel(jobId: string): Promise<boolean> {
+    return this.transport.cancel(jobId);
   }
 
   // --- sessions ------------------------------------------------------------------------------
@@ -416,24 +230,17 @@ export class Client {
     return new Session(this, name ?? newSessionName());
   }
 
-  /** The namespace's sessions and their expiry (Unix ms), soonest first. */
-  async sessions(): Promise<{ name: string; expiresAtMs: number }[]> {
-    const rows: { value: Buffer; score: number }[] = await this.redis.zRangeWithScores(this.names.sessions, 0, -1);
-    return rows.map((r) => ({ name: r.value.toString(), expiresAtMs: Number(r.score) }));
+  /** The sessions and their expiry (Unix ms), soonest first: direct, the namespace's; HTTP, the
+   * tenant's (with their files, bytes and cells; a session no job used yet last, expiry null). */
+  sessions(): Promise<SessionSummary[]> {
+    return this.transport.sessions();
   }
 
   // --- lifetime ------------------------------------------------------------------------------
 
-  private async closeAmqp(): Promise<void> {
-    const connection = this.amqp;
-    this.amqp = null;
-    this.channel = null;
-    if (connection) await connection.close().catch(() => {});
-  }
-
-  async close(): Promise<void> {
-    await this.closeAmqp();
-    await Promise.all([this.redis.close(), this.blocking.close()]);
+  /** Closes the connections (direct), or cuts the requests and streams under way (HTTP). */
+  close(): Promise<void> {
+    return this.transport.close();
   }
 }
 

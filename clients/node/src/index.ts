@@ -8,7 +8,16 @@
 //   await client.run({ code: "for i in range(3): print(i)" }, { onStdout: (text) => process.stdout.write(text) });
 //   for await (const event of client.events(result.job_id)) console.log(event.type, event.data);
 //   await client.close();
-export { Client, Session, redisClient, connectAny, type ClientOptions, type WaitOptions, type RunOptions, type EventsOptions } from "./client.js";
+//
+// Over HTTP, through sandq-gateway (docs/gateway.md), the same calls with an API key:
+//
+//   const client = new Client({ url: "https://sandq.example.com", apiKey: process.env.KEY });
+//   // or new Client() / await Client.connect() with $SANDQ_URL and $SANDQ_API_KEY set
+export {
+  Client, Session, clientMode, redisClient, connectAny, type ClientOptions, type WaitOptions, type RunOptions, type EventsOptions, type SessionSummary,
+} from "./client.js";
+export { SseParser, parseGatewayEvent, type SseMessage } from "./sse.js";
+export { gatewayJob } from "./gateway.js";
 export { Transcript, parseEvent, parseXRead, callbacksFor, type EventCallbacks } from "./events.js";
 export * from "./errors.js";
 export {

@@ -217,6 +217,7 @@ export function buildJob(options: JobOptions): Record<string, unknown> {
   if ((options.code === undefined) === (options.entrypoint === undefined)) {
     throw new Error("give exactly one of code and entrypoint");
   }
+  if (options.callback_url !== undefined) throw new Error("callback_url is the gateway's (HTTP mode): workers send no webhooks");
   const sku = options.sku ?? "M";
   if (!SKUS.includes(sku)) throw new Error(`unknown sku ${sku}: one of ${SKUS.join(", ")}`);
   const job: Record<string, unknown> = {

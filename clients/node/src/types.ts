@@ -41,6 +41,9 @@ export interface JobOptions {
   mode?: "notebook" | "script";
   session?: string;
   job_id?: string;
+  /** HTTP mode only: where the gateway POSTs the terminal result, signed (docs/gateway.md
+   * "Webhooks"); the key must allow the host. */
+  callback_url?: string;
 }
 
 /** stdout or stderr: the first bytes as text, and where the exact bytes are in S3. */

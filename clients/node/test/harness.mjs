@@ -3,7 +3,7 @@
 // (sandq-test-sdk-node), as the Rust tests do (tests/harness.rs): the worker binary of
 // ${CARGO_TARGET_DIR:-target}/debug, started with --exit-on-stdin-eof so that it stops when the
 // tests end; it inherits the environment (SANDQ__WORKER__DATA_DIR/STATE_DIR when CI set them).
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { existsSync, openSync, readFileSync, closeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, isAbsolute, join, resolve } from "node:path";
@@ -19,10 +19,15 @@ export function config() {
   return { ...loadConfig(), namespace: NAMESPACE };
 }
 
-function workerBinary() {
+/** `${CARGO_TARGET_DIR:-target}/debug/<name>`. */
+function binaryPath(name) {
   let target = process.env.CARGO_TARGET_DIR || join(REPO, "target");
   if (!isAbsolute(target)) target = join(REPO, target);
-  return join(target, "debug", "sandq-worker");
+  return join(target, "debug", name);
+}
+
+function workerBinary() {
+  return binaryPath("sandq-worker");
 }
 
 async function purgeQueues(cfg) {
@@ -84,4 +89,53 @@ export async function startWorker(options = {}) {
       clearTimeout(timer);
     },
   };
+}
+
+/** Starts a sandq-gateway of ${CARGO_TARGET_DIR:-target}/debug in `namespace` on a free loopback
+ * port (`--exit-on-stdin-eof`: it stops when the tests end), with extra `SANDQ__GATEWAY__*`
+ * settings in `env`; resolves once it serves, with its base `url` (from its log's "serving the
+ * API ... addr=" line). */
+export async function startGateway({ namespace, env = {}, name = "gateway" }) {
+  const binary = binaryPath("sandq-gateway");
+  if (!existsSync(binary)) throw new Error(`${binary} missing: build it first (cargo build -p sandq-gateway)`);
+  const logPath = join(tmpdir(), `${namespace}-${name}.log`);
+  const log = openSync(logPath, "w");
+  const child = spawn(binary, ["--exit-on-stdin-eof"], {
+    stdio: ["pipe", "ignore", log],
+    env: { ...process.env, SANDQ__NAMESPACE: namespace, SANDQ__GATEWAY__LISTEN: "127.0.0.1:0", ...env },
+  });
+  closeSync(log);
+  let exited = false;
+  child.on("exit", () => { exited = true; });
+  const started = Date.now();
+  for (;;) {
+    const text = readFileSync(logPath, "utf8");
+    const addr = text.split("\n").find((l) => l.includes("serving the API"))?.match(/addr=(\S+)/)?.[1];
+    if (addr) {
+      return {
+        url: `http://${addr}`,
+        logPath,
+        async stop() {
+          if (exited) return;
+          const done = new Promise((r) => child.once("exit", r));
+          child.stdin.end();
+          const timer = setTimeout(() => child.kill("SIGKILL"), 40_000);
+          await done;
+          clearTimeout(timer);
+        },
+      };
+    }
+    if (exited) throw new Error(`gateway exited: ${text}`);
+    if (Date.now() - started > 60_000) throw new Error(`gateway did not start: ${text}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** A new API key of `tenant` in `namespace` (`sandq key create`, extra `args`), as printed. */
+export function createKey({ namespace, tenant, args = [] }) {
+  const out = execFileSync(binaryPath("sandq"), ["key", "create", "--tenant", tenant, ...args], {
+    env: { ...process.env, SANDQ__NAMESPACE: namespace },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  return out.toString().trim();
 }
