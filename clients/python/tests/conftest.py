@@ -105,37 +105,51 @@ def client(config: sandq.Config, worker) -> sandq.Client:
         yield c
 
 
-def new_key(tenant: str) -> str:
-    """A new API key of `tenant` in the test namespace (`sandq key create`, which prints it)."""
-    env = {**os.environ, "SANDQ__NAMESPACE": NAMESPACE}
-    out = subprocess.run([str(cargo_binary("sandq")), "key", "create", "--tenant", tenant, "--max-sku", "M", "--max-timeout", "10m"],
-                         env=env, check=True, capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
+def binary(name: str) -> Path:
+    """`cargo_binary(name)`, which must have been built."""
+    path = cargo_binary(name)
+    assert path.exists(), f"{path} missing: build the workspace first (cargo build --workspace)"
+    return path
 
 
 @pytest.fixture(scope="session")
-def gateway(worker) -> str:
-    """A gateway (`sandq-gateway`) in the test namespace on a free port, bodies of at most 2 MiB,
-    stopped when the tests end (`--exit-on-stdin-eof`); its base URL, from the line of its log that
-    says where it serves."""
-    binary = cargo_binary("sandq-gateway")
-    assert binary.exists(), f"{binary} missing: build the workspace first (cargo build --workspace)"
+def gateway_url(worker) -> str:
+    """A sandq-gateway in the worker's namespace, on a free port, bodies of at most 2 MiB; stopped
+    at the end (`--exit-on-stdin-eof`). Its base URL."""
     log_path = Path(tempfile.gettempdir()) / f"{NAMESPACE}-gateway.log"
     env = {**os.environ, "SANDQ__NAMESPACE": NAMESPACE, "SANDQ__GATEWAY__LISTEN": "127.0.0.1:0",
+           "SANDQ__GATEWAY__KEEP_ALIVE": "1s",
            "SANDQ__GATEWAY__MAX_BODY_BYTES": str(2 << 20)}
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(binary), "--exit-on-stdin-eof"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                   stderr=log, env=env)
+        process = subprocess.Popen([str(binary("sandq-gateway")), "--exit-on-stdin-eof"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=log, env=env)
     started = time.monotonic()
     url = None
     while url is None:
-        for line in log_path.read_text(errors="replace").splitlines():
-            if "serving the API" in line and "addr=" in line:
-                url = "http://" + line.split("addr=")[1].split()[0]
-        if url is None:
-            if process.poll() is not None or time.monotonic() - started > 60:
-                process.kill()
-                pytest.fail(f"the gateway did not start; its log:\n{log_path.read_text(errors='replace')}")
+        text = log_path.read_text(errors="replace")
+        line = next((line for line in text.splitlines() if "serving the API" in line and "addr=" in line), None)
+        if line is not None:
+            url = "http://" + line.split("addr=", 1)[1].split()[0]
+        elif process.poll() is not None or time.monotonic() - started > 60:
+            process.kill()
+            pytest.fail(f"the gateway did not start ({process.poll()}); its log:\n{text}")
+        else:
             time.sleep(0.05)
     yield url
-    stop_worker(process)
+    assert process.stdin is not None
+    process.stdin.close()
+    try:
+        process.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def new_key(tenant: str, *flags: str) -> str:
+    """A key for `tenant` (`sandq key create`, in the tests' namespace)."""
+    out = subprocess.run([str(binary("sandq")), "key", "create", "--tenant", tenant, *flags], capture_output=True,
+                         env={**os.environ, "SANDQ__NAMESPACE": NAMESPACE}, timeout=60)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    key = out.stdout.decode().strip()
+    assert key.startswith("sq_"), out.stdout
+    return key

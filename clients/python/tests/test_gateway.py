@@ -14,14 +14,10 @@ import dataclasses
 import hashlib
 import json
 import io
-import os
 import socket
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -31,7 +27,7 @@ from sandq import gateway
 from sandq.aio import AsyncClient
 from sandq.errors import Problem
 
-from conftest import NAMESPACE, worker_binary
+from conftest import new_key
 
 WAIT = 120.0
 
@@ -141,53 +137,6 @@ def test_a_job_as_the_gateways_json():
 
 
 # --- the gateway, its keys, a proxy that cuts connections ----------------------------------
-
-def binary(name: str) -> Path:
-    path = worker_binary().parent / name
-    assert path.exists(), f"{path} missing: build the workspace first (cargo build --workspace)"
-    return path
-
-
-@pytest.fixture(scope="session")
-def gateway_url(worker) -> str:
-    """A sandq-gateway in the worker's namespace, on a free port; stopped at the end."""
-    log_path = Path(tempfile.gettempdir()) / f"{NAMESPACE}-gateway.log"
-    env = {**os.environ, "SANDQ__NAMESPACE": NAMESPACE, "SANDQ__GATEWAY__LISTEN": "127.0.0.1:0",
-           "SANDQ__GATEWAY__KEEP_ALIVE": "1s"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(binary("sandq-gateway")), "--exit-on-stdin-eof"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, stderr=log, env=env)
-    started = time.monotonic()
-    url = None
-    while url is None:
-        text = log_path.read_text(errors="replace")
-        line = next((line for line in text.splitlines() if "serving the API" in line and "addr=" in line), None)
-        if line is not None:
-            url = "http://" + line.split("addr=", 1)[1].split()[0]
-        elif process.poll() is not None or time.monotonic() - started > 60:
-            process.kill()
-            pytest.fail(f"the gateway did not start ({process.poll()}); its log:\n{text}")
-        else:
-            time.sleep(0.05)
-    yield url
-    assert process.stdin is not None
-    process.stdin.close()
-    try:
-        process.wait(timeout=40)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def new_key(tenant: str, *flags: str) -> str:
-    """A key for `tenant` (`sandq key create`, in the tests' namespace)."""
-    out = subprocess.run([str(binary("sandq")), "key", "create", "--tenant", tenant, *flags], capture_output=True,
-                         env={**os.environ, "SANDQ__NAMESPACE": NAMESPACE}, timeout=60)
-    assert out.returncode == 0, out.stderr.decode(errors="replace")
-    key = out.stdout.decode().strip()
-    assert key.startswith("sq_"), out.stdout
-    return key
-
 
 def tenant(label: str) -> str:
     return f"{label}{uuid.uuid4().hex[:8]}"

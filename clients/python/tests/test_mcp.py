@@ -13,10 +13,8 @@ import io
 import json
 import os
 import random
-import subprocess
 import uuid
 from collections import defaultdict
-from pathlib import Path
 from typing import AsyncIterator
 
 import httpx2
@@ -27,7 +25,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from PIL import Image
 
-from conftest import NAMESPACE, cargo_binary, new_key
+from conftest import binary, new_key
 
 TOOLS = {"run_code", "create_session", "delete_session", "upload_file", "list_files", "read_file", "get_job", "cancel_job"}
 
@@ -44,7 +42,7 @@ async def http_session(url: str, key: str | None) -> AsyncIterator[ClientSession
 
 @contextlib.asynccontextmanager
 async def stdio_session(url: str, key: str) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command=str(cargo_binary("sandq")), args=["mcp"],
+    params = StdioServerParameters(command=str(binary("sandq")), args=["mcp"],
                                    env={**os.environ, "SANDQ_URL": url, "SANDQ_API_KEY": key, "RUST_LOG": "warn"})
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
@@ -53,15 +51,15 @@ async def stdio_session(url: str, key: str) -> AsyncIterator[ClientSession]:
 
 
 @pytest.fixture(params=["http", "stdio"])
-def connect(request, gateway: str):
+def connect(request, gateway_url: str):
     """Opens an MCP session over the transport under test with a key of a new tenant."""
     tenant = f"mcp{uuid.uuid4().hex[:10]}"
     key = new_key(tenant)
 
     def opener(key_override: str | None = key):
         if request.param == "http":
-            return http_session(gateway, key_override)
-        return stdio_session(gateway, key_override or "")
+            return http_session(gateway_url, key_override)
+        return stdio_session(gateway_url, key_override or "")
     opener.key = key
     opener.transport = request.param
     return opener
@@ -191,7 +189,7 @@ async def test_an_exception_is_an_error_result_with_its_traceback(connect):
     assert "line 2, in divide" in text
 
 
-async def test_another_tenants_session_and_job_are_not_found(connect, gateway):
+async def test_another_tenants_session_and_job_are_not_found(connect):
     async with connect() as mcp:
         session = texts(await mcp.call_tool("create_session", {})).split("session: ")[1].strip()
         ran = await mcp.call_tool("run_code", {"code": "print('mine')", "session": session})
@@ -206,22 +204,22 @@ async def test_another_tenants_session_and_job_are_not_found(connect, gateway):
         await mcp.call_tool("delete_session", {"session": session})
 
 
-def test_a_missing_or_wrong_key_is_refused_over_http(gateway):
+def test_a_missing_or_wrong_key_is_refused_over_http(gateway_url):
     body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     headers = {"Accept": "application/json, text/event-stream"}
     for auth in [None, "Bearer sq_nope_nope", "Bearer " + "x" * 50]:
         h = dict(headers, **({"Authorization": auth} if auth else {}))
-        response = httpx2.post(f"{gateway}/mcp", json=body, headers=h)
+        response = httpx2.post(f"{gateway_url}/mcp", json=body, headers=h)
         assert response.status_code == 401, (auth, response.status_code, response.text)
         assert response.headers.get("www-authenticate") == "Bearer"
 
 
-def test_malformed_unknown_and_oversized_requests_get_json_rpc_errors_and_the_server_stays_up(gateway):
+def test_malformed_unknown_and_oversized_requests_get_json_rpc_errors_and_the_server_stays_up(gateway_url):
     key = new_key(f"mcp{uuid.uuid4().hex[:10]}")
     headers = {"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
                "Content-Type": "application/json", "MCP-Protocol-Version": "2025-06-18"}
-    post = lambda body: httpx2.post(f"{gateway}/mcp", content=body if isinstance(body, bytes) else json.dumps(body).encode(),
+    post = lambda body: httpx2.post(f"{gateway_url}/mcp", content=body if isinstance(body, bytes) else json.dumps(body).encode(),
                                     headers=headers, timeout=60)
 
     def call(name, arguments, id_=2):
