@@ -32,6 +32,7 @@ use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Runtime, Sku};
 
 mod gateway;
+mod mcp;
 mod live;
 mod plot;
 mod report;
@@ -59,6 +60,10 @@ enum Mode {
     /// The HTTP gateway: its overhead on a submission and a read against the direct client,
     /// reads per second, memory with idle event streams. scripts/bench-gateway.sh starts it.
     Gateway(gateway::GatewayArgs),
+    /// The MCP server: a trivial `run_code` through `/mcp` against the same job through REST,
+    /// and `get_job` against `GET /v1/jobs/{id}`. scripts/bench-mcp.sh starts the gateway and
+    /// a worker.
+    Mcp(mcp::McpArgs),
 }
 
 /// Chaos run against real sandq workers.
@@ -230,6 +235,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Mode::Throughput(args)) => throughput::run(args).await,
         Some(Mode::Live(args)) => live::run(args).await,
         Some(Mode::Gateway(args)) => gateway::run(args).await,
+        Some(Mode::Mcp(args)) => mcp::run(args).await,
         None => chaos(cli.chaos).await,
     }
 }
