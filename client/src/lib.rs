@@ -8,5 +8,5 @@
 pub mod client;
 pub mod notebook;
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, Unserved};
 pub use sandq_core::events::{Event, EventKind, Transcript};

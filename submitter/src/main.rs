@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use sandq_client::{Client, EventKind, Transcript};
+use sandq_client::{Client, EventKind, Transcript, Unserved};
 use sandq_core::config::{self, ServiceConfig};
 use sandq_core::time::now_ms;
 use sandq_schemas::{JobResult, JobSpec, JobStatus, NetworkMode, Output, OutputType, RunMode, Runtime, Sku};
@@ -195,6 +195,11 @@ struct JobArgs {
     /// Give up waiting after this long.
     #[arg(long, default_value = "15m")]
     wait: humantime::Duration,
+    /// Refuse to submit (exit 125) when no worker serves the SKU right now (its queue has no
+    /// consumer); by default the CLI warns on stderr and submits (the job waits for a worker,
+    /// or expires after `queues.unserved_ttl`).
+    #[arg(long)]
+    refuse_unserved: bool,
     /// Print the output only once the job has ended (by default `run` prints what the job
     /// prints and displays while it runs, from its live events; the summary comes at the end
     /// either way).
@@ -324,19 +329,18 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
     if let Command::Key { command } = cli.command {
         return keys(&service, command, cli.json).await;
     }
+    let unserved_ttl = service.queues.unserved_ttl;
     let mut client = Client::connect(service).await.context("cannot connect to sandq's services")?;
     match cli.command {
         Command::Submit(args) => {
             let spec = build_job(&client, &args).await?;
-            client.submit(&spec).await?;
-            warn_if_unserved(&client, spec.sku).await;
+            submit(&mut client, &spec, args.refuse_unserved, unserved_ttl).await?;
             println!("{}", spec.job_id);
             Ok(0)
         }
         Command::Run(args) => {
             let spec = build_job(&client, &args).await?;
-            client.submit(&spec).await?;
-            warn_if_unserved(&client, spec.sku).await;
+            submit(&mut client, &spec, args.refuse_unserved, unserved_ttl).await?;
             let live = if args.no_stream || cli.json { None } else { Some(stream_live(&mut client, &spec.job_id, args.wait.into()).await) };
             finish(&mut client, &spec.job_id, &args.out, args.wait.into(), cli.json, live.as_ref()).await
         }
@@ -463,12 +467,26 @@ async fn export(client: &mut Client, ids: Vec<String>, session: Option<&str>, pa
     Ok(())
 }
 
-/// Says so on stderr when no worker consumes the SKU's queue right now (the job then waits in
-/// the queue until one does, e.g. when the autoscaler adds one).
-async fn warn_if_unserved(client: &Client, sku: Sku) {
-    if let Ok(0) = client.consumers(sku).await {
-        eprintln!("sandq: no worker serves SKU {sku} right now; the job waits in the queue until one does");
+/// Submits `spec`. When no worker consumes the SKU's queue right now, refuses it (`refuse`:
+/// [`sandq_client::ClientError::Unserved`]) or says so on stderr and submits it (the job then
+/// waits in the queue until a worker comes, e.g. when the autoscaler adds one, or expires after
+/// `unserved_ttl`).
+async fn submit(client: &mut Client, spec: &JobSpec, refuse: bool, unserved_ttl: Duration) -> anyhow::Result<()> {
+    if refuse {
+        client.set_unserved(Unserved::Refuse);
+    } else {
+        client.set_unserved(Unserved::Ignore);
+        if let Ok(0) = client.consumers(spec.sku).await {
+            let expiry = if unserved_ttl.is_zero() {
+                "never expires (queues.unserved_ttl is 0)".to_owned()
+            } else {
+                format!("expires after {} (queues.unserved_ttl)", humantime::format_duration(unserved_ttl))
+            };
+            eprintln!("sandq: no worker serves SKU {} right now; the job waits in the queue until one does, or {expiry}", spec.sku);
+        }
     }
+    client.submit(spec).await?;
+    Ok(())
 }
 
 async fn build_job(client: &Client, args: &JobArgs) -> anyhow::Result<JobSpec> {
