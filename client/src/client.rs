@@ -658,11 +658,12 @@ impl Client {
     }
 
     /// How many consumers (worker slots) the queue of `sku` has right now; 0 means no worker
-    /// serves the SKU at the moment, and its jobs wait. Asked on a channel of its own (a
-    /// passive declare of a missing queue closes its channel), closed after.
+    /// serves the SKU at the moment, and its jobs wait (also when the queue does not exist).
+    /// Asked on a channel of its own (a passive declare of a missing queue closes its
+    /// channel), closed after.
     ///
     /// # Errors
-    /// [`ClientError::Broker`] (`NOT_FOUND` when the queue does not exist).
+    /// [`ClientError::Broker`].
     pub async fn consumers(&self, sku: sandq_schemas::Sku) -> Result<u32, ClientError> {
         let channel = self.connection.create_channel().await?;
         let queue = channel
@@ -675,7 +676,11 @@ impl Client {
         if channel.status().connected() {
             let _ = channel.close(200, "consumer count read".into()).await;
         }
-        Ok(queue?.consumer_count())
+        match queue {
+            Ok(queue) => Ok(queue.consumer_count()),
+            Err(e) if topology::not_found(&e) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Applies [`Unserved`] to `spec` before it is published. A broker that cannot answer

@@ -258,9 +258,10 @@ async fn handle(ctx: &Context, connection: &Connection, delivery: &Delivery) -> 
     }
 }
 
-/// The consumer count of `queue` (worker slots serving its SKU) now, read by a passive declare
-/// on a channel of its own (a passive declare of a missing queue closes its channel, which must
-/// not be the dead-letter consumer's); `None` when the broker does not answer.
+/// The consumer count of `queue` (worker slots serving its SKU) now, 0 when it does not
+/// exist, read by a passive declare on a channel of its own (a passive declare of a missing
+/// queue closes its channel, which must not be the dead-letter consumer's); `None` when the
+/// broker does not answer.
 async fn consumers(connection: &Connection, queue: &str) -> Option<u32> {
     let channel = connection.create_channel().await.ok()?;
     let passive = QueueDeclareOptions { passive: true, ..Default::default() };
@@ -270,6 +271,7 @@ async fn consumers(connection: &Connection, queue: &str) -> Option<u32> {
     }
     match declared {
         Ok(queue) => Some(queue.consumer_count()),
+        Err(e) if sandq_core::topology::not_found(&e) => Some(0),
         Err(e) => {
             warn!(queue, error = %e, "dead letter: cannot read the queue's consumer count");
             None
