@@ -46,6 +46,19 @@ fn env<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     SMALL.iter().copied().chain(extra.iter().copied()).collect()
 }
 
+/// Runs the `sandq` CLI in `world`'s namespace (with its unserved TTL).
+fn cli(world: &Isolated, ttl: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(sandq_tests::bin_dir().join("sandq"))
+        .args(args)
+        .env("SANDQ__NAMESPACE", &world.namespace)
+        .env("SANDQ__QUEUES__UNSERVED_TTL", ttl)
+        .output()
+        .expect("sandq")
+}
+
+/// A job for a SKU no worker serves: the CLI says so on stderr at submission (or refuses it,
+/// with `--refuse-unserved`, as the Rust client does with `Unserved::Refuse`), and the job
+/// expires after `queues.unserved_ttl` with a reason saying no worker served its SKU.
 #[tokio::test]
 async fn a_job_for_an_unserved_sku_expires_with_a_reason() {
     let world = Isolated::with_config(|c| c.queues.unserved_ttl = Duration::from_secs(2)).await;
@@ -54,23 +67,47 @@ async fn a_job_for_an_unserved_sku_expires_with_a_reason() {
     let mut worker = world.start_worker_ready(&format!("{}-w", world.namespace), &env(&extra));
     let mut client = world.client().await;
     assert_eq!(client.consumers(Sku::L).await.expect("consumers"), 0);
-    let spec = python_job("open('/work/ran', 'w').write('x')\nprint('ran')\n", Sku::L);
+    assert!(client.consumers(Sku::S).await.expect("consumers") > 0, "the worker consumes S");
+
+    // Refused: nothing is published, the job is unknown.
+    let refused = cli(&world, "2s", &["submit", "--sku", "L", "--refuse-unserved", "--id", "refused-l", "-c", "print(1)"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("no worker serves sku L right now"), "{stderr}");
+    assert_eq!(client.status("refused-l").await.expect("status"), None, "a refused job was recorded");
+    client.set_unserved(sandq_client::Unserved::Refuse);
+    let refused = client.submit(&python_job("print(1)", Sku::L)).await;
+    assert!(matches!(refused, Err(sandq_client::ClientError::Unserved { sku: Sku::L, .. })), "{refused:?}");
+    // A served SKU passes the same check.
+    let served = sandq_tests::run(&mut client, &python_job("print('served')", Sku::S)).await;
+    assert_eq!(served.status, JobStatus::Succeeded, "{served:?}");
+
+    // Warned, submitted.
     let submitted = sandq_core::time::now_ms();
-    client.submit(&spec).await.expect("submit");
-    assert_eq!(client.status(&spec.job_id).await.expect("status").map(|r| r.status), Some(JobStatus::Queued));
-    let result = wait(&mut client, &spec.job_id).await;
+    let out = cli(&world, "2s", &["submit", "--sku", "L", "-c", "open('/work/ran', 'w').write('x')\nprint('ran')\n"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("sandq: no worker serves SKU L right now; the job waits in the queue until one does, or expires after 2s"),
+        "{stderr}"
+    );
+    let job_id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(client.status(&job_id).await.expect("status").map(|r| r.status), Some(JobStatus::Queued));
+    // Of a served SKU, no warning.
+    let out = cli(&world, "2s", &["submit", "--sku", "S", "-c", "print(2)"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("no worker serves"), "{stderr}");
+
+    let result = wait(&mut client, &job_id).await;
     assert_eq!(result.status, JobStatus::Expired, "{result:?}");
     assert_eq!(
         result.reason.as_deref(),
-        Some("no worker took it within 2s (queues.unserved_ttl): no running worker serves its sku, or every one was busy")
+        Some("no worker took it within 2s (queues.unserved_ttl): no worker served its sku L (its queue had no consumer when it expired)")
     );
     assert_eq!(result.sku, Some(Sku::L));
     assert!(result.usage.is_none() && result.stdout.text.is_empty() && result.started_at_ms.is_none(), "it ran: {result:?}");
     let took = result.finished_at_ms.expect("finished") - submitted;
     assert!(took >= 2000, "expired after {took} ms, before its TTL");
-    // A job of a served SKU under the same TTL runs.
-    let served = sandq_tests::run(&mut client, &python_job("print('served')", Sku::S)).await;
-    assert_eq!(served.status, JobStatus::Succeeded, "{served:?}");
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(30)));
     world.delete_queues().await;

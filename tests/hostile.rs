@@ -252,6 +252,21 @@ async fn seccomp_user_namespace_and_capabilities_are_in_force() {
     assert_eq!(result.stdout.text, "clone -1 EPERM\nkeyctl -1 EPERM\nsetuid refused\nfork 3\n", "{}", result.stderr.text);
 }
 
+/// The unique mount id `statx` returns (`STATX_MNT_ID_UNIQUE`) counts every mount of the host,
+/// so two jobs of a tenant could count the sandboxes other tenants started between them: a
+/// `statx` asking for it is refused with EINVAL by seccomp, ordinary `stat` and `statx` work.
+#[tokio::test]
+async fn statx_refuses_the_unique_mount_id_and_stat_works() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let result = run_case(&mut client, "mount_id_counter.py", "30s", None).await;
+    assert_eq!(result.status, JobStatus::Succeeded, "{}", result.stderr.text);
+    assert_eq!(
+        result.stdout.text,
+        "os.stat True True\nstatx basic 0 True\nstatx mnt_id 0 True\nstatx mnt_id_unique -1 EINVAL\nstatx basic+mnt_id_unique -1 EINVAL\n"
+    );
+}
+
 #[tokio::test]
 async fn planted_symlinks_are_never_followed() {
     let _serial = SERIAL.lock().await;

@@ -16,7 +16,9 @@ use sandq_tests::{exits_within, isolated_worker_log, python_job, run, Isolated};
 /// cwd, argv, user namespace size, mounts (mount point, root, fs type, options; not the
 /// kernel's mount and device numbers, which vary per container, nor the host uid in options,
 /// which varies per slot), rlimits, CPU affinity, files in
-/// `/work` and `/tmp`, stdin.
+/// `/work` and `/tmp`, stdin; and, apart (`clocks`, which differ), the sandbox's boot and
+/// monotonic clocks as `/proc/uptime`, `/proc/stat`'s `btime`, `clock_gettime` and `sysinfo(2)`
+/// give them.
 const PROBE: &str = r#"
 import json, os, resource, sys
 import re
@@ -40,6 +42,17 @@ info = {
     "tmp": sorted(os.listdir("/tmp")),
     "stdin": sys.stdin.read(),
     "hostname": os.uname().nodename,
+}
+import ctypes, struct, time
+sysinfo = ctypes.create_string_buffer(256)
+ctypes.CDLL(None, use_errno=True).sysinfo(sysinfo)
+info["clocks"] = {
+    "uptime": float(open("/proc/uptime").read().split()[0]),
+    "btime": int([l for l in open("/proc/stat") if l.startswith("btime ")][0].split()[1]),
+    "boottime": time.clock_gettime(time.CLOCK_BOOTTIME),
+    "monotonic": time.monotonic(),
+    "sysinfo_uptime": struct.unpack_from("l", sysinfo)[0],
+    "now": time.time(),
 }
 print(json.dumps(info, sort_keys=True))
 "#;
@@ -73,6 +86,12 @@ async fn run_until(client: &mut Client, make: impl Fn() -> JobSpec, warm: bool) 
     }
 }
 
+/// The host's boot time, Unix seconds (`btime` of the host's `/proc/stat`).
+fn host_btime() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    stat.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok()).expect("btime")
+}
+
 fn stop(mut worker: Child) {
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(60)), "the worker did not exit");
@@ -83,11 +102,14 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
     let world = Isolated::new().await;
     let warm_id = format!("{}-warm", world.namespace);
     let cold_id = format!("{}-cold", world.namespace);
+    let host_btime = host_btime();
+    let warm_worker_started = sandq_core::time::now_ms() / 1000;
     let warm_worker = world.start_worker_ready(&warm_id, &[("SANDQ__WARM__PER_SKU", "1")]);
     let mut client = world.client().await;
     let warm = run_until(&mut client, probe_job, true).await;
     let warm_figure = run_until(&mut client, figure_job, true).await;
     stop(warm_worker);
+    let cold_worker_started = sandq_core::time::now_ms() / 1000;
     let cold_worker = world.start_worker_ready(&cold_id, &[("SANDQ__WARM__PER_SKU", "0")]);
     let cold = run_until(&mut client, probe_job, false).await;
     let cold_figure = run_until(&mut client, figure_job, false).await;
@@ -103,8 +125,33 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
 
     assert_eq!(warm.status, JobStatus::Succeeded, "{}", warm.stderr.text);
     assert_eq!(cold.status, JobStatus::Succeeded, "{}", cold.stderr.text);
-    let (w, c): (serde_json::Value, serde_json::Value) =
+    let (mut w, mut c): (serde_json::Value, serde_json::Value) =
         (serde_json::from_str(&warm.stdout.text).expect("warm probe"), serde_json::from_str(&cold.stdout.text).expect("cold probe"));
+    // Clocks: each sandbox's boot clock counts from its own start (a time namespace of its own),
+    // so its uptime is small and its `btime` is after its worker started, not the host's boot.
+    for (name, probe, worker_started, result) in
+        [("warm", &mut w, warm_worker_started, &warm), ("cold", &mut c, cold_worker_started, &cold)]
+    {
+        let clocks = probe.as_object_mut().expect("probe").remove("clocks").expect("clocks");
+        let number = |key: &str| clocks[key].as_f64().unwrap_or_else(|| panic!("{name}: {key} in {clocks}"));
+        let finished = result.finished_at_ms.expect("finished_at_ms") / 1000;
+        assert!(
+            host_btime + 5 < worker_started,
+            "the host booted at {host_btime}, {} s before the {name} worker started: too close to tell the clocks apart",
+            worker_started.saturating_sub(host_btime)
+        );
+        // Whole seconds, each rounded its own way: 2 s of slack.
+        let btime = number("btime") as u64;
+        assert!(
+            btime + 2 >= worker_started && btime <= finished,
+            "{name}: btime {btime}, its worker started at {worker_started}, the host booted at {host_btime}: {clocks}"
+        );
+        let longest = (finished - worker_started + 2) as f64;
+        for key in ["uptime", "boottime", "monotonic", "sysinfo_uptime"] {
+            assert!((0.0..=longest).contains(&number(key)), "{name}: {key} {} s, its worker is {longest} s old: {clocks}", number(key));
+        }
+        assert!((number("now") - number("uptime") - btime as f64).abs() <= 2.0, "{name}: btime is not now - uptime: {clocks}");
+    }
     assert_eq!(w, c, "a warm sandbox looks different from a cold one");
     // Values computed here, not by the code under test.
     assert_eq!(w["argv"], serde_json::json!(["/sandq/main.py", "one", "two words"]));

@@ -76,7 +76,37 @@ pub enum ClientError {
     /// A session operation failed.
     #[error(transparent)]
     Session(#[from] sandq_core::sessions::SessionError),
+    /// No worker serves the job's SKU right now (its queue has no consumer) and the client
+    /// refuses such jobs ([`Unserved::Refuse`]). Nothing was published.
+    #[error("no worker serves sku {sku} right now (queue {queue} has no consumer): job {job_id} not submitted")]
+    Unserved {
+        /// The job.
+        job_id: String,
+        /// Its SKU.
+        sku: sandq_schemas::Sku,
+        /// The SKU's queue.
+        queue: String,
+    },
 }
+
+/// What [`Client::submit`] does with a job whose SKU no worker serves right now: its queue
+/// `<ns>.jobs.<SKU>` has no consumer, so the job waits there until a worker comes (an
+/// autoscaler starting one from zero, say) or `queues.unserved_ttl` passes and it expires
+/// (docs/protocol.md, "Which SKUs are served").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unserved {
+    /// Log a warning (`tracing`, target `sandq_client`) and submit it: the default.
+    #[default]
+    Warn,
+    /// Do not publish it: [`ClientError::Unserved`].
+    Refuse,
+    /// Submit it without asking the broker (no extra round trip).
+    Ignore,
+}
+
+/// How long a SKU seen served is taken to stay so before [`Client::submit`] asks the broker
+/// again: one passive declare per SKU per interval, not per job.
+const SERVED_RECHECK: Duration = Duration::from_secs(10);
 
 /// Longest single `XREAD BLOCK` of [`Client::events`]: the job's status is checked after
 /// each that returned nothing.
@@ -86,7 +116,7 @@ pub const EVENTS_BLOCK: Duration = Duration::from_secs(5);
 pub struct Client {
     config: ServiceConfig,
     names: Names,
-    _connection: Connection,
+    connection: Connection,
     channel: Channel,
     /// Index in `config.amqp.addresses()` of the node `channel` is on.
     broker_index: usize,
@@ -97,6 +127,10 @@ pub struct Client {
     /// a shared multiplexed connection); made on first wait.
     blocking: Option<RedisConn>,
     s3: aws_sdk_s3::Client,
+    /// What to do with a job whose SKU is unserved.
+    unserved: Unserved,
+    /// When each SKU was last seen with a consumer.
+    served_at: std::collections::HashMap<sandq_schemas::Sku, Instant>,
 }
 
 /// Connects to the first broker address that answers from index `start` on
@@ -131,7 +165,25 @@ impl Client {
         let redis_target = RedisTarget::from_config(&config.redis).map_err(results::ResultError::from)?;
         let redis = redis_target.connect().await.map_err(results::ResultError::from)?;
         let s3 = storage::client(&config.s3);
-        Ok(Client { config, names, _connection: connection, channel, broker_index, redis, redis_target, blocking: None, s3 })
+        Ok(Client {
+            config,
+            names,
+            connection,
+            channel,
+            broker_index,
+            redis,
+            redis_target,
+            blocking: None,
+            s3,
+            unserved: Unserved::default(),
+            served_at: std::collections::HashMap::new(),
+        })
+    }
+
+    /// Sets what [`Client::submit`] does with a job whose SKU no worker serves right now
+    /// (default [`Unserved::Warn`]).
+    pub fn set_unserved(&mut self, unserved: Unserved) {
+        self.unserved = unserved;
     }
 
     /// The names of this deployment.
@@ -169,14 +221,20 @@ impl Client {
     /// with one address), and a nack up to [`NACK_ATTEMPTS`] times with a pause; the job may
     /// then be queued twice, which its id makes harmless.
     ///
+    /// Before publishing, unless [`Unserved::Ignore`] is set, it asks the broker whether the SKU's
+    /// queue has a consumer (at most once per SKU every 10 s while it has): with none it warns,
+    /// or refuses the job ([`Client::set_unserved`]).
+    ///
     /// # Errors
-    /// [`ClientError::Invalid`] before publishing; [`ClientError::NotAccepted`] when the broker
+    /// [`ClientError::Invalid`] before publishing; [`ClientError::Unserved`] when no worker serves
+    /// the SKU and the client refuses such jobs; [`ClientError::NotAccepted`] when the broker
     /// returns the message, or nacks it on the last attempt; [`ClientError::ConfirmTimeout`]
     /// when the last attempt got no confirm; [`ClientError::Broker`] (no address answers) or
     /// [`ClientError::Result`].
     pub async fn submit(&mut self, spec: &JobSpec) -> Result<(), ClientError> {
         let valid = spec.clone().validate(&sandq_schemas::Limits::default())?;
         let body = sandq_schemas::encode(spec)?;
+        self.check_served(spec).await?;
         // A publish whose connection fails, or whose confirm does not come within
         // `amqp.confirm_timeout`, or which the broker nacks, is published again on the next
         // address (round-robin; with one address, once more on the same node after a
@@ -341,7 +399,7 @@ impl Client {
     /// while a publish to an existing queue needs only the queue's leader and a majority.
     async fn reconnect(&mut self) -> Result<(), ClientError> {
         let (connection, channel, index) = open_broker(&self.config, &self.names, self.broker_index + 1, false).await?;
-        self._connection = connection;
+        self.connection = connection;
         self.channel = channel;
         self.broker_index = index;
         Ok(())
@@ -600,19 +658,50 @@ impl Client {
     }
 
     /// How many consumers (worker slots) the queue of `sku` has right now; 0 means no worker
-    /// serves the SKU at the moment, and its jobs wait.
+    /// serves the SKU at the moment, and its jobs wait (also when the queue does not exist).
+    /// Asked on a channel of its own (a passive declare of a missing queue closes its
+    /// channel), closed after.
     ///
     /// # Errors
     /// [`ClientError::Broker`].
     pub async fn consumers(&self, sku: sandq_schemas::Sku) -> Result<u32, ClientError> {
-        let queue = self
-            .channel
+        let channel = self.connection.create_channel().await?;
+        let queue = channel
             .queue_declare(
                 self.names.jobs_queue(sku).as_str().into(),
                 lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
                 FieldTable::default(),
             )
-            .await?;
-        Ok(queue.consumer_count())
+            .await;
+        if channel.status().connected() {
+            let _ = channel.close(200, "consumer count read".into()).await;
+        }
+        match queue {
+            Ok(queue) => Ok(queue.consumer_count()),
+            Err(e) if topology::not_found(&e) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Applies [`Unserved`] to `spec` before it is published. A broker that cannot answer
+    /// the question does not stop the job (the publish then says what is wrong).
+    async fn check_served(&mut self, spec: &JobSpec) -> Result<(), ClientError> {
+        if self.unserved == Unserved::Ignore || self.served_at.get(&spec.sku).is_some_and(|at| at.elapsed() < SERVED_RECHECK) {
+            return Ok(());
+        }
+        match self.consumers(spec.sku).await {
+            Ok(0) => {
+                let queue = self.names.jobs_queue(spec.sku);
+                if self.unserved == Unserved::Refuse {
+                    return Err(ClientError::Unserved { job_id: spec.job_id.clone(), sku: spec.sku, queue });
+                }
+                tracing::warn!(job_id = %spec.job_id, sku = %spec.sku, %queue, "no worker serves the job's sku right now (its queue has no consumer): it waits until one does, or expires");
+            }
+            Ok(_) => {
+                self.served_at.insert(spec.sku, Instant::now());
+            }
+            Err(e) => tracing::debug!(error = %e, sku = %spec.sku, "cannot read the sku queue's consumer count"),
+        }
+        Ok(())
     }
 }

@@ -10,6 +10,6 @@ pub mod client;
 pub mod http;
 pub mod notebook;
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, Unserved};
 pub use http::{HttpClient, HttpError};
 pub use sandq_core::events::{Event, EventKind, Transcript};

@@ -54,6 +54,12 @@ fn precondition_failed(error: &lapin::Error) -> bool {
     matches!(error.kind(), ErrorKind::ProtocolError(e) if e.get_id() == 406)
 }
 
+/// Whether the broker answered `404 NOT_FOUND` (a passive declare of a queue that does not
+/// exist; the broker closes the channel).
+pub fn not_found(error: &lapin::Error) -> bool {
+    matches!(error.kind(), ErrorKind::ProtocolError(e) if e.get_id() == 404)
+}
+
 /// Declares the exchanges and queues of every SKU with the arguments of
 /// [`queue_arguments`] from `config` (`amqp.delivery_limit`, `queues.unserved_ttl`). Safe to
 /// call any number of times. A SKU queue that exists with other arguments (the broker answers

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::stream::{LocalBoxStream, StreamExt as _};
-use sandq_client::{Client, Event, HttpClient};
+use sandq_client::{Client, Event, HttpClient, Unserved};
 use sandq_schemas::{Artifact, InputFile, JobResult, JobSpec, JobStatus};
 
 /// The services, or the gateway.
@@ -28,15 +28,31 @@ impl Backend {
         })
     }
 
-    /// Submits the job; directly, also says so when no worker serves its SKU. Over HTTP, a job
-    /// this id names already (submitted before with the same body) is taken as submitted.
-    pub(crate) async fn submit(&mut self, spec: &JobSpec) -> anyhow::Result<()> {
+    /// Submits the job. Directly, when no worker consumes the SKU's queue right now, refuses it
+    /// (`refuse`: [`sandq_client::ClientError::Unserved`]) or says so on stderr and submits it
+    /// (the job then waits in the queue until a worker comes, e.g. when the autoscaler adds one,
+    /// or expires after `unserved_ttl`). Over HTTP, a job this id names already (submitted before
+    /// with the same body) is taken as submitted.
+    pub(crate) async fn submit(&mut self, spec: &JobSpec, refuse: bool, unserved_ttl: Duration) -> anyhow::Result<()> {
         match self {
             Backend::Direct(client) => {
-                client.submit(spec).await?;
-                if let Ok(0) = client.consumers(spec.sku).await {
-                    eprintln!("sandq: no worker serves SKU {} right now; the job waits in the queue until one does", spec.sku);
+                if refuse {
+                    client.set_unserved(Unserved::Refuse);
+                } else {
+                    client.set_unserved(Unserved::Ignore);
+                    if let Ok(0) = client.consumers(spec.sku).await {
+                        let expiry = if unserved_ttl.is_zero() {
+                            "never expires (queues.unserved_ttl is 0)".to_owned()
+                        } else {
+                            format!("expires after {} (queues.unserved_ttl)", humantime::format_duration(unserved_ttl))
+                        };
+                        eprintln!(
+                            "sandq: no worker serves SKU {} right now; the job waits in the queue until one does, or {expiry}",
+                            spec.sku
+                        );
+                    }
                 }
+                client.submit(spec).await?;
             }
             Backend::Http(http) => {
                 http.submit(spec).await.with_context(|| format!("cannot submit job {}", spec.job_id))?;

@@ -216,6 +216,11 @@ struct JobArgs {
     /// Give up waiting after this long.
     #[arg(long, default_value = "15m")]
     wait: humantime::Duration,
+    /// Refuse to submit (exit 125) when no worker serves the SKU right now (its queue has no
+    /// consumer); by default the CLI warns on stderr and submits (the job waits for a worker,
+    /// or expires after `queues.unserved_ttl`).
+    #[arg(long)]
+    refuse_unserved: bool,
     /// Print the output only once the job has ended (by default `run` prints what the job
     /// prints and displays while it runs, from its live events; the summary comes at the end
     /// either way).
@@ -356,6 +361,8 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
         mcp::serve(url, key).await?;
         return Ok(0);
     }
+    // Directly: how long an unserved job waits before it expires (the warning says it).
+    let mut unserved_ttl = Duration::ZERO;
     let mut backend = match &cli.url {
         Some(url) => {
             if let Some(what) = direct_only(&cli.command) {
@@ -372,19 +379,20 @@ async fn async_main(cli: Cli) -> anyhow::Result<i32> {
             if let Command::Key { command } = cli.command {
                 return keys(&service, command, cli.json).await;
             }
+            unserved_ttl = service.queues.unserved_ttl;
             Backend::Direct(Box::new(Client::connect(service).await.context("cannot connect to sandq's services")?))
         }
     };
     match cli.command {
         Command::Submit(args) => {
             let spec = build_job(&backend, &args).await?;
-            backend.submit(&spec).await?;
+            backend.submit(&spec, args.refuse_unserved, unserved_ttl).await?;
             println!("{}", spec.job_id);
             Ok(0)
         }
         Command::Run(args) => {
             let spec = build_job(&backend, &args).await?;
-            backend.submit(&spec).await?;
+            backend.submit(&spec, args.refuse_unserved, unserved_ttl).await?;
             let live =
                 if args.no_stream || cli.json { None } else { Some(stream_live(&mut backend, &spec.job_id, args.wait.into()).await) };
             finish(&mut backend, &spec.job_id, &args.out, args.wait.into(), cli.json, live.as_ref()).await

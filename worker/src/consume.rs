@@ -10,6 +10,7 @@
 //! is used again.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -64,6 +65,8 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>, next: &mut usize)
     let addresses = settings.services.amqp.addresses();
     let properties = ConnectionProperties::default().with_connection_name(format!("sandq-worker {}", settings.worker_id).into());
     let (connection, index) = sandq_core::broker::connect(&addresses, *next, &properties).await?;
+    // Shared with the dead-letter consumer, which opens short channels of its own on it.
+    let connection = Arc::new(connection);
     *next = index + 1;
     let address = sandq_core::broker::redact(&addresses[index]);
     let declared = sandq_core::topology::declare(&connection, &settings.names, &settings.services).await?;
@@ -139,7 +142,12 @@ enum Task {
 type TaskRun = std::pin::Pin<Box<dyn std::future::Future<Output = (Task, Result<(), lapin::Error>)> + Send>>;
 
 /// Opens `task`'s channel and consumer on `connection`; returns the future that runs it.
-async fn open_slot(ctx: &Context, connection: &Connection, task: Task, shutdown: watch::Receiver<bool>) -> Result<TaskRun, lapin::Error> {
+async fn open_slot(
+    ctx: &Context,
+    connection: &Arc<Connection>,
+    task: Task,
+    shutdown: watch::Receiver<bool>,
+) -> Result<TaskRun, lapin::Error> {
     let settings = &ctx.settings;
     let channel = connection.create_channel().await?;
     let ctx = ctx.clone();
@@ -157,7 +165,10 @@ async fn open_slot(ctx: &Context, connection: &Connection, task: Task, shutdown:
                 .await?;
             Ok(Box::pin(async move { (task, slot_loop(ctx, (sku, index), consumer, shutdown, channel, tag).await) }))
         }
-        Task::DeadLetters => Ok(Box::pin(async move { (task, crate::dead_letter::run(ctx, channel, shutdown).await) })),
+        Task::DeadLetters => {
+            let connection = Arc::clone(connection);
+            Ok(Box::pin(async move { (task, crate::dead_letter::run(ctx, channel, connection, shutdown).await) }))
+        }
     }
 }
 

@@ -319,6 +319,19 @@ pub(crate) struct Handover {
     pub args: Vec<String>,
 }
 
+/// Whether sandboxes get a time namespace of their own: the kernel has them; without, the
+/// worker says once that sandboxes see the host's boot time.
+fn time_namespaces() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let supported = crate::sys::time_namespaces_supported();
+        if !supported {
+            tracing::warn!("the kernel has no time namespaces (CONFIG_TIME_NS, Linux 5.6+): sandboxes see the host's boot time and uptime");
+        }
+        supported
+    })
+}
+
 /// Writes the bundle and starts the helper, which creates and starts the container.
 ///
 /// # Errors
@@ -351,6 +364,7 @@ pub(crate) async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>
         ca_bundle: (launch.outbound && settings.packages.ca_bundle.is_some()).then_some(ca_bundle.as_path()),
         out_dir: Some(&dir.out),
         packages_dir: Some(&dir.packages),
+        host_clocks: time_namespaces().then(spec::host_clocks).flatten(),
         low_cpu_weight: launch.warm,
     };
     spec::write(&spec::build(&sandbox)?, &dir.bundle)?;

@@ -76,6 +76,20 @@ pub(crate) fn coarse_realtime_ns() -> i128 {
         .map_or(0, |t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
 }
 
+/// The host's boot-time and monotonic clocks (`CLOCK_BOOTTIME`, `CLOCK_MONOTONIC`), whole
+/// seconds since boot, as the worker sees them (`clock_gettime(2)`; 0 if a clock could not be
+/// read, which these ids cannot fail).
+pub(crate) fn boot_and_monotonic_secs() -> (i64, i64) {
+    let secs = |clock| nix::time::clock_gettime(clock).map_or(0, |t| t.tv_sec());
+    (secs(nix::time::ClockId::CLOCK_BOOTTIME), secs(nix::time::ClockId::CLOCK_MONOTONIC))
+}
+
+/// Whether the kernel has time namespaces (`CONFIG_TIME_NS`, Linux 5.6+): `/proc/self/ns/time`
+/// exists.
+pub(crate) fn time_namespaces_supported() -> bool {
+    std::path::Path::new("/proc/self/ns/time").exists()
+}
+
 /// Reads into `buf` from `fd` once (`read(2)`), for a non-blocking fd polled by the caller.
 ///
 /// # Errors

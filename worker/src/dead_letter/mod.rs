@@ -4,7 +4,7 @@
 //!
 //! | `x-death` reason | how the message got here | result written |
 //! |---|---|---|
-//! | `expired` | no worker took it within `queues.unserved_ttl` (the queue's `x-message-ttl`) | `expired`: "no worker took it within ..." (`cancelled` when its cancel key is set; `internal_error` when it had started and its worker was lost) |
+//! | `expired` | no worker took it within `queues.unserved_ttl` (the queue's `x-message-ttl`) | `expired`: "no worker took it within ...", saying whether its SKU's queue had a consumer when it expired (`cancelled` when its cancel key is set; `internal_error` when it had started and its worker was lost) |
 //! | `delivery_limit` | delivered `amqp.delivery_limit` + 1 times without being settled: each delivery killed or lost its worker | `internal_error`: "its deliveries kept failing (killed its worker N times)" |
 //! | `rejected` | a worker dead-lettered it: no usable job id, or its `internal_error` is already stored | `internal_error` when a job id is found and it has no terminal result |
 //! | other (`maxlen`) | a policy limit | `internal_error` naming the reason |
@@ -35,13 +35,14 @@ mod deferred;
 mod verdict;
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Channel, Consumer};
+use lapin::{Channel, Connection, Consumer};
 use sandq_core::results;
 use sandq_core::time::now_ms;
 use sandq_schemas::{JobResult, JobSpec, JobStatus, Sku};
@@ -66,11 +67,17 @@ const MAX_RECORD_BYTES: u64 = 1 << 20;
 /// Dead-lettered messages handled at once by one worker.
 const PREFETCH: u16 = 8;
 
-/// Consumes the dead-letter queue on `channel` until `shutdown`.
+/// Consumes the dead-letter queue on `channel` until `shutdown`; `connection` (the channel's)
+/// opens the short channels that read a SKU queue's consumer count.
 ///
 /// # Errors
 /// The broker's error (the caller reconnects).
-pub(crate) async fn run(ctx: Context, channel: Channel, mut shutdown: watch::Receiver<bool>) -> Result<(), lapin::Error> {
+pub(crate) async fn run(
+    ctx: Context,
+    channel: Channel,
+    connection: Arc<Connection>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), lapin::Error> {
     channel.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
     let tag = format!("{}-dead-letters", ctx.settings.worker_id);
     let mut consumer: Consumer = channel
@@ -87,7 +94,7 @@ pub(crate) async fn run(ctx: Context, channel: Channel, mut shutdown: watch::Rec
         // worker without one until it restarts (test:
         // a_client_written_start_time_neither_panics_nor_pins_the_dead_letter_consumer in
         // tests/dead_letters.rs).
-        let handled = AssertUnwindSafe(handle(&ctx, &delivery)).catch_unwind().await.unwrap_or_else(|_| {
+        let handled = AssertUnwindSafe(handle(&ctx, &connection, &delivery)).catch_unwind().await.unwrap_or_else(|_| {
             crate::metrics::dead_letter("other", "panic");
             error!(message_id = ?delivery.properties.message_id(), "handling a dead letter panicked; dropping it");
             true
@@ -105,7 +112,7 @@ pub(crate) async fn run(ctx: Context, channel: Channel, mut shutdown: watch::Rec
 }
 
 /// Handles one dead-lettered message; false when Redis failed (requeue it).
-async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
+async fn handle(ctx: &Context, connection: &Connection, delivery: &Delivery) -> bool {
     let headers = delivery.properties.headers().as_ref();
     let death = death(headers);
     let settings = &ctx.settings;
@@ -202,7 +209,19 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     let header_keys: Vec<String> =
         headers.map(|h| h.inner().keys().take(32).map(|k| crate::job::conclude::clip_reason(k.as_str())).collect()).unwrap_or_default();
     tracing::debug!(%job_id, ?header_keys, deliveries = count, "dead-lettered message");
-    let Some((status, reason)) = verdict(&death, current.as_ref(), cancelled, spec.is_some(), count, settings.services.queues.unserved_ttl)
+    // The SKU: of the queue it was dead-lettered from when that is one of ours, else its body's.
+    let sku = death
+        .queue
+        .as_deref()
+        .and_then(|queue| Sku::ALL.into_iter().find(|s| names.jobs_queue(*s) == queue))
+        .or_else(|| spec.as_ref().map(|s| s.sku));
+    // An expired job's reason says whether any worker served its SKU when it expired.
+    let served = match (death.reason, sku) {
+        (DeathReason::Expired, Some(sku)) => consumers(connection, &names.jobs_queue(sku)).await.map(|n| (sku, n)),
+        _ => None,
+    };
+    let Some((status, reason)) =
+        verdict(&death, current.as_ref(), cancelled, spec.is_some(), count, settings.services.queues.unserved_ttl, served)
     else {
         crate::metrics::dead_letter(death.reason.as_str(), "already_final");
         info!(%job_id, reason = death.raw_reason, status = ?current.map(|c| c.status), "dead-lettered job needs no result");
@@ -210,10 +229,7 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
     };
     let mut result = JobResult::new(job_id.clone(), status);
     result.reason = Some(reason.clone());
-    result.sku = spec.as_ref().map(|s| s.sku).or_else(|| {
-        let queue = death.queue.as_deref()?;
-        Sku::ALL.into_iter().find(|s| names.jobs_queue(*s) == queue)
-    });
+    result.sku = spec.as_ref().map(|s| s.sku).or(sku);
     result.queued_at_ms = spec.as_ref().and_then(|s| s.submitted_at_ms).or_else(|| current.as_ref().and_then(|c| c.queued_at_ms));
     result.attempt = current.as_ref().map_or(0, |c| c.attempt);
     result.started_at_ms = current.as_ref().and_then(|c| c.started_at_ms);
@@ -238,6 +254,27 @@ async fn handle(ctx: &Context, delivery: &Delivery) -> bool {
         Err(e) => {
             warn!(%job_id, error = %e, "dead letter: cannot store the result; retrying");
             false
+        }
+    }
+}
+
+/// The consumer count of `queue` (worker slots serving its SKU) now, 0 when it does not
+/// exist, read by a passive declare on a channel of its own (a passive declare of a missing
+/// queue closes its channel, which must not be the dead-letter consumer's); `None` when the
+/// broker does not answer.
+async fn consumers(connection: &Connection, queue: &str) -> Option<u32> {
+    let channel = connection.create_channel().await.ok()?;
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let declared = channel.queue_declare(queue.into(), passive, FieldTable::default()).await;
+    if channel.status().connected() {
+        let _ = channel.close(200, "consumer count read".into()).await;
+    }
+    match declared {
+        Ok(queue) => Some(queue.consumer_count()),
+        Err(e) if sandq_core::topology::not_found(&e) => Some(0),
+        Err(e) => {
+            warn!(queue, error = %e, "dead letter: cannot read the queue's consumer count");
+            None
         }
     }
 }

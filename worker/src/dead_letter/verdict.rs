@@ -5,7 +5,7 @@
 use lapin::types::{AMQPValue, FieldTable};
 use std::time::Duration;
 
-use sandq_schemas::{JobResult, JobStatus};
+use sandq_schemas::{JobResult, JobStatus, Sku};
 
 /// Why the broker dead-lettered a message: the `reason` of the newest `x-death` entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +100,9 @@ pub(crate) fn deliveries(headers: Option<&FieldTable>, fallback: u64) -> u64 {
 
 /// The terminal result a dead-lettered job gets, given why it was dead-lettered, what is
 /// stored for it now (`current`), whether its cancel key is set, and what its body says
-/// (`spec`, when it decodes). `None`: write nothing (see the module doc).
+/// (`spec`, when it decodes); `served` is the job's SKU and its queue's consumer count when the
+/// dead letter came (`None` when not known), which an expired job's reason states. `None`:
+/// write nothing (see the module doc).
 pub(crate) fn verdict(
     death: &Death,
     current: Option<&JobResult>,
@@ -108,6 +110,7 @@ pub(crate) fn verdict(
     spec_valid: bool,
     deliveries: u64,
     unserved_ttl: Duration,
+    served: Option<(Sku, u32)>,
 ) -> Option<(JobStatus, String)> {
     let running = current.is_some_and(|r| r.status == JobStatus::Running);
     if current.is_some_and(|r| r.status.is_terminal()) || (running && !spec_valid) {
@@ -122,7 +125,16 @@ pub(crate) fn verdict(
         ),
         DeathReason::Expired => (
             JobStatus::Expired,
-            format!("no worker took it within {ttl} (queues.unserved_ttl): no running worker serves its sku, or every one was busy"),
+            match served {
+                Some((sku, 0)) => {
+                    format!("no worker took it within {ttl} (queues.unserved_ttl): no worker served its sku {sku} (its queue had no consumer when it expired)")
+                }
+                Some((sku, n)) => format!(
+                    "no worker took it within {ttl} (queues.unserved_ttl): every worker serving its sku {sku} was busy ({n} consumer{} when it expired)",
+                    if n == 1 { "" } else { "s" }
+                ),
+                None => format!("no worker took it within {ttl} (queues.unserved_ttl): no running worker serves its sku, or every one was busy"),
+            },
         ),
         DeathReason::DeliveryLimit => (
             JobStatus::InternalError,
@@ -181,16 +193,26 @@ mod tests {
         let queued = JobResult::new("j", JobStatus::Queued);
         let running = JobResult::new("j", JobStatus::Running);
         let done = JobResult::new("j", JobStatus::Succeeded);
-        let (status, reason) = verdict(&expired, Some(&queued), false, true, 1, ttl).expect("expired");
+        let (status, reason) = verdict(&expired, Some(&queued), false, true, 1, ttl, None).expect("expired");
         assert_eq!(status, JobStatus::Expired);
         assert_eq!(reason, "no worker took it within 1h (queues.unserved_ttl): no running worker serves its sku, or every one was busy");
-        assert_eq!(verdict(&expired, None, false, false, 1, ttl).map(|v| v.0), Some(JobStatus::Expired), "no queued record");
-        assert_eq!(verdict(&expired, Some(&queued), true, true, 1, ttl).map(|v| v.0), Some(JobStatus::Cancelled));
-        assert_eq!(verdict(&expired, Some(&running), false, true, 1, ttl).map(|v| v.0), Some(JobStatus::InternalError));
-        let (status, reason) = verdict(&limit, Some(&running), false, true, 6, ttl).expect("limit");
+        let (_, reason) = verdict(&expired, Some(&queued), false, true, 1, ttl, Some((Sku::L, 0))).expect("expired");
+        assert_eq!(
+            reason,
+            "no worker took it within 1h (queues.unserved_ttl): no worker served its sku L (its queue had no consumer when it expired)"
+        );
+        let (_, reason) = verdict(&expired, Some(&queued), false, true, 1, ttl, Some((Sku::M, 3))).expect("expired");
+        assert_eq!(
+            reason,
+            "no worker took it within 1h (queues.unserved_ttl): every worker serving its sku M was busy (3 consumers when it expired)"
+        );
+        assert_eq!(verdict(&expired, None, false, false, 1, ttl, None).map(|v| v.0), Some(JobStatus::Expired), "no queued record");
+        assert_eq!(verdict(&expired, Some(&queued), true, true, 1, ttl, None).map(|v| v.0), Some(JobStatus::Cancelled));
+        assert_eq!(verdict(&expired, Some(&running), false, true, 1, ttl, None).map(|v| v.0), Some(JobStatus::InternalError));
+        let (status, reason) = verdict(&limit, Some(&running), false, true, 6, ttl, None).expect("limit");
         assert_eq!(status, JobStatus::InternalError);
         assert!(reason.starts_with("its deliveries kept failing (killed its worker 6 times)"), "{reason}");
-        assert_eq!(verdict(&limit, Some(&done), false, true, 6, ttl), None, "terminal results stay");
-        assert_eq!(verdict(&limit, Some(&running), false, false, 6, ttl), None, "a broken message never ends a running job");
+        assert_eq!(verdict(&limit, Some(&done), false, true, 6, ttl, None), None, "terminal results stay");
+        assert_eq!(verdict(&limit, Some(&running), false, false, 6, ttl, None), None, "a broken message never ends a running job");
     }
 }

@@ -1,5 +1,5 @@
 //! The per-job OCI runtime config: `oci-bundles/config.template.json` (read-only rootfs,
-//! writable `/work`, tmpfs `/tmp` and `/dev/shm`, own pid/net/ipc/uts/mount namespaces, no
+//! writable `/work`, tmpfs `/tmp` and `/dev/shm`, own pid/net/ipc/uts/mount/cgroup/time namespaces, no
 //! capabilities, `noNewPrivileges`, masked `/proc` paths) filled in with the job's command,
 //! environment, paths and SKU limits.
 
@@ -13,7 +13,8 @@ pub const TEMPLATE: &str = include_str!("../../../oci-bundles/config.template.js
 /// The seccomp profile (`oci-bundles/seccomp.json`): an allowlist in the spirit of Docker's
 /// default profile, narrowed for a sandbox without capabilities (no namespace-creating
 /// `clone`, no `unshare`/`setns`/`mount`, no `ptrace`, `bpf`, `perf_event_open`, `keyctl`,
-/// `userfaultfd`, `io_uring`, AF_VSOCK sockets or 32-bit syscalls).
+/// `userfaultfd`, `io_uring`, AF_VSOCK sockets or 32-bit syscalls; `statx` asking for the
+/// unique mount id, a host-wide count of mounts, gets EINVAL).
 pub const SECCOMP: &str = include_str!("../../../oci-bundles/seccomp.json");
 
 /// A user namespace mapping: container ids `0..size` are host ids `host_base..host_base+size`.
@@ -88,6 +89,11 @@ pub struct JobSandbox<'a> {
     /// A host directory (the job's outputs tmpfs) bind-mounted read-write at `/sandq/out`,
     /// where the notebook runner writes its outputs; `src_dir` must hold an `out` directory.
     pub out_dir: Option<&'a Path>,
+    /// The sandbox's clocks: `Some((boottime, monotonic))`, the host's `CLOCK_BOOTTIME` and
+    /// `CLOCK_MONOTONIC` in whole seconds when the spec is made, subtracted in the sandbox's
+    /// time namespace so that both start at about 0 when it starts; `None`: no time namespace
+    /// (a kernel without them).
+    pub host_clocks: Option<(i64, i64)>,
     /// The lowest CPU weight among the sandboxes (`cpu.shares` 2; v2 `cpu.weight` 1): a warm
     /// sandbox warming up, which yields to running jobs until its job is handed over
     /// ([`super::cgroup::set_cpu_priority`] then gives it the default).
@@ -226,6 +232,27 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     // shows the disk's reads and writes, other jobs' included (test:
     // host_disk_activity_and_paths_are_not_visible in tests/hostile.rs).
     linux.masked_paths_mut().get_or_insert_with(Vec::new).extend(block_device_dirs().iter().cloned());
+    // The boot-time and monotonic clocks are the host's since its boot: `/proc/uptime`, the
+    // `btime` of `/proc/stat` (computed from the boot clock of the reader's time namespace),
+    // `sysinfo(2)` and process start times identified the host. In a time namespace of its
+    // own they count from the sandbox's start, warm or cold (test:
+    // a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one in tests/warm.rs).
+    match job.host_clocks {
+        Some((boottime, monotonic)) => {
+            let offset = |secs: i64| {
+                let mut offset = oci_spec::runtime::LinuxTimeOffset::default();
+                offset.set_secs(Some(-secs));
+                offset
+            };
+            let offsets = [("boottime".to_owned(), offset(boottime)), ("monotonic".to_owned(), offset(monotonic))];
+            linux.set_time_offsets(Some(offsets.into_iter().collect()));
+        }
+        None => {
+            if let Some(namespaces) = linux.namespaces_mut() {
+                namespaces.retain(|n| n.typ() != LinuxNamespaceType::Time);
+            }
+        }
+    }
     if let Some(map) = job.id_map {
         let mapping: LinuxIdMapping = oci_spec::runtime::LinuxIdMappingBuilder::default()
             .container_id(0u32)
@@ -240,6 +267,12 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
         linux.namespaces_mut().get_or_insert_with(Vec::new).push(user);
     }
     Ok(spec)
+}
+
+/// The host's clocks for [`JobSandbox::host_clocks`], read now: `None` when the kernel has no
+/// time namespaces.
+pub fn host_clocks() -> Option<(i64, i64)> {
+    crate::sys::time_namespaces_supported().then(crate::sys::boot_and_monotonic_secs)
 }
 
 /// The real sysfs directories of the host's disks and their controllers: the targets of the
@@ -306,6 +339,7 @@ mod tests {
             ca_bundle: Some(Path::new("/jobs/a/src/.ca-certificates.crt")),
             packages_dir: Some(Path::new("/jobs/a/disk/packages")),
             out_dir: None,
+            host_clocks: Some((86_400, 86_000)),
             low_cpu_weight: false,
         };
         let spec = build(&job).expect("spec");
@@ -331,8 +365,14 @@ mod tests {
         let namespaces: Vec<&str> = json["linux"]["namespaces"].as_array().expect("ns").iter().filter_map(|n| n["type"].as_str()).collect();
         assert_eq!(json["linux"]["uidMappings"][0]["hostID"], 100_000);
         assert_eq!(json["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
-        for ns in ["pid", "network", "ipc", "uts", "mount", "user"] {
+        for ns in ["pid", "network", "ipc", "uts", "mount", "user", "cgroup", "time"] {
             assert!(namespaces.contains(&ns), "{ns} namespace missing");
         }
+        assert_eq!(json["linux"]["timeOffsets"]["boottime"]["secs"], -86_400);
+        assert_eq!(json["linux"]["timeOffsets"]["monotonic"]["secs"], -86_000);
+        let without = build(&JobSandbox { host_clocks: None, ..job }).expect("spec");
+        let json = serde_json::to_value(&without).expect("json");
+        assert!(json["linux"]["namespaces"].as_array().expect("ns").iter().all(|n| n["type"] != "time"), "{json}");
+        assert!(json["linux"].get("timeOffsets").is_none());
     }
 }
