@@ -32,8 +32,8 @@ use sandq_schemas::names::Names;
 use sandq_schemas::{JobSpec, JobStatus, Runtime, Sku};
 
 mod gateway;
-mod mcp;
 mod live;
+mod mcp;
 mod plot;
 mod report;
 mod throughput;

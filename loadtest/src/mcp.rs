@@ -51,7 +51,8 @@ async fn call(http: &reqwest::Client, url: &str, key: &str, id: usize, tool: &st
     let status = response.status();
     let text = response.text().await?;
     // One JSON answer, or an SSE stream whose last `data:` line is the answer.
-    let json_text = if text.starts_with('{') { text.as_str() } else { text.lines().filter_map(|l| l.strip_prefix("data:")).last().unwrap_or("") };
+    let json_text =
+        if text.starts_with('{') { text.as_str() } else { text.lines().filter_map(|l| l.strip_prefix("data:")).next_back().unwrap_or("") };
     let answer: Value = serde_json::from_str(json_text.trim()).with_context(|| format!("{tool}: {status} {text}"))?;
     let result = answer.get("result").cloned().with_context(|| format!("{tool}: {answer}"))?;
     if result.get("isError") == Some(&Value::Bool(true)) {
