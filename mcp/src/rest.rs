@@ -14,6 +14,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use http::{header, HeaderMap, Method, Request, StatusCode};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+pub use sandq_client::http::SessionInfo;
 use sandq_schemas::JobResult;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -141,22 +142,6 @@ const SEGMENT: &AsciiSet = &CONTROLS
 /// `path` (`a/b c.csv`) with each `/`-separated segment escaped (`a/b%20c.csv`).
 pub fn encode_path(path: &str) -> String {
     path.split('/').map(|s| utf8_percent_encode(s, SEGMENT).to_string()).collect::<Vec<_>>().join("/")
-}
-
-/// One session of the tenant, as `GET /v1/sessions` lists it.
-#[derive(Debug, Clone, Deserialize)]
-pub struct SessionInfo {
-    /// The tenant's name of it.
-    pub name: String,
-    /// Files it holds.
-    #[serde(default)]
-    pub files: u64,
-    /// Their bytes.
-    #[serde(default)]
-    pub bytes: u64,
-    /// When it expires, Unix epoch ms.
-    #[serde(default)]
-    pub expires_at_ms: Option<u64>,
 }
 
 /// One file of a session, as `GET /v1/sessions/{name}/files` lists it.

@@ -62,7 +62,8 @@ def start_worker(worker_id: str, env: dict[str, str]) -> subprocess.Popen:
 
 
 def stop_worker(process: subprocess.Popen) -> None:
-    """Stops a worker of `start_worker`: closes its stdin, then waits up to 60 s (kills it after)."""
+    """Stops a worker of `start_worker` (or the gateway of `gateway_url`): closes its stdin, then
+    waits up to 60 s (kills it after)."""
     assert process.stdin is not None
     process.stdin.close()
     try:
@@ -136,13 +137,7 @@ def gateway_url(worker) -> str:
         else:
             time.sleep(0.05)
     yield url
-    assert process.stdin is not None
-    process.stdin.close()
-    try:
-        process.wait(timeout=40)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_worker(process)
 
 
 def new_key(tenant: str, *flags: str) -> str:
