@@ -7,7 +7,7 @@ import { DirectTransport } from "./direct.js";
 import { GatewayTransport } from "./gateway.js";
 import { type Config, EVENTS_START, type Names, newSessionName } from "./protocol.js";
 import type { EventsOptions, SessionSummary, Transport, WaitOptions } from "./transport.js";
-import type { Artifact, Event, InputFile, JobOptions, JobResult, Stream } from "./types.js";
+import type { Artifact, Event, InputFile, JobOptions, JobResult, Stream, Unserved } from "./types.js";
 
 export { connectAny, redisClient } from "./direct.js";
 export type { EventsOptions, SessionSummary, WaitOptions } from "./transport.js";
@@ -28,6 +28,14 @@ export interface ClientOptions {
   config?: Config;
   /** Direct mode: another namespace than the config's. */
   namespace?: string;
+  /** Direct mode: what `submit` does when no worker serves the job's SKU right now (before the
+   * publish it asks the broker: the SKU queue's consumer count). `"warn"` (default):
+   * `process.emitWarning(message, "SandqUnservedSkuWarning")` naming the job id, the SKU and its
+   * queue, then it submits (the job waits in its queue until a worker comes, or expires after
+   * `queues.unserved_ttl`); `"refuse"`: rejects with `UnservedSku`, nothing published, no status
+   * written; `"ignore"`: no question asked. A SKU seen served is not asked about again for 10 s;
+   * a broker that cannot answer does not stop the submission. Given in HTTP mode: an error. */
+  unserved?: Unserved;
 }
 
 /** The mode `options` (and the environment) choose:
@@ -71,6 +79,7 @@ export class Client {
     }
     const mode = clientMode(options);
     if (mode.mode !== "http") throw new Error("no gateway url (options.url or $SANDQ_URL); direct mode: await Client.connect()");
+    if (options.unserved !== undefined) throw new Error("unserved is direct mode's (the client asks the broker); not for HTTP mode");
     this.transport = new GatewayTransport(mode.url, mode.apiKey, options.requestTimeoutMs);
   }
 
@@ -141,7 +150,9 @@ export class Client {
    * it; HTTP, once the gateway accepted it (`Idempotency-Key`: the job's id; sent again on
    * failures, never two jobs). Throws SubmitError when it is not known to be queued (submit again
    * with the same `job_id`); over HTTP also the gateway's typed errors (Unauthorized,
-   * InvalidRequest, ForbiddenByQuota, QuotaExceeded, Conflict...). */
+   * InvalidRequest, ForbiddenByQuota, QuotaExceeded, Conflict...). Direct mode first asks whether
+   * a worker serves the SKU (`ClientOptions.unserved`): a `SandqUnservedSkuWarning`, or
+   * `UnservedSku` with `unserved: "refuse"`. */
   submit(options: JobOptions): Promise<string> {
     return this.transport.submit(options);
   }

@@ -6,14 +6,22 @@ import * as amqp from "amqplib";
 import { createClient, createCluster, createSentinel, RESP_TYPES } from "redis";
 import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import { decode, encode } from "@msgpack/msgpack";
-import { JobNotFound, SandqError, SubmitError, WaitTimeout } from "./errors.js";
+import { JobNotFound, SandqError, SubmitError, UnservedSku, WaitTimeout } from "./errors.js";
 import { ACTIVE, parseXRead } from "./events.js";
 import {
-  amqpAddresses, APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, EVENTS_COUNT, EVENTS_START, humantimeSeconds, inputKey, loadConfig, Names,
+  amqpAddresses, APP_ID, BLOCK_S, buildJob, CAS_SCRIPT, type Config, durationMs, EVENTS_COUNT, EVENTS_START, humantimeSeconds, inputKey, loadConfig, Names,
   queueArguments, SCHEMA_VERSION, sha256Hex, SKUS,
 } from "./protocol.js";
 import type { EventsOptions, SessionSummary, Transport } from "./transport.js";
-import { type Artifact, type Event, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL } from "./types.js";
+import {
+  type Artifact, type Event, type InputFile, type JobOptions, type JobResult, normalizeResult, type Stream, TERMINAL, type Unserved,
+} from "./types.js";
+
+const UNSERVED: readonly Unserved[] = ["warn", "refuse", "ignore"];
+
+/** How long (ms) a SKU seen served is taken to stay so before a submission asks the broker again
+ * (the Rust client's `SERVED_RECHECK`); a SKU seen unserved is asked again every time. */
+export const SERVED_RECHECK_MS = 10_000;
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Redis = any;
@@ -69,9 +77,14 @@ export class DirectTransport implements Transport {
   private amqpIndex = -1;
   private returned = new Set<string>();
   private publishing: Promise<unknown> = Promise.resolve();
+  /** What `submit` does with a job whose SKU no worker serves (`ClientOptions.unserved`). */
+  readonly unserved: Unserved;
+  /** SKU -> when (`Date.now()`) its queue was last seen with a consumer. */
+  private servedAt = new Map<string, number>();
 
-  private constructor(config: Config, private readonly redis: Redis, private readonly blocking: Redis) {
+  private constructor(config: Config, private readonly redis: Redis, private readonly blocking: Redis, unserved: Unserved) {
     this.config = config;
+    this.unserved = unserved;
     this.names = new Names(config.namespace);
     this.s3 = new S3Client({
       endpoint: config.s3Endpoint,
@@ -84,7 +97,9 @@ export class DirectTransport implements Transport {
   }
 
   /** Connects to Redis (the broker is connected on the first submit). */
-  static async connect(options: { config?: Config; namespace?: string } = {}): Promise<DirectTransport> {
+  static async connect(options: { config?: Config; namespace?: string; unserved?: Unserved } = {}): Promise<DirectTransport> {
+    const unserved = options.unserved ?? "warn";
+    if (!UNSERVED.includes(unserved)) throw new RangeError(`unserved must be "warn", "refuse" or "ignore", not ${JSON.stringify(unserved)}`);
     let config = options.config ?? loadConfig();
     if (options.namespace) config = { ...config, namespace: options.namespace };
     // Results are MessagePack: bulk strings come back as Buffers.
@@ -95,7 +110,7 @@ export class DirectTransport implements Transport {
     blocking.on("error", () => {});
     await Promise.all([base.connect(), blocking.connect()]);
     const mapping = { [RESP_TYPES.BLOB_STRING]: Buffer };
-    return new DirectTransport(config, base.withTypeMapping(mapping), blocking.withTypeMapping(mapping));
+    return new DirectTransport(config, base.withTypeMapping(mapping), blocking.withTypeMapping(mapping), unserved);
   }
 
   // --- files ---------------------------------------------------------------------------------
@@ -192,6 +207,51 @@ export class DirectTransport implements Transport {
     if (this.returned.delete(id)) throw new SubmitError(`job ${id} not accepted by the broker: returned (no queue for sku ${String(job.sku)})`);
   }
 
+  /** The consumer count of the SKU's queue: a passive declare (`checkQueue`) on a channel of its
+   * own, closed after; 0 when the queue does not exist (404 closes that channel), null when the
+   * broker did not answer (the publish then connects again and reports). */
+  private async consumers(sku: string): Promise<number | null> {
+    let channel: amqp.Channel;
+    try {
+      await this.openChannel();
+      if (!this.amqp) return null;
+      channel = await this.amqp.createChannel();
+    } catch {
+      await this.closeAmqp();
+      return null;
+    }
+    channel.on("error", () => {});
+    try {
+      return (await channel.checkQueue(this.names.queue(sku))).consumerCount;
+    } catch (e) {
+      return (e as { code?: number }).code === 404 ? 0 : null;
+    } finally {
+      // Already closed by the broker after a 404.
+      await channel.close().catch(() => {});
+    }
+  }
+
+  /** Applies `unserved` to the job before it is published: throws `UnservedSku` ("refuse") or
+   * emits a `SandqUnservedSkuWarning` ("warn") when the SKU's queue has no consumer. */
+  private async checkServed(job: Record<string, unknown>): Promise<void> {
+    const sku = String(job.sku);
+    const at = this.servedAt.get(sku);
+    if (this.unserved === "ignore" || (at !== undefined && Date.now() - at < SERVED_RECHECK_MS)) return;
+    const count = await this.consumers(sku);
+    if (count === null) return;
+    if (count > 0) {
+      this.servedAt.set(sku, Date.now());
+      return;
+    }
+    const id = String(job.job_id);
+    const queue = this.names.queue(sku);
+    if (this.unserved === "refuse") throw new UnservedSku(id, sku, queue);
+    const ttl = this.config.unservedTtl;
+    const fate = durationMs(ttl) > 0 ? `or expires after ${ttl} (queues.unserved_ttl)` : "with no expiry";
+    process.emitWarning(`no worker serves SKU ${sku} right now (queue ${queue} has no consumer): job ${id} waits in the queue until one does, ${fate}`,
+      "SandqUnservedSkuWarning");
+  }
+
   private async publish(job: Record<string, unknown>): Promise<void> {
     const id = String(job.job_id);
     // A nack, a closed channel (e.g. no such exchange), a lost connection or a confirm that
@@ -210,11 +270,16 @@ export class DirectTransport implements Transport {
     }
   }
 
-  /** Submits a job and resolves to its id once the broker confirmed it. */
+  /** Submits a job and resolves to its id once the broker confirmed it. Before the publish,
+   * unless `unserved` is "ignore", it asks whether a worker serves the SKU (`checkServed`). */
   async submit(options: JobOptions): Promise<string> {
     const job = buildJob(options);
-    // One publish at a time on the channel (confirms are matched to their publish in order).
-    const published = this.publishing.then(() => this.publish(job));
+    // One publish at a time on the channel (confirms are matched to their publish in order);
+    // the question about the SKU, on the same connection, in the same turn.
+    const published = this.publishing.then(async () => {
+      await this.checkServed(job);
+      await this.publish(job);
+    });
     this.publishing = published.catch(() => {});
     await published;
     const id = String(job.job_id);

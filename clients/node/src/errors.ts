@@ -14,6 +14,17 @@ export class SubmitError extends SandqError {
   override name = "SubmitError";
 }
 
+/** No worker serves the job's SKU right now (its queue has no consumer) and the client refuses
+ * such jobs (`unserved: "refuse"`, direct mode): nothing was published and no status written
+ * (docs/protocol.md "Which SKUs are served"). */
+export class UnservedSku extends SandqError {
+  override name = "UnservedSku";
+
+  constructor(readonly jobId: string, readonly sku: string, readonly queue: string) {
+    super(`no worker serves sku ${sku} right now (queue ${queue} has no consumer): job ${jobId} not submitted`);
+  }
+}
+
 /** The job had no terminal result within the time the caller waited (it may still finish). */
 export class WaitTimeout extends SandqError {
   override name = "WaitTimeout";

@@ -7,6 +7,12 @@ export const TERMINAL: ReadonlySet<string> = new Set([
 ]);
 
 export type Sku = "S" | "M" | "L" | "XL";
+
+/** What a direct-mode submission does when no worker serves the job's SKU right now (its queue
+ * has no consumer; docs/protocol.md "Which SKUs are served"): `"warn"` (the default:
+ * `process.emitWarning(message, "SandqUnservedSkuWarning")`, then it publishes), `"refuse"`
+ * (rejects with `UnservedSku`, nothing published) or `"ignore"` (it does not ask). */
+export type Unserved = "warn" | "refuse" | "ignore";
 export type Runtime = "python" | "node";
 export type Status =
   | "queued" | "running" | "succeeded" | "failed" | "timed_out" | "oom_killed"

@@ -22,7 +22,7 @@ from .client import Client, Session
 from .events import Callbacks, Transcript
 from .errors import (Conflict, ForbiddenByQuota, GatewayError, InvalidRequest, JobCancelled, JobError, JobExpired, JobFailed,
                      JobInternalError, JobNotFound, JobOOMKilled, JobRejected, JobTimedOut, NotFound, Problem, QuotaExceeded,
-                     SandqError, SubmitError, Unauthorized, Unavailable, WaitTimeout)
+                     SandqError, SubmitError, Unauthorized, Unavailable, UnservedSku, UnservedSkuWarning, WaitTimeout)
 from .protocol import Config, load_config
 from .types import (TERMINAL, Artifact, ErrorInfo, Event, ImageInfo, InputFile, JobResult, MimeValue, Output, SandboxInfo,
                     SessionInfo, SessionState, SkippedArtifact, Stream, TableInfo, Usage)
@@ -48,5 +48,6 @@ __all__ = [
     "SessionState", "SkippedArtifact", "Stream", "TableInfo", "Usage",
     "SandqError", "SubmitError", "WaitTimeout", "JobNotFound", "JobError", "JobFailed", "JobTimedOut", "JobOOMKilled",
     "JobRejected", "JobCancelled", "JobExpired", "JobInternalError", "Problem", "GatewayError", "Unauthorized",
-    "ForbiddenByQuota", "QuotaExceeded", "InvalidRequest", "NotFound", "Conflict", "Unavailable",
+    "ForbiddenByQuota", "QuotaExceeded", "InvalidRequest", "NotFound", "Conflict", "Unavailable", "UnservedSku",
+    "UnservedSkuWarning",
 ]

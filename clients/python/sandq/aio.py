@@ -19,7 +19,8 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 
 from . import gateway, protocol
-from .client import CONNECT_TIMEOUT_S, Source, check_download, fetch_url, read_source, s3_client
+from .client import (CONNECT_TIMEOUT_S, SERVED_RECHECK_S, Source, check_download, fetch_url, read_source, s3_client,
+                     unserved, unserved_option)
 from .errors import RAISED_BY_WAIT, JobNotFound, SubmitError, WaitTimeout, error_for
 from .events import ACTIVE, Callbacks, Transcript, parse_xread
 from .protocol import BLOCK_S, EVENTS_COUNT, EVENTS_START, Config, Names
@@ -29,20 +30,24 @@ from .types import TERMINAL, Artifact, Event, InputFile, JobResult, Output, Stre
 class AsyncClient:
     """The asyncio twin of `sandq.Client`: the same methods, awaitable, and the same two modes
     (`AsyncClient(url=..., api_key=...)`, or `$SANDQ_URL`, is a `sandq.aio_http.AsyncHttpClient`
-    speaking to sandq-gateway). Use `async with AsyncClient() as client:` or call `aclose()`."""
+    speaking to sandq-gateway), and the same `unserved=` ("warn", "refuse", "ignore"). Use
+    `async with AsyncClient() as client:` or call `aclose()`."""
 
     def __new__(cls, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
-                api_key: Optional[str] = None) -> "AsyncClient":
+                api_key: Optional[str] = None, unserved: Optional[str] = None) -> "AsyncClient":
         if cls is AsyncClient and gateway.http_target(config, namespace, url, api_key) is not None:
+            if unserved is not None:
+                raise ValueError("unserved= is direct mode's (the client asks the broker); not for HTTP mode")
             from .aio_http import AsyncHttpClient
             return super().__new__(AsyncHttpClient)
         return super().__new__(cls)
 
     def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, unserved: Optional[str] = None):
         if url or api_key:
             raise ValueError("url= and api_key= are HTTP mode's: sandq.aio.AsyncClient or sandq.aio_http.AsyncHttpClient, "
                              "not a subclass of the direct client")
+        self.unserved = unserved_option(unserved)
         config = config or protocol.load_config()
         if namespace:
             config = config.with_namespace(namespace)
@@ -59,6 +64,8 @@ class AsyncClient:
         self._amqp_index = -1
         self._channel: Optional[aio_pika.abc.AbstractChannel] = None
         self._lock = asyncio.Lock()
+        # SKU -> when (time.monotonic()) its queue was last seen with a consumer.
+        self._served_at: dict[str, float] = {}
 
     # --- files -----------------------------------------------------------------------------
     async def upload(self, source: Source, path: Optional[str] = None) -> InputFile:
@@ -118,6 +125,57 @@ class AsyncClient:
         assert last is not None
         raise last
 
+    async def _connect(self) -> None:
+        """Opens the publishing connection and its confirming channel, unless open. Hold `_lock`."""
+        if self._amqp is None or self._amqp.is_closed:
+            self._amqp, self._amqp_index = await self._connect_any(self._amqp_index + 1)
+            self._channel = await self._amqp.channel(publisher_confirms=True, on_return_raises=True)
+
+    async def _consumers(self, sku: str) -> Optional[int]:
+        """`sandq.Client._consumers`, asyncio: the consumer count of the SKU's queue (a passive
+        declare on a channel of its own, closed after; 0 when the queue does not exist), None
+        when the broker did not answer."""
+        async with self._lock:
+            try:
+                await self._connect()
+                assert self._amqp is not None
+                channel = await self._amqp.channel(publisher_confirms=False)
+            except (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError):
+                # Connecting again is `_publish`'s to do, and to report.
+                await self._close_amqp()
+                return None
+            try:
+                queue = await channel.declare_queue(self.names.queue(sku), passive=True, timeout=CONNECT_TIMEOUT_S)
+                assert queue.declaration_result is not None
+                return queue.declaration_result.consumer_count
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                # 404 NOT_FOUND (the broker closed the channel): an undeclared queue, unserved.
+                return 0
+            except aiormq.exceptions.ChannelClosed:
+                return None
+            except (aiormq.exceptions.AMQPError, ConnectionError, OSError, asyncio.TimeoutError):
+                await self._close_amqp()
+                return None
+            finally:
+                try:
+                    if not channel.is_closed:
+                        await channel.close()
+                except Exception:  # noqa: BLE001 (closing a channel the broker closed)
+                    pass
+
+    async def _check_served(self, job: dict) -> None:
+        """`sandq.Client._check_served`, asyncio."""
+        sku = job["sku"]
+        at = self._served_at.get(sku)
+        if self.unserved == "ignore" or (at is not None and time.monotonic() - at < SERVED_RECHECK_S):
+            return
+        count = await self._consumers(sku)
+        if count == 0:
+            # stacklevel 3: the caller of `submit`.
+            unserved(self.config, self.names, job, self.unserved, stacklevel=3)
+        elif count is not None:
+            self._served_at[sku] = time.monotonic()
+
     async def _publish(self, job: dict) -> None:
         # A publish that fails (lost connection, nack, no confirm within `confirm_timeout`) is
         # made again, with the same body and job id, on the next broker address: at most once
@@ -129,9 +187,7 @@ class AsyncClient:
         async with self._lock:
             for attempt in range(1, attempts + 1):
                 try:
-                    if self._amqp is None or self._amqp.is_closed:
-                        self._amqp, self._amqp_index = await self._connect_any(self._amqp_index + 1)
-                        self._channel = await self._amqp.channel(publisher_confirms=True, on_return_raises=True)
+                    await self._connect()
                     assert self._channel is not None
                     exchange = await self._channel.get_exchange(self.names.exchange, ensure=False)
                     await exchange.publish(message, routing_key=job["sku"], mandatory=True, timeout=confirm_s)
@@ -147,7 +203,9 @@ class AsyncClient:
                         raise SubmitError(f"job {job['job_id']} not submitted: {e!r}") from e
 
     async def submit(self, code: Optional[str] = None, **spec: Any) -> str:
+        """`sandq.Client.submit`, asyncio (the same question about the SKU first)."""
         job = protocol.build_job(code, **spec)
+        await self._check_served(job)
         await self._publish(job)
         record, ttl = protocol.queued_record(job)
         await self.redis.eval(protocol.CAS_SCRIPT, 2, self.names.job(job["job_id"]), self.names.done(job["job_id"]),

@@ -5,6 +5,7 @@ import os
 import threading
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union, cast
 
@@ -19,7 +20,8 @@ import redis.cluster
 import redis.sentinel
 
 from . import gateway, protocol
-from .errors import RAISED_BY_WAIT, JobNotFound, SandqError, SubmitError, WaitTimeout, error_for
+from .errors import (RAISED_BY_WAIT, JobNotFound, SandqError, SubmitError, UnservedSku, UnservedSkuWarning, WaitTimeout,
+                     error_for)
 from .events import ACTIVE, Callbacks, Transcript, parse_xread
 from .protocol import BLOCK_S, EVENTS_COUNT, EVENTS_START, Config, Names
 from .types import TERMINAL, Artifact, Event, InputFile, JobResult, Output, Stream
@@ -57,6 +59,37 @@ def check_download(artifact: Artifact, data: bytes) -> bytes:
 CONNECT_TIMEOUT_S = 10.0
 
 
+# What a direct-mode submission does when no worker serves the job's SKU right now (its queue has
+# no consumer; docs/protocol.md "Which SKUs are served"): "warn" (an `UnservedSkuWarning`, then
+# it publishes), "refuse" (`UnservedSku`, nothing published) or "ignore" (it does not ask).
+UNSERVED = ("warn", "refuse", "ignore")
+
+# How long (s) a SKU seen served is taken to stay so before a submission asks the broker again
+# (the Rust client's `SERVED_RECHECK`); a SKU seen unserved is asked again every time.
+SERVED_RECHECK_S = 10.0
+
+
+def unserved_option(value: Optional[str]) -> str:
+    """`value` checked against `UNSERVED` (None: "warn")."""
+    if value is None:
+        return "warn"
+    if value not in UNSERVED:
+        raise ValueError(f"unserved must be one of {', '.join(map(repr, UNSERVED))}, not {value!r}")
+    return value
+
+
+def unserved(config: Config, names: Names, job: dict, option: str, stacklevel: int) -> None:
+    """Acts on a job whose SKU's queue has no consumer, as `option` says: raises `UnservedSku`
+    ("refuse"), or warns (`UnservedSkuWarning`, at `stacklevel` from the caller)."""
+    sku, queue = job["sku"], names.queue(job["sku"])
+    if option == "refuse":
+        raise UnservedSku(job["job_id"], sku, queue)
+    ttl = config.unserved_ttl
+    fate = f"or expires after {ttl} (queues.unserved_ttl)" if protocol.duration_ms(ttl) else "with no expiry"
+    warnings.warn(f"no worker serves SKU {sku} right now (queue {queue} has no consumer): job {job['job_id']} waits "
+                  f"in the queue until one does, {fate}", UnservedSkuWarning, stacklevel=stacklevel + 1)
+
+
 def connect_any(config: Config, start: int) -> tuple[pika.BlockingConnection, int]:
     """A connection to the first broker address that answers, trying `config.amqp_addresses()`
     from index `start` (modulo their count) round the list, each once; with the index used.
@@ -88,19 +121,29 @@ class Client:
       (with `$SANDQ_API_KEY`) and neither a config nor a namespace is given (`sandq.gateway`
       has the rules).
 
+    Before publishing a job, a direct client asks the broker whether any worker serves its SKU
+    (docs/protocol.md "Which SKUs are served"); `unserved=` says what it does when none does:
+    "warn" (default: an `UnservedSkuWarning`, then it submits; a job waits in its queue until a
+    worker comes, an autoscaler's say, or `queues.unserved_ttl` passes), "refuse" (`UnservedSku`,
+    nothing published) or "ignore" (no question asked). A SKU seen served is not asked about
+    again for 10 s; a broker that cannot answer does not stop the submission.
+
     Thread-safe for submitting; close it (or use it as a context manager) when done."""
 
     def __new__(cls, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
-                api_key: Optional[str] = None) -> "Client":
+                api_key: Optional[str] = None, unserved: Optional[str] = None) -> "Client":
         if cls is Client and gateway.http_target(config, namespace, url, api_key) is not None:
+            if unserved is not None:
+                raise ValueError("unserved= is direct mode's (the client asks the broker); not for HTTP mode")
             from .http import HttpClient
             return super().__new__(HttpClient)
         return super().__new__(cls)
 
     def __init__(self, config: Optional[Config] = None, *, namespace: Optional[str] = None, url: Optional[str] = None,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, unserved: Optional[str] = None):
         if url or api_key:
             raise ValueError("url= and api_key= are HTTP mode's: sandq.Client or sandq.http.HttpClient, not a subclass of the direct client")
+        self.unserved = unserved_option(unserved)
         config = config or protocol.load_config()
         if namespace:
             config = config.with_namespace(namespace)
@@ -117,6 +160,8 @@ class Client:
         self._amqp_index = -1
         self._channel: Any = None
         self._lock = threading.Lock()
+        # SKU -> when (time.monotonic()) its queue was last seen with a consumer.
+        self._served_at: dict[str, float] = {}
 
     # --- files -----------------------------------------------------------------------------
     def upload(self, source: Source, path: Optional[str] = None) -> InputFile:
@@ -163,6 +208,53 @@ class Client:
         return self.s3.get_object(Bucket=self.config.s3_bucket, Key=stream.log_key)["Body"].read()
 
     # --- submitting ------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Opens the publishing connection and its confirming channel, unless open. Hold `_lock`."""
+        if self._amqp is None or self._amqp.is_closed:
+            self._amqp, self._amqp_index = connect_any(self.config, self._amqp_index + 1)
+            self._channel = self._amqp.channel()
+            self._channel.confirm_delivery()
+
+    def _consumers(self, sku: str) -> Optional[int]:
+        """The consumer count of the SKU's queue (a passive declare, on a channel of its own
+        closed after; 0 when the queue does not exist), None when the broker did not answer."""
+        with self._lock:
+            try:
+                self._connect()
+                assert self._amqp is not None
+                channel = self._amqp.channel()
+            except (pika.exceptions.AMQPError, AMQPConnectorException, OSError):
+                # Connecting again is `_publish`'s to do, and to report.
+                self._close_amqp()
+                return None
+            try:
+                return channel.queue_declare(self.names.queue(sku), passive=True).method.consumer_count
+            except pika.exceptions.ChannelClosedByBroker as e:
+                # The broker closed the channel: 404 NOT_FOUND is an undeclared queue (unserved).
+                return 0 if e.reply_code == 404 else None
+            except pika.exceptions.AMQPError:
+                self._close_amqp()
+                return None
+            finally:
+                try:
+                    if channel.is_open:
+                        channel.close()
+                except pika.exceptions.AMQPError:
+                    pass
+
+    def _check_served(self, job: dict) -> None:
+        """Applies `unserved` to the job before it is published."""
+        sku = job["sku"]
+        at = self._served_at.get(sku)
+        if self.unserved == "ignore" or (at is not None and time.monotonic() - at < SERVED_RECHECK_S):
+            return
+        count = self._consumers(sku)
+        if count == 0:
+            # stacklevel 3: the caller of `submit`.
+            unserved(self.config, self.names, job, self.unserved, stacklevel=3)
+        elif count is not None:
+            self._served_at[sku] = time.monotonic()
+
     def _publish(self, job: dict) -> None:
         # A publish that fails (lost connection, nack) is made again, with the same body and
         # job id, on the next broker address: at most once per address plus once. A duplicate
@@ -174,10 +266,7 @@ class Client:
         with self._lock:
             for attempt in range(1, attempts + 1):
                 try:
-                    if self._amqp is None or self._amqp.is_closed:
-                        self._amqp, self._amqp_index = connect_any(self.config, self._amqp_index + 1)
-                        self._channel = self._amqp.channel()
-                        self._channel.confirm_delivery()
+                    self._connect()
                     self._channel.basic_publish(self.names.exchange, job["sku"], body, properties, mandatory=True)
                     return
                 except pika.exceptions.UnroutableError as e:
@@ -195,8 +284,13 @@ class Client:
         """Submits a job and returns its id once the broker confirmed it. Keyword arguments are
         the JobSpec's fields (docs/protocol.md): `entrypoint`, `sku` ("M"), `runtime`
         ("python"), `inputs` (from `upload`), `args`, `stdin`, `env`, `timeout` ("60s"),
-        `result_ttl`, `network`, `deadline_ms`, `mode`, `session`, `job_id`."""
+        `result_ttl`, `network`, `deadline_ms`, `mode`, `session`, `job_id`.
+
+        Before the publish, unless `unserved="ignore"`, it asks whether a worker serves the SKU
+        (the class's doc): none does -> `UnservedSkuWarning`, or `UnservedSku` raised with
+        `unserved="refuse"` (nothing published, no status written)."""
         job = protocol.build_job(code, **spec)
+        self._check_served(job)
         self._publish(job)
         record, ttl = protocol.queued_record(job)
         key = self.names.job(job["job_id"])

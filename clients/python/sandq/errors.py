@@ -61,6 +61,26 @@ class SubmitError(SandqError):
     (retry with the same job id: a job id names one job, so a retry never makes a second)."""
 
 
+class UnservedSku(SandqError):
+    """No worker serves the job's SKU right now (its queue has no consumer) and the client
+    refuses such jobs (`Client(unserved="refuse")`, direct mode): nothing was published and no
+    status written (docs/protocol.md "Which SKUs are served"). `job_id`, `sku`, `queue` say
+    which."""
+
+    def __init__(self, job_id: str, sku: str, queue: str):
+        self.job_id, self.sku, self.queue = job_id, sku, queue
+        super().__init__(f"no worker serves sku {sku} right now (queue {queue} has no consumer): job {job_id} not submitted")
+
+
+class UnservedSkuWarning(UserWarning):
+    """Warned (`warnings.warn`) by a direct-mode submission whose SKU no worker serves right now
+    (its queue has no consumer): the job is published and waits in the queue until a worker
+    comes, or expires after `queues.unserved_ttl`. `Client(unserved="ignore")` does not ask,
+    `unserved="refuse"` raises `UnservedSku` instead. The warning is given before the publish:
+    a filter that makes it an error (`warnings.simplefilter("error", sandq.UnservedSkuWarning)`)
+    stops the submission there, unpublished."""
+
+
 class GatewayError(SandqError):
     """An error answer of sandq-gateway that no class below names (`problem` says what)."""
 

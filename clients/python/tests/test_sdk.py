@@ -174,9 +174,10 @@ def test_rejected_job_raises_with_the_reason(client: sandq.Client) -> None:
 def test_unknown_job_and_unroutable_submit(client: sandq.Client, config: sandq.Config) -> None:
     with pytest.raises(sandq.JobNotFound):
         client.wait(str(uuid.uuid4()), 5)
-    # A namespace whose exchange nobody declared: the broker refuses, nothing is queued.
+    # A namespace whose exchange nobody declared: the broker refuses, nothing is queued (its
+    # queue does not exist either: unserved, warned before the publish).
     with sandq.Client(config.with_namespace(f"{config.namespace}-nowhere")) as nowhere:
-        with pytest.raises(sandq.SubmitError):
+        with pytest.raises(sandq.SubmitError), pytest.warns(sandq.UnservedSkuWarning):
             nowhere.submit("print(1)")
 
 
