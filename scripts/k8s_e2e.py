@@ -138,9 +138,9 @@ def http(method, url, key=None, body=None, timeout=60):
         req.add_header("Authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, headers, raw = r.status, dict(r.headers), r.read()
+            status, headers, raw = r.status, r.headers, r.read()  # headers: case-insensitive
     except urllib.error.HTTPError as e:
-        status, headers, raw = e.code, dict(e.headers), e.read()
+        status, headers, raw = e.code, e.headers, e.read()
     try:
         return status, headers, json.loads(raw) if raw else None
     except ValueError:
