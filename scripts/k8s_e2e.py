@@ -341,7 +341,9 @@ def sandboxes(c):
     for name, pod in c.pods("sandq-worker").items():
         if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
             continue
-        script = 'ls -d /run/sandq/"$SANDQ__WORKER__ID"/j-* 2>/dev/null | wc -l; losetup -a | wc -l'
+        # The node's loop devices backed by this worker's own job files: other workers on the
+        # machine (tests beside this run) have loop devices too.
+        script = 'ls -d /run/sandq/"$SANDQ__WORKER__ID"/j-* 2>/dev/null | wc -l; losetup -a | grep -c "/$SANDQ__WORKER__ID/"'
         out = c.kubectl("-n", "sandq", "exec", name, "-c", "worker", "--", "sh", "-c", script, check_rc=False).split()
         metrics = urllib.request.urlopen(f"http://{pod['status']['podIP']}:9464/metrics", timeout=5).read().decode()
         value = lambda prefix: sum(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith(prefix))
