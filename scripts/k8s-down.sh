@@ -48,7 +48,9 @@ for root in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/kub
 done
 for name in kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do stop "$name"; done
 pkill -KILL -f "containerd-shim-runc-v2 .*$RUN/containerd" 2>/dev/null
-pkill -KILL -f "socat .*sandq-k8s-relay" 2>/dev/null
+# The relays run as `exec -a sandq-k8s-relay socat ...`: their command line starts with that name
+# (no "socat" in it).
+pkill -KILL -f "^sandq-k8s-relay TCP-LISTEN:" 2>/dev/null
 stop relays
 
 # The e2e run's services instance (scripts/k8s-e2e.sh).

@@ -6,7 +6,8 @@
 #      Redis, Garage, on loopback ports 26000-26007), relayed to the pods on the node address;
 #   3. KEDA (k8s/keda over KEDA's own config), the Secrets, then both overlays validated by the
 #      API server (server-side dry run, KEDA's CRDs installed), and k8s/overlays/local applied;
-#   4. scripts/k8s_e2e.py from the host through the pods: the README's main job, hostile
+#   4. scripts/k8s_e2e.py from the host through the pods: the README's main job, a job through
+#      the gateway's Service (a tenant key made in this run's Redis; a wrong key refused), hostile
 #      programs, network modes, clean-up, then autoscaling (a backlog scales the S pool from 1
 #      to 4 pods and back; no job lost, one terminal result each), with the replica counts
 #      written to $SANDQ_K8S_REPORT (default docs/img/k8s-replicas.csv);
@@ -56,8 +57,8 @@ trap finish EXIT
 
 step "build Kubernetes and KEDA (cached by version)"
 "$here/scripts/k8s-build.sh" >/dev/null
-step "the worker's release build"
-cargo build --release --locked -q -p sandq-worker -p sandq-cli
+step "the worker's and the gateway's release build"
+cargo build --release --locked -q -p sandq-worker -p sandq-gateway -p sandq-cli
 bin=$CARGO_TARGET_DIR/release
 step "cluster up"
 "$here/scripts/k8s-down.sh" 2>/dev/null   # nothing of an earlier run left
@@ -67,7 +68,7 @@ kubectl() { "$CACHE/kubernetes-$K8S_VERSION/bin/kubectl" "$@"; }
 
 step "images (OCI archives imported into containerd)"
 SANDQ_RELEASE_BIN=$bin SANDQ_K8S_CONTAINERD_SOCK=$RUN/containerd/containerd.sock \
-  "$here/scripts/k8s-images.sh" worker rootfs keda | tee "$DIR/images.txt" >&2
+  "$here/scripts/k8s-images.sh" worker gateway rootfs keda | tee "$DIR/images.txt" >&2
 
 step "services instance, relayed to the node address"
 svc=$DIR/services
@@ -107,6 +108,11 @@ kubectl -n sandq create secret generic sandq-worker --dry-run=client -o yaml \
   --from-literal=SANDQ__AMQP__URL="$(node "$amqp_url")" --from-literal=SANDQ__REDIS__URL="$(node "$redis_url")" \
   --from-literal=SANDQ__S3__ACCESS_KEY_ID="$key_id" --from-literal=SANDQ__S3__SECRET_ACCESS_KEY="$secret" \
   | kubectl apply -f - >/dev/null
+# The gateway's: the same instance and users here (a cluster of yours gives it users of its own).
+kubectl -n sandq create secret generic sandq-gateway --dry-run=client -o yaml \
+  --from-literal=SANDQ__AMQP__URL="$(node "$amqp_url")" --from-literal=SANDQ__REDIS__URL="$(node "$redis_url")" \
+  --from-literal=SANDQ__S3__ACCESS_KEY_ID="$key_id" --from-literal=SANDQ__S3__SECRET_ACCESS_KEY="$secret" \
+  | kubectl apply -f - >/dev/null
 kubectl -n sandq create secret generic sandq-keda --dry-run=client -o yaml \
   --from-literal=rabbitmq-management-url="http://guest:guest@$NODE_IP:26007/" | kubectl apply -f - >/dev/null
 for overlay in local production; do
@@ -118,12 +124,15 @@ for overlay in local production; do
 done
 kubectl apply -k k8s/overlays/local >&2
 
-step "worker pods Ready (the first copies the rootfs to the node)"
+step "worker and gateway pods Ready (the first worker copies the rootfs to the node)"
 for pool in s m; do
   kubectl -n sandq rollout status "deploy/sandq-worker-$pool" --timeout=900s >&2
 done
+# One replica from the Deployment, the second from its HPA's minimum (k8s_e2e.py checks both).
+kubectl -n sandq rollout status deploy/sandq-gateway --timeout=300s >&2
 kubectl -n sandq get pods -o wide >&2
 
 step "jobs through the pods, hostile programs, autoscaling (scripts/k8s_e2e.py)"
 python3 "$here/scripts/k8s_e2e.py" --sandq "$bin/sandq" --kubectl "$CACHE/kubernetes-$K8S_VERSION/bin/kubectl" \
+  --gateway "http://$NODE_IP:30080" \
   --report "${SANDQ_K8S_REPORT:-$here/docs/img/k8s-replicas.csv}"

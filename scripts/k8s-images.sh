@@ -7,15 +7,18 @@
 #                                     (ip, iptables, mkfs.ext4, mount, tar, prlimit, tini) and the
 #                                     release sandq-worker and sandq-container; key = the hash of
 #                                     the binaries, the package list and this script
+#   sandq.local/gateway:<key>         the same Debian layer (its glibc and CA certificates: webhooks
+#                                     over https) and the release sandq-gateway, run as uid 65532;
+#                                     key = the hash of the binary and the layer
 #   sandq.local/rootfs:<rootfs key>   the same Debian layer, and the sandbox image
 #                                     (oci-bundles/build-rootfs.sh) at /rootfs: the worker pod's
 #                                     init container copies it to the node (k8s/base)
 #   sandq.local/keda:<KEDA_VERSION>   KEDA's operator and metrics adapter (static Go binaries)
 #
-# Arguments: the images to make (default all four), e.g. `k8s-images.sh pause`.
+# Arguments: the images to make (default all five), e.g. `k8s-images.sh pause`.
 # Each archive is cached in $SANDQ_K8S_CACHE/images by its key; an import of an image that
-# containerd already holds is skipped. Prints `NAME=REF` lines on stdout (pause, worker, rootfs,
-# keda), which scripts/k8s-e2e.sh feeds to kustomize. Needs root, umoci and mmdebstrap, and a
+# containerd already holds is skipped. Prints `NAME=REF` lines on stdout (pause, worker, gateway,
+# rootfs, keda), which scripts/k8s-e2e.sh feeds to kustomize. Needs root, umoci and mmdebstrap, and a
 # running containerd (scripts/k8s-up.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,7 +32,7 @@ mkdir -p "$images"
 ctr() { command ctr --address "$SOCK" --namespace k8s.io "$@"; }
 
 read -r k8s_out keda_out < <("$here/scripts/k8s-build.sh")
-want=" ${*:-pause worker rootfs keda} "
+want=" ${*:-pause worker gateway rootfs keda} "
 wanted() { [[ "$want" == *" $1 "* ]]; }
 
 # oci_archive NAME TAG CONFIG-ARGS -- LAYER.tar...: an OCI image layout with these layers,
@@ -85,12 +88,12 @@ fi
 oci_archive pause "$K8S_VERSION" --config.entrypoint /pause --config.user 65535:65535 -- "$pause_layer"
 fi
 
-# --- the Debian layer the worker and rootfs images share -----------------------------------------
+# --- the Debian layer the worker, gateway and rootfs images share --------------------------------
 base_packages="tini iproute2 iptables e2fsprogs util-linux mount tar ca-certificates libseccomp2 procps kmod"
 base_key=$(echo "bookworm minbase $base_packages" | sha256sum | cut -c1-16)
 base_layer=$images/debian-$base_key.layer.tar
 for old in "$images"/debian-*.layer.tar; do [ "$old" = "$base_layer" ] || rm -f "$old"; done
-if { wanted worker || wanted rootfs; } && [ ! -f "$base_layer" ]; then
+if { wanted worker || wanted gateway || wanted rootfs; } && [ ! -f "$base_layer" ]; then
   log "mmdebstrap: Debian 12 minbase with $base_packages"
   rm -rf "$base_layer.partial"
   mmdebstrap --mode=root --variant=minbase --format=tar --quiet --include="${base_packages// /,}" \
@@ -100,11 +103,14 @@ if { wanted worker || wanted rootfs; } && [ ! -f "$base_layer" ]; then
 fi
 
 # --- worker --------------------------------------------------------------------------------------
-if wanted worker; then
 bin=${SANDQ_RELEASE_BIN:-${CARGO_TARGET_DIR:-/var/cache/sandq/cargo-target}/release}
 if [ -z "${SANDQ_RELEASE_BIN:-}" ]; then
-  (cd "$here" && cargo build --release --locked -q -p sandq-worker)
+  crates=()
+  wanted worker && crates+=(-p sandq-worker)
+  wanted gateway && crates+=(-p sandq-gateway)
+  if [ ${#crates[@]} -gt 0 ]; then (cd "$here" && cargo build --release --locked -q "${crates[@]}"); fi
 fi
+if wanted worker; then
 worker_key=$(cat "$bin/sandq-worker" "$bin/sandq-container" "$base_layer" | sha256sum | cut -c1-16)
 worker_layer=$images/worker-$worker_key.layer.tar
 if [ ! -f "$worker_layer" ] && [ ! -f "$images/worker-$worker_key.oci.tar" ]; then
@@ -120,6 +126,24 @@ fi
 # worker).
 oci_archive worker "$worker_key" --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   -- "$base_layer" "$worker_layer"
+fi
+
+# --- gateway -------------------------------------------------------------------------------------
+if wanted gateway; then
+gateway_key=$(cat "$bin/sandq-gateway" "$base_layer" | sha256sum | cut -c1-16)
+gateway_layer=$images/gateway-$gateway_key.layer.tar
+if [ ! -f "$gateway_layer" ] && [ ! -f "$images/gateway-$gateway_key.oci.tar" ]; then
+  stage=$(mktemp -d "$images/.stage.XXXXXX")
+  install -D -s -m 755 "$bin/sandq-gateway" "$stage/usr/local/bin/sandq-gateway"
+  tar -C "$stage" --owner=0 --group=0 --numeric-owner -cf "$gateway_layer.partial" usr
+  rm -rf "$stage"
+  mv "$gateway_layer.partial" "$gateway_layer"
+fi
+# Not root: the image runs as an unnamed uid (the Deployment's runAsUser is the same), which
+# owns no file of the image.
+oci_archive gateway "$gateway_key" --config.env PATH=/usr/local/bin:/usr/bin:/bin \
+  --config.entrypoint /usr/local/bin/sandq-gateway --config.user 65532:65532 \
+  --config.exposedports 8080/tcp -- "$base_layer" "$gateway_layer"
 fi
 
 # --- rootfs --------------------------------------------------------------------------------------

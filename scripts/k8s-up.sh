@@ -229,8 +229,10 @@ failSwapOn: false
 podCIDR: $POD_CIDR
 maxPods: 40
 # A shared development machine's disk: evict late, and never collect the images, which no
-# registry can give back.
-evictionHard: { memory.available: "200Mi", nodefs.available: "2%", imagefs.available: "2%", nodefs.inodesFree: "2%" }
+# registry can give back. In bytes, not a share of the disk: a file system whose blocks are
+# mostly reserved (ext4 resv_strict: 252 GB, of which a few GB were available to the rest
+# of the machine, 2026-12-04) was under 2 % free while GBs remained, and every pod was evicted.
+evictionHard: { memory.available: "200Mi", nodefs.available: "1Gi", imagefs.available: "1Gi", nodefs.inodesFree: "2%" }
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false

@@ -4,20 +4,27 @@ cluster (k8s/overlays/local), through the services instance that script starts.
 
 1. The README's main job (examples/macro_summary.py on examples/macrodata.csv, SKU M): its STATS
    line against the same statistics computed here with the csv module, and its chart.
-2. Hostile programs of tests/hostile (fork bomb, memory hog, privileged operations,
+2. The gateway (k8s/base/gateway): two Ready replicas held by its HPA, each not root, with no
+   capability, no_new_privs, seccomp, a read-only root and no service account token; a tenant key
+   made with `sandq key create` in this run's Redis; a job sent through the gateway's Service
+   (NodePort on the node address) runs on an S pod and its stdout is the value computed here;
+   the queue holds it under the tenant's prefix; a wrong key, a wrong secret and no key get 401
+   and store nothing; both replicas answer requests through the Service.
+3. Hostile programs of tests/hostile (fork bomb, memory hog, privileged operations,
    network probe, environment leak, /proc view, kill everything) with the checks of
    tests/hostile.rs, and after each the next ordinary job runs.
-3. Network modes from inside a pod: `none` reaches nothing; `outbound` reaches a server in a
+4. Network modes from inside a pod: `none` reaches nothing; `outbound` reaches a server in a
    network namespace this script makes (198.18.0.2, the benchmarking range the sandbox firewall
-   lets through) but not the node's services, the pod network or the worker's own pod.
-4. Clean-up: after the jobs, no container or loop device of theirs is left in any worker pod
+   lets through) but not the node's services, the pod network, the worker pods or the
+   gateway.
+5. Clean-up: after the jobs, no container or loop device of theirs is left in any worker pod
    (counted before and after, warm sandboxes included), and warm sandboxes served jobs.
-5. Autoscaling: a backlog of 16 jobs on SKU S (20 s and 75 s ones); KEDA scales the S pool from
+6. Autoscaling: a backlog of 16 jobs on SKU S (20 s and 75 s ones); KEDA scales the S pool from
    1 to at least 3 pods; the backlog drains while pods are stopped under running jobs; the pool
    returns to 1. Every job succeeds with its own output and exactly one terminal write (its
    done list, as tests/rabbitmq_cluster.rs checks); reruns after a scale-down are counted. The replica
    counts over time go to --report (CSV: seconds, S replicas, S ready, M replicas, S queue).
-6. A scale-down under running jobs: 6 jobs of 45 s on three S pods, then KEDA paused at one
+7. A scale-down under running jobs: 6 jobs of 45 s on three S pods, then KEDA paused at one
    replica; the stopped pods' jobs are handed back and rerun (attempt 2) on the remaining pod,
    each succeeds once with its own output.
 Exit 0 only if every check passed; prints a line per check.
@@ -34,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -41,6 +49,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTILE = os.path.join(HERE, "tests", "hostile")
 NODE_IP = "10.210.0.1"
 EXT_NETNS, EXT_IP = "sqk8s-ext", "198.18.0.2"
+GATEWAY_NODE_PORT = 30080  # k8s/overlays/local/kustomization.yaml
 failures = []
 
 
@@ -70,8 +79,10 @@ class Cluster:
         except json.JSONDecodeError:
             raise RuntimeError(f"sandq run {' '.join(argv)} printed no result: {p.stdout[:500]} {p.stderr[:2000]}")
 
-    def pods(self):
-        items = json.loads(self.kubectl("-n", "sandq", "get", "pods", "-o", "json"))["items"]
+    def pods(self, app=None):
+        """The namespace's pods by name; `app`: only those labelled app.kubernetes.io/name=app."""
+        selector = ["-l", f"app.kubernetes.io/name={app}"] if app else []
+        items = json.loads(self.kubectl("-n", "sandq", "get", "pods", *selector, "-o", "json"))["items"]
         return {p["metadata"]["name"]: p for p in items}
 
     def restarts(self):
@@ -115,6 +126,114 @@ def main_job(c):
 def next_job_runs(c, after):
     r = c.run("--sku", "S", "-c", "print(6 * 7)")
     check(f"the next job after {after} runs", r["status"] == "succeeded" and r["stdout"]["text"] == "42\n", json.dumps(r)[:300])
+
+
+def http(method, url, key=None, body=None, timeout=60):
+    """(status, headers, decoded JSON body or None) of one request; a new connection each time,
+    so requests through the Service are balanced over its pods one by one."""
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, headers, raw = r.status, r.headers, r.read()  # headers: case-insensitive
+    except urllib.error.HTTPError as e:
+        status, headers, raw = e.code, e.headers, e.read()
+    try:
+        return status, headers, json.loads(raw) if raw else None
+    except ValueError:
+        return status, headers, None
+
+
+def gateway_requests(pod, route, method):
+    """`sandq_gateway_requests_total` of one gateway pod for a route and method (all statuses),
+    read from its /metrics by pod IP."""
+    text = urllib.request.urlopen(f"http://{pod['status']['podIP']}:8080/metrics", timeout=5).read().decode()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+               if l.startswith("sandq_gateway_requests_total{") and f'route="{route}"' in l and f'method="{method}"' in l)
+
+
+def gateway(c, base):
+    """The gateway's Deployment as the base makes it, and one tenant's job through its Service."""
+    deadline = time.time() + 180
+    while True:
+        dep = json.loads(c.kubectl("-n", "sandq", "get", "deploy", "sandq-gateway", "-o", "json"))
+        hpa = json.loads(c.kubectl("-n", "sandq", "get", "hpa", "sandq-gateway", "-o", "json"))
+        ready = dep["status"].get("readyReplicas", 0)
+        if (ready == 2 and dep["spec"]["replicas"] == 2) or time.time() > deadline:
+            break
+        time.sleep(5)
+    conditions = {k["type"]: (k["status"], k.get("reason")) for k in hpa.get("status", {}).get("conditions", [])}
+    print(f"  gateway HPA: min {hpa['spec']['minReplicas']}, desired {hpa.get('status', {}).get('desiredReplicas')}, conditions {conditions}", flush=True)
+    check("the gateway runs 2 Ready replicas, its HPA's minimum (the Deployment names no count)",
+          ready == 2 and dep["spec"]["replicas"] == 2 and hpa["spec"]["minReplicas"] == 2, f"ready {ready}, replicas {dep['spec'].get('replicas')}")
+    pods = c.pods("sandq-gateway")
+    script = ("grep -E '^(Uid|Gid|CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/1/status; "
+              "cat /proc/1/cmdline | tr '\\0' ' '; echo; "
+              "[ -e /var/run/secrets/kubernetes.io/serviceaccount ] && echo TOKEN || echo no-token; "
+              "awk '$5 == \"/\" {print \"root-mount \" $6}' /proc/self/mountinfo; "
+              "touch /tmp/x && echo tmp-writable && rm /tmp/x")
+    for name, pod in pods.items():
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        out = c.kubectl("-n", "sandq", "exec", name, "-c", "gateway", "--", "sh", "-c", script, check_rc=False)
+        fields = {l.split(":", 1)[0]: l.split(":", 1)[1].split() for l in out.splitlines() if ":" in l and not l.startswith("/")}
+        root = next((l.split()[1].split(",") for l in out.splitlines() if l.startswith("root-mount ")), [])
+        ok = (fields.get("Uid") == ["65532"] * 4 and fields.get("Gid") == ["65532"] * 4
+              and all(fields.get(k) == ["0000000000000000"] for k in ("CapEff", "CapPrm", "CapBnd"))
+              and fields.get("NoNewPrivs") == ["1"] and fields.get("Seccomp") == ["2"]
+              and "/usr/local/bin/sandq-gateway" in out and "no-token" in out and "ro" in root and "tmp-writable" in out)
+        check(f"gateway pod {name}: uid 65532, no capabilities, no_new_privs, seccomp, read-only root, no token", ok, out)
+    # A tenant key, made as an operator makes it: in this run's Redis, which the pods use.
+    tenant = "k8se2e"
+    p = subprocess.run([c.sandq, "--json", "key", "create", "--tenant", tenant, "--name", "k8s e2e"], capture_output=True, text=True, timeout=60)
+    key = json.loads(p.stdout)["key"] if p.returncode == 0 and p.stdout.strip().startswith("{") else None
+    if not check("sandq key create made a tenant key", bool(key) and key.startswith("sq_"), p.stderr):
+        return
+    n = 1000 + uuid.uuid4().int % 9000
+    want = f"{n * (n - 1) * (2 * n - 1) // 6}\n"  # the sum of the squares below n, in closed form
+    job_id = f"k8s-gw-{uuid.uuid4().hex[:12]}"
+    body = {"runtime": "python", "code": f"print(sum(i * i for i in range({n})))", "job_id": job_id}
+    status, headers, job = http("POST", f"{base}/v1/jobs", key, body)
+    check("POST /v1/jobs through the gateway's Service: 201, queued", status == 201 and (job or {}).get("status") == "queued", f"{status} {job}")
+    deadline = time.time() + 300
+    done = {}
+    while time.time() < deadline:
+        status, _, done = http("GET", f"{base}/v1/jobs/{job_id}?wait=30s", key, timeout=60)
+        if (done or {}).get("status") in TERMINAL:
+            break
+        time.sleep(1)
+    done = done or {}
+    check("the job sent through the gateway ran on an S pod with the stdout computed here",
+          done.get("status") == "succeeded" and done.get("stdout", {}).get("text") == want and (done.get("worker_id") or "").startswith("sandq-worker-s-")
+          and done.get("job_id") == job_id, f"want {want!r}: {json.dumps(done)[:600]}")
+    p = subprocess.run([c.sandq, "--json", "status", f"{tenant}_{job_id}"], capture_output=True, text=True, timeout=60)
+    queued = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+    check("the queue holds it under the tenant's prefix, with the same output", queued.get("status") == "succeeded" and queued.get("stdout", {}).get("text") == want,
+          p.stdout[:300] + p.stderr[:300])
+    # Refused keys: another secret for the real key id, an unknown key, none. Each a 401
+    # problem document; the refused submission stores nothing (the id stays unknown).
+    prefix, secret = key[:15], key[16:]  # sq_<12 of [a-z0-9]>_<base64url, which may hold _>
+    wrong_secret = f"{prefix}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"
+    unknown = f"sq_{uuid.uuid4().hex[:12]}_{secret}"
+    refused_id = f"k8s-gw-refused-{uuid.uuid4().hex[:8]}"
+    for what, k in (("a wrong secret", wrong_secret), ("an unknown key", unknown), ("no key", None)):
+        status, headers, problem = http("POST", f"{base}/v1/jobs", k, dict(body, job_id=refused_id))
+        check(f"{what} gets 401 unauthorized", status == 401 and (problem or {}).get("type") == "urn:sandq:problem:unauthorized"
+              and headers.get("Content-Type", "").startswith("application/problem+json"), f"{status} {headers.get('Content-Type')} {problem}")
+        status, _, problem = http("GET", f"{base}/v1/jobs/{job_id}", k)
+        check(f"{what} cannot read the tenant's job (401)", status == 401, f"{status} {problem}")
+    status, _, problem = http("GET", f"{base}/v1/jobs/{refused_id}", key)
+    check("the refused submissions stored nothing (404 for the right key)", status == 404, f"{status} {problem}")
+    # Both replicas serve the Service: 20 reads, each on a new connection.
+    before = {n: gateway_requests(p, "/v1/jobs/{id}", "GET") for n, p in pods.items()}
+    reads = [http("GET", f"{base}/v1/jobs/{job_id}", key)[0] for _ in range(20)]
+    after = {n: gateway_requests(p, "/v1/jobs/{id}", "GET") for n, p in pods.items()}
+    served = {n: after[n] - before[n] for n in pods}
+    check("both gateway replicas served reads through the Service", reads == [200] * 20 and len(served) == 2 and all(v > 0 for v in served.values()),
+          f"statuses {reads}, served {served}")
 
 
 def hostile(c, secrets):
@@ -180,8 +299,11 @@ def network(c):
                               capture_output=True).returncode == 0:
                 break
             time.sleep(0.2)
-        pod_ips = sorted({p["status"].get("podIP") for p in c.pods().values() if p["status"].get("podIP")})
-        targets = [(NODE_IP, 26001), (NODE_IP, 26000), (NODE_IP, 26003), (NODE_IP, 6443), ("10.211.0.1", 26001)] + [(ip, 9464) for ip in pod_ips]
+        ips = lambda app: sorted({p["status"].get("podIP") for p in c.pods(app).values() if p["status"].get("podIP")})
+        gateway_ip = json.loads(c.kubectl("-n", "sandq", "get", "service", "sandq-gateway", "-o", "json"))["spec"]["clusterIP"]
+        targets = [(NODE_IP, 26001), (NODE_IP, 26000), (NODE_IP, 26003), (NODE_IP, 6443), ("10.211.0.1", 26001)] + [(ip, 9464) for ip in ips("sandq-worker")]
+        # The gateway: its pods, its Service's cluster IP and its node port.
+        targets += [(ip, 8080) for ip in ips("sandq-gateway")] + [(gateway_ip, 80), (NODE_IP, GATEWAY_NODE_PORT)]
         probe = (
             "import socket, urllib.request\n"
             f"targets = {targets!r}\n"
@@ -198,7 +320,7 @@ def network(c):
         for mode in ("none", "outbound"):
             r = c.run("--sku", "S", "--network", mode, "--mode", "script", "-c", probe)
             out = r["stdout"]["text"]
-            check(f"network {mode}: the node's services, the pod network and the worker pods are out of reach",
+            check(f"network {mode}: the node's services, the pod network, the worker pods and the gateway are out of reach",
                   r["status"] == "succeeded" and "CONNECTED" not in out and out.count("blocked") == len(targets), out)
             if mode == "none":
                 check("network none: the outside server is out of reach", "NO TOKEN" in out, out)
@@ -216,10 +338,12 @@ def sandboxes(c):
     node in use, jobs in flight, warm starts so far). Warm sandboxes are containers too, so
     counts are compared before and after the jobs, not against zero."""
     counts = {}
-    for name, pod in c.pods().items():
+    for name, pod in c.pods("sandq-worker").items():
         if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
             continue
-        script = 'ls -d /run/sandq/"$SANDQ__WORKER__ID"/j-* 2>/dev/null | wc -l; losetup -a | wc -l'
+        # The node's loop devices backed by this worker's own job files: other workers on the
+        # machine (tests beside this run) have loop devices too.
+        script = 'ls -d /run/sandq/"$SANDQ__WORKER__ID"/j-* 2>/dev/null | wc -l; losetup -a | grep -c "/$SANDQ__WORKER__ID/"'
         out = c.kubectl("-n", "sandq", "exec", name, "-c", "worker", "--", "sh", "-c", script, check_rc=False).split()
         metrics = urllib.request.urlopen(f"http://{pod['status']['podIP']}:9464/metrics", timeout=5).read().decode()
         value = lambda prefix: sum(float(l.rsplit(" ", 1)[1]) for l in metrics.splitlines() if l.startswith(prefix))
@@ -429,7 +553,8 @@ def main():
     ap.add_argument("--sandq", required=True)
     ap.add_argument("--kubectl", required=True)
     ap.add_argument("--report", required=True)
-    ap.add_argument("--only", default="main,hostile,network,cleanup,autoscale,scaledown")
+    ap.add_argument("--gateway", required=True, help="the gateway's Service, as the host reaches it: http://10.210.0.1:30080")
+    ap.add_argument("--only", default="main,gateway,hostile,network,cleanup,autoscale,scaledown")
     args = ap.parse_args()
     c = Cluster(args)
     import tomllib
@@ -440,6 +565,8 @@ def main():
     before = settled(c) if "cleanup" in steps else {}
     if "main" in steps:
         main_job(c)
+    if "gateway" in steps:
+        gateway(c, args.gateway)
     if "hostile" in steps:
         hostile(c, secrets)
     if "network" in steps:
