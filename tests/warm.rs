@@ -386,6 +386,12 @@ async fn a_warm_sandbox_yields_the_cpu_until_its_job_arrives() {
         assert!(Instant::now() < deadline, "no warm sandbox's cgroup found");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // The cgroup exists a moment before the runtime writes its limits (the kernel's default
+    // weight until then): what counts is the weight it waits at.
+    let settle = Instant::now() + Duration::from_secs(5);
+    while cpu_weight(&waiting) != Some(lowest) && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(cpu_weight(&waiting), Some(lowest), "a waiting warm sandbox has another weight");
     let mut client = world.client().await;
     let spec = python_job("import time\nprint('running', flush=True)\ntime.sleep(4)\n", Sku::S);
