@@ -38,6 +38,8 @@ const MAX_READ_BYTES: usize = 8 << 20;
 const MAX_LISTED: usize = 200;
 /// Resources `resources/list` gives at most, over the tenant's sessions.
 const MAX_RESOURCES: usize = 500;
+/// Sessions `resources/list` looks into at most (one REST call each).
+const MAX_LISTED_SESSIONS: usize = 50;
 /// How long `run_code` waits for a job past its timeout (queueing, staging) before it
 /// answers with the job id to ask again later.
 const QUEUE_ALLOWANCE: Duration = Duration::from_secs(120);
@@ -537,7 +539,7 @@ impl ServerHandler for Sandq {
         let rest = self.rest(&context.extensions)?;
         let sessions = rest.sessions().await.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let mut resources = Vec::new();
-        'sessions: for session in sessions {
+        'sessions: for session in sessions.into_iter().take(MAX_LISTED_SESSIONS) {
             let Ok((files, _)) = rest.session_files(&session.name).await else { continue };
             for f in files {
                 if resources.len() >= MAX_RESOURCES {
