@@ -199,7 +199,11 @@ async fn fuzzed_messages_each_end_as_a_result_or_dead_letter() {
     let metrics_addr = format!("127.0.0.1:{port}");
     let mut worker = world.start_worker(&format!("{}-w", world.namespace), &[("SANDQ__WORKER__METRICS_ADDR", &metrics_addr)]);
     let mut client = world.client().await;
-    let seed: u64 = rand::random();
+    // SANDQ_TEST_FUZZ_SEED=<hex> replays a run that failed (its seed is in every message).
+    let seed: u64 = std::env::var("SANDQ_TEST_FUZZ_SEED")
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+        .unwrap_or_else(rand::random);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let valid = sandq_schemas::encode(&python_job("print(1)", Sku::S)).expect("encode");
     let mut expect_results = Vec::new();

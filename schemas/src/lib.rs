@@ -15,6 +15,7 @@
 
 pub mod de;
 pub mod job;
+mod keys;
 pub mod names;
 pub mod protocol;
 pub mod result;
@@ -47,6 +48,14 @@ pub enum DecodeError {
     /// whole, one peeking at `job_id` alone), and a result landed under a made-up id.
     #[error("malformed message: not a MessagePack map (every sandq message is a map with named fields)")]
     NotAMap,
+    /// A map in the body has a key that is not a string. serde would take an integer key for
+    /// the index of a field, and two readers of one body could disagree on its job id (see
+    /// the `keys` module).
+    #[error("malformed message: the map key at byte {offset} is not a string (every key of a sandq message is a string)")]
+    KeyNotAString {
+        /// Offset of the key in the body, bytes.
+        offset: usize,
+    },
 }
 
 /// Whether `bytes` starts with a MessagePack map (fixmap, map 16 or map 32).
@@ -70,17 +79,22 @@ pub fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, EncodeError> {
     Ok(rmp_serde::to_vec_named(value)?)
 }
 
-/// Decodes a wire type from MessagePack (a map: [`DecodeError::NotAMap`] otherwise), nested at
+/// Decodes a wire type from MessagePack (a map: [`DecodeError::NotAMap`] otherwise, whose
+/// keys at every depth are strings: [`DecodeError::KeyNotAString`] otherwise), nested at
 /// most [`MAX_DEPTH`] deep. The lists and maps of a [`JobSpec`] are bounded while they are
 /// decoded ([`de::MAX_ARGS`], [`de::MAX_INPUTS`], [`de::MAX_ENV`]), so a body decodes to at
 /// most its own size plus a fixed amount, whoever wrote it.
 ///
 /// # Errors
-/// [`DecodeError::NotAMap`] when the bytes do not start with a map; [`DecodeError::Malformed`] if the bytes are not MessagePack or lack a required field, or a
+/// [`DecodeError::NotAMap`] when the bytes do not start with a map;
+/// [`DecodeError::KeyNotAString`] when a map key is not a string; [`DecodeError::Malformed`] if the bytes are not MessagePack or lack a required field, or a
 /// field has the wrong type or an unknown enum value (the message names the field or value).
 pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     if !is_map(bytes) {
         return Err(DecodeError::NotAMap);
+    }
+    if let Some(offset) = keys::first_non_string_key(bytes, MAX_DEPTH) {
+        return Err(DecodeError::KeyNotAString { offset });
     }
     Ok(from_slice(bytes)?)
 }
@@ -102,13 +116,14 @@ fn from_slice<'de, T: serde::Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, rm
 
 /// Reads only the `job_id` field of a message that may be malformed otherwise, so that a
 /// `rejected` result can still be written for it. Returns `None` when the body is not a map
-/// with a string `job_id` that passes [`validate::check_job_id`].
+/// with a string `job_id` that passes [`validate::check_job_id`], or has a map key that is not
+/// a string ([`decode`] refuses the same bodies, so the two never disagree on the id).
 pub fn peek_job_id(bytes: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct JobIdOnly {
         job_id: String,
     }
-    if !is_map(bytes) {
+    if !is_map(bytes) || keys::first_non_string_key(bytes, MAX_DEPTH).is_some() {
         return None;
     }
     let peeked: JobIdOnly = from_slice(bytes).ok()?;
@@ -139,6 +154,56 @@ mod tests {
         let map = encode(&spec).expect("encode");
         assert_eq!(peek_job_id(&map).as_deref(), Some("a-job"));
         assert_eq!(decode::<JobSpec>(&map).expect("decode").job_id, "a-job");
+    }
+
+    /// An integer key is taken by serde for a field's index: `{1: "x"}` would set `job_id`
+    /// of a whole `JobSpec` but not of the peek. The fuzz test's body (seed 42fdb49d1c490778)
+    /// had `schema_version` followed by the key 1: the worker dead-lettered it as having no
+    /// id, and its dead-letter consumer, decoding it whole, found one. Both now refuse it.
+    #[test]
+    fn an_integer_key_is_refused_by_decode_and_peek_alike() {
+        use rmpv::Value;
+        let body = Value::Map(vec![
+            ("schema_version".into(), 1.into()),
+            (Value::from(1), "job-from-an-index".into()),
+            ("sku".into(), "S".into()),
+            ("runtime".into(), "python".into()),
+            ("code".into(), "print(1)".into()),
+        ]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &body).expect("encode");
+        // The quirk this guards against: without the key check serde reads field 1.
+        let unchecked: JobSpec = from_slice(&bytes).expect("serde reads an index key");
+        assert_eq!(unchecked.job_id, "job-from-an-index");
+        // fixmap, "schema_version" (15 bytes), 1: the key 1 is at byte 17.
+        assert!(matches!(decode::<JobSpec>(&bytes), Err(DecodeError::KeyNotAString { offset: 17 })));
+        assert_eq!(peek_job_id(&bytes), None);
+    }
+
+    proptest::proptest! {
+        /// Whatever a body becomes by byte mutations, a whole decode and a peek agree on its
+        /// job id (the worker and its dead-letter consumer read ids each way).
+        #[test]
+        fn decode_and_peek_agree_on_the_job_id_of_any_mutated_body(
+            edits in proptest::collection::vec((0usize..400, 0u8..3, proptest::num::u8::ANY), 1..6),
+        ) {
+            let mut spec = JobSpec::new("c22953dd-66d1-4d46-ae6d-5aac8dee8156", Sku::S, Runtime::Python, "print(1)".to_owned());
+            spec.timeout = Some("60s".into());
+            spec.result_ttl = Some("10m".into());
+            let mut body = encode(&spec).expect("encode");
+            for (at, op, byte) in edits {
+                let at = at % body.len();
+                match op {
+                    0 => body[at] = byte,
+                    1 => body.truncate(at.max(1)),
+                    _ => body.insert(at, byte),
+                }
+            }
+            let whole = decode::<JobSpec>(&body).ok().map(|s| s.job_id).filter(|id| validate::check_job_id(id).is_ok());
+            if let Some(id) = whole {
+                proptest::prop_assert_eq!(peek_job_id(&body), Some(id));
+            }
+        }
     }
 
     /// A client in another language sees plain maps with string keys and string enums.
