@@ -1,5 +1,7 @@
 //! The MCP server: its tools (run code, sessions, files, jobs), a session's files as
-//! resources, and progress while code runs.
+//! resources, progress while code runs, and `run_code` as an MCP task (SEP-2663) for a client
+//! that declares the extension: the task id is the job id and the task's state is the job's, so
+//! nothing is kept here.
 //!
 //! Arguments that do not match a tool's schema (unknown fields, wrong types) or its limits are
 //! tool error results naming the problem (rmcp's rule, and MCP's for input validation); an
@@ -14,12 +16,14 @@ use futures::StreamExt as _;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Extensions, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents,
-    ResourceTemplate, ServerCapabilities, ServerConfig,
+    CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult, DetailedTask, Extensions, GetTaskParams,
+    GetTaskResult, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams, ProgressNotificationParam,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate, ServerCapabilities,
+    ServerConfig, Task, TaskPayload,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
+use sandq_schemas::{JobResult, JobStatus};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -45,6 +49,11 @@ const MAX_LISTED_SESSIONS: usize = 50;
 const QUEUE_ALLOWANCE: Duration = Duration::from_secs(120);
 /// Timeout of a job that names none (the queue's default).
 const DEFAULT_TIMEOUT_S: u64 = 60;
+/// How long the result of a `run_code` run as an MCP task is kept (its job's `result_ttl`),
+/// and so how long `tasks/get` finds it: the task's `ttlMs`.
+const TASK_RESULT_TTL: Duration = Duration::from_secs(3600);
+/// How often a client is asked to poll `tasks/get` (`pollIntervalMs`).
+const TASK_POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Where the API key of a tool call comes from.
 #[derive(Clone)]
@@ -275,6 +284,58 @@ async fn progress(rest: Rest, job_id: String, token: rmcp::model::ProgressToken,
     }
 }
 
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// An ISO 8601 (RFC 3339, UTC, milliseconds) time of `ms` since the Unix epoch, as MCP task
+/// times are written.
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// A job as an MCP task (SEP-2663): queued or running is `working` (the status its message),
+/// `cancelled` is `cancelled`, any other end is `completed` with `run_code`'s result (an
+/// `isError` one for a failed program, as the extension counts tool errors). Times are the
+/// job's: created when queued, updated at its last change.
+async fn job_task(rest: &Rest, result: &JobResult, limits: &Limits) -> DetailedTask {
+    let created = result.queued_at_ms.or(result.started_at_ms).unwrap_or_else(now_ms);
+    let updated = result.finished_at_ms.or(result.started_at_ms).unwrap_or(created);
+    let mut task = Task::new(result.job_id.clone(), rmcp::model::TaskStatus::Working, rfc3339(created), rfc3339(updated))
+        .with_ttl_ms(TASK_RESULT_TTL.as_millis() as u64)
+        .with_poll_interval_ms(TASK_POLL_INTERVAL.as_millis() as u64);
+    let payload = match result.status {
+        JobStatus::Queued | JobStatus::Running => {
+            task = task.with_status_message(result.status.to_string());
+            TaskPayload::Working
+        }
+        JobStatus::Cancelled => {
+            task = task.with_status_message("the job was cancelled");
+            TaskPayload::Cancelled
+        }
+        _ => {
+            let call = content::job_result(rest, result, limits).await;
+            let result = match serde_json::to_value(call) {
+                Ok(Value::Object(map)) => map,
+                _ => serde_json::Map::new(),
+            };
+            TaskPayload::Completed { result }
+        }
+    };
+    DetailedTask::new(task, payload)
+}
+
+/// A task id that names no job of the key: JSON-RPC invalid params (the extension's error for
+/// an unknown task).
+fn no_task(id: &str, e: &RestError) -> ErrorData {
+    if e.is_not_found() || e.is_bad_request() {
+        ErrorData::invalid_params(format!("no task {id} for this key"), None)
+    } else {
+        ErrorData::internal_error(e.to_string(), None)
+    }
+}
+
 #[tool_router]
 impl Sandq {
     /// Runs a program in a fresh sandbox and returns what it printed and displayed.
@@ -285,12 +346,15 @@ impl Sandq {
         &self,
         Parameters(args): Parameters<RunCodeArgs>,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
         if args.code.len() > MAX_CODE_BYTES {
-            return Ok(bad_arguments(format!("code is {} bytes; at most {MAX_CODE_BYTES}", args.code.len())));
+            return Ok(bad_arguments(format!("code is {} bytes; at most {MAX_CODE_BYTES}", args.code.len())).into());
         }
         let rest = self.rest(&context.extensions)?;
         let timeout = args.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+        // A client that declared MCP Tasks (SEP-2663) gets the job as a task at once: the task
+        // id is the job id, tasks/get reads the job, tasks/cancel cancels it.
+        let as_task = context.client_capabilities().is_some_and(|c| c.supports_tasks());
         let mut job = json!({
             "job_id": uuid::Uuid::new_v4().to_string(),
             "runtime": match args.language { Language::Python => "python", Language::Javascript => "node" },
@@ -305,11 +369,22 @@ impl Sandq {
         if let Some(session) = &args.session {
             job["session"] = json!(session);
         }
+        if as_task {
+            job["result_ttl"] = json!(format!("{}s", TASK_RESULT_TTL.as_secs()));
+        }
         let submitted = match rest.submit(&job).await {
             Ok(r) => r,
-            Err(e) => return refused(e),
+            Err(e) => return refused(e).map(Into::into),
         };
         let job_id = submitted.job_id;
+        if as_task {
+            let now = rfc3339(now_ms());
+            let task = Task::new(job_id, rmcp::model::TaskStatus::Working, now.clone(), now)
+                .with_status_message("queued")
+                .with_ttl_ms(TASK_RESULT_TTL.as_millis() as u64)
+                .with_poll_interval_ms(TASK_POLL_INTERVAL.as_millis() as u64);
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
+        }
         let watcher = context
             .meta
             .get_progress_token()
@@ -334,8 +409,8 @@ impl Sandq {
             watcher.abort();
         }
         match outcome {
-            Ok(result) => Ok(content::job_result(&rest, &result, &self.limits).await),
-            Err(e) => refused(e),
+            Ok(result) => Ok(content::job_result(&rest, &result, &self.limits).await.into()),
+            Err(e) => refused(e).map(Into::into),
         }
     }
 
@@ -524,11 +599,23 @@ fn file_content(session: &str, path: &str, bytes: &[u8], limits: &Limits) -> Vec
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Sandq {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().build()).with_instructions(
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().enable_tasks().build()).with_instructions(
             "sandq runs code in isolated sandboxes. Use run_code to execute Python or JavaScript; create a session first \
              when the work spans several steps (variables and files persist in it), upload the user's files into it with \
              upload_file, and read what the code wrote with list_files and read_file. Charts come back as images.",
         )
+    }
+
+    async fn get_task(&self, request: GetTaskParams, context: RequestContext<RoleServer>) -> Result<GetTaskResult, ErrorData> {
+        let rest = self.rest(&context.extensions)?;
+        let result = rest.job(&request.task_id, None).await.map_err(|e| no_task(&request.task_id, &e))?;
+        Ok(GetTaskResult::new(job_task(&rest, &result, &self.limits).await))
+    }
+
+    async fn cancel_task(&self, request: CancelTaskParams, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        let rest = self.rest(&context.extensions)?;
+        // Cooperative, as the extension asks: a job already over stays as it ended.
+        rest.cancel(&request.task_id).await.map(|_| ()).map_err(|e| no_task(&request.task_id, &e))
     }
 
     async fn list_resources(

@@ -259,3 +259,140 @@ def test_malformed_unknown_and_oversized_requests_get_json_rpc_errors_and_the_se
     text = good.text if good.text.startswith("{") else next(l[5:] for l in good.text.splitlines() if l.startswith("data:"))
     result = json.loads(text)["result"]
     assert "stdout:\n42\n" in "\n".join(c.get("text", "") for c in result["content"])
+
+
+# MCP Tasks (SEP-2663, the `io.modelcontextprotocol/tasks` extension of the 2026-07-28 protocol):
+# a client that declares it gets run_code as a task whose id is the job id. The official SDK
+# carries no tasks client; this is one on its extension API (a result claim for
+# `resultType: "task"` and the extension's `tasks/get` and `tasks/cancel` requests).
+from typing import Any, Literal
+
+import mcp_types
+from mcp import Client
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.shared.exceptions import MCPError
+
+TASKS = "io.modelcontextprotocol/tasks"
+
+
+class TaskHandle(mcp_types.Result):
+    result_type: Literal["task"]
+    task_id: str
+    status: str
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None = None
+    poll_interval_ms: int | None = None
+
+
+class TaskIdParams(mcp_types.RequestParams):
+    task_id: str
+
+
+class GetTask(mcp_types.Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param = "taskId"
+
+
+class CancelTask(mcp_types.Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"
+
+
+class TaskState(mcp_types.Result):
+    result_type: str | None = None
+    task_id: str
+    status: str
+    status_message: str | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class AnyResult(mcp_types.Result):
+    result_type: str | None = None
+
+
+class Tasks(ClientExtension):
+    """Resolves a task by polling tasks/get at the server's interval; `cancel_after` polls in
+    working state, it sends tasks/cancel first. Records every handle and state it saw."""
+    identifier = TASKS
+
+    def __init__(self, cancel_after: int | None = None):
+        self.cancel_after = cancel_after
+        self.handles: list[TaskHandle] = []
+        self.states: list[TaskState] = []
+
+    def claims(self):
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
+
+    async def resolve(self, handle: TaskHandle, ctx: ClaimContext) -> mcp_types.CallToolResult:
+        self.handles.append(handle)
+        working = 0
+        for _ in range(1200):
+            state = await ctx.session.send_request(GetTask(params=TaskIdParams(task_id=handle.task_id)), TaskState)
+            self.states.append(state)
+            if state.status in ("completed", "failed", "cancelled"):
+                break
+            working += 1
+            if self.cancel_after is not None and working == self.cancel_after:
+                await ctx.session.send_request(CancelTask(params=TaskIdParams(task_id=handle.task_id)), AnyResult)
+            await asyncio.sleep((handle.poll_interval_ms or 500) / 1000)
+        if state.status == "completed":
+            return mcp_types.CallToolResult.model_validate(state.result)
+        return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=f"task {state.status}")], is_error=True)
+
+
+@contextlib.asynccontextmanager
+async def task_client(transport: str, url: str, key: str, tasks: Tasks) -> AsyncIterator[Client]:
+    if transport == "http":
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=httpx2.Timeout(120.0)) as http:
+            async with Client(streamable_http_client(f"{url}/mcp", http_client=http), extensions=[tasks]) as client:
+                yield client
+    else:
+        params = StdioServerParameters(command=str(binary("sandq")), args=["mcp"],
+                                       env={**os.environ, "SANDQ_URL": url, "SANDQ_API_KEY": key, "RUST_LOG": "warn"})
+        async with Client(params, extensions=[tasks]) as client:
+            yield client
+
+
+async def test_a_client_declaring_tasks_gets_run_code_as_a_task_named_by_its_job_id(connect, gateway_url):
+    tasks = Tasks()
+    code = "import time\nprint('working', flush=True)\ntime.sleep(2)\n6 * 7\n"
+    async with task_client(connect.transport, gateway_url, connect.key, tasks) as client:
+        assert client.session.protocol_version == "2026-07-28"
+        result = await client.call_tool("run_code", {"code": code})
+        [handle] = tasks.handles
+        # The task id is the job's: get_job (no tasks involved) reads the same job.
+        job = await client.call_tool("get_job", {"job_id": handle.task_id})
+    assert not result.is_error, texts(result)
+    assert "stdout:\nworking\n" in texts(result)
+    assert "42" in texts(result)
+    assert f"job {handle.task_id}: succeeded" in texts(job)
+    assert handle.status == "working" and handle.ttl_ms == 3_600_000 and handle.poll_interval_ms == 500
+    # Polled while the job ran (2 s at most every 0.5 s), then completed once.
+    statuses = [s.status for s in tasks.states]
+    assert statuses.count("working") >= 2, statuses
+    assert statuses[-1] == "completed" and statuses.count("completed") == 1, statuses
+    assert {s.status_message for s in tasks.states if s.status == "working"} <= {"queued", "running"}
+
+
+async def test_a_task_is_cancelled_with_its_job_and_an_unknown_or_strangers_task_is_an_error(connect, gateway_url):
+    tasks = Tasks(cancel_after=2)
+    code = "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+    async with task_client(connect.transport, gateway_url, connect.key, tasks) as client:
+        result = await client.call_tool("run_code", {"code": code, "timeout": 120})
+        [handle] = tasks.handles
+        job = await client.call_tool("get_job", {"job_id": handle.task_id})
+        with pytest.raises(MCPError):
+            await client.session.send_request(GetTask(params=TaskIdParams(task_id=str(uuid.uuid4()))), TaskState)
+    assert result.is_error and texts(result) == "task cancelled"
+    assert tasks.states[-1].status == "cancelled"
+    assert f"job {handle.task_id}: cancelled" in texts(job)
+    # Another tenant cannot read or cancel the task.
+    stranger = new_key(f"mcp{uuid.uuid4().hex[:10]}")
+    async with task_client(connect.transport, gateway_url, stranger, Tasks()) as theirs:
+        for request in (GetTask(params=TaskIdParams(task_id=handle.task_id)), CancelTask(params=TaskIdParams(task_id=handle.task_id))):
+            with pytest.raises(MCPError) as refused:
+                await theirs.session.send_request(request, TaskState if isinstance(request, GetTask) else AnyResult)
+            assert "no task" in str(refused.value), refused.value
