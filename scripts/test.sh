@@ -50,6 +50,17 @@ if [ ! -f "$sdk_venv/.complete" ]; then
 fi
 "$sdk_venv/bin/python3" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./clients/python
 rm -rf clients/python/build clients/python/sandq.egg-info
+# E2B's SDK and the runner of its test suite (tests/e2b, run by clients/python/tests/test_e2b.py):
+# a virtualenv of their own, cached by tests/e2b/requirements.txt and the interpreter.
+e2b_venv_key=$( (cat tests/e2b/requirements.txt; python3 -c 'import sys; print(sys.executable, sys.version)') | sha256sum | cut -c1-16)
+e2b_venv=${SANDQ_CACHE:-/var/cache/sandq}/e2b-$e2b_venv_key
+if [ ! -f "$e2b_venv/.complete" ]; then
+  rm -rf "$e2b_venv"
+  python3 -m venv "$e2b_venv"
+  "$e2b_venv/bin/python3" -m pip install --quiet --disable-pip-version-check -r tests/e2b/requirements.txt
+  touch "$e2b_venv/.complete"
+fi
+export SANDQ_E2B_PYTHON="$e2b_venv/bin/python3"
 # The Node.js SDK (clients/node): Node.js 20 or later, the locked packages, compiled by tsc
 # (npm ci runs the package's `prepare`).
 if ! command -v npm >/dev/null; then

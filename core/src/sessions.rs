@@ -54,9 +54,44 @@ pub struct Manifest {
     /// worker's `packages` module), as one tar archive stored as a blob like the files.
     #[serde(default)]
     pub packages: Option<FileEntry>,
+    /// The notebook states of named contexts (`JobSpec::context`: E2B's contexts), each with
+    /// its own cells' count, beside the session's default one (`state`, `execution_count`).
+    /// At most [`MAX_CONTEXTS`]: the least recently used is dropped for a new one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contexts: BTreeMap<String, ContextState>,
+}
+
+/// Named contexts a session keeps at most (each may hold a state of `max_state_bytes`).
+pub const MAX_CONTEXTS: usize = 16;
+
+/// One named context's notebook state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextState {
+    /// Its state (as [`Manifest::state`]).
+    #[serde(default)]
+    pub state: Option<FileEntry>,
+    /// Its cells so far.
+    #[serde(default)]
+    pub execution_count: u64,
+    /// When a cell of it last ran, Unix epoch milliseconds.
+    #[serde(default)]
+    pub used_at_ms: u64,
 }
 
 impl Manifest {
+    /// The notebook state and cell count of `context` (`None`: the session's default).
+    pub fn context(&self, context: Option<&str>) -> (Option<&FileEntry>, u64) {
+        match context {
+            None => (self.state.as_ref(), self.execution_count),
+            Some(name) => self.contexts.get(name).map_or((None, 0), |c| (c.state.as_ref(), c.execution_count)),
+        }
+    }
+
+    /// Every notebook state it refers to (the default one and each context's).
+    pub fn states(&self) -> impl Iterator<Item = &FileEntry> {
+        self.state.iter().chain(self.contexts.values().filter_map(|c| c.state.as_ref()))
+    }
+
     /// Total bytes of the files.
     pub fn bytes(&self) -> u64 {
         self.files.values().map(|f| f.size).sum()

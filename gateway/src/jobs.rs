@@ -86,6 +86,15 @@ pub struct SubmitJob {
     /// must be one of the key's `webhook_hosts`.
     #[serde(default)]
     pub callback_url: Option<String>,
+    /// `e2b`: run as E2B's code interpreter would (working directory `/home/user`, the same
+    /// directory as `/work`; `Image.save` displays): docs/e2b.md.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub compat: Option<sandq_schemas::Compat>,
+    /// A named notebook state within `session` (E2B's contexts): its own variables and cell
+    /// count, the session's files (docs/protocol.md "Sessions").
+    #[serde(default)]
+    pub context: Option<String>,
 }
 
 /// One input of a job: an uploaded file and where it goes.
@@ -129,6 +138,8 @@ pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<(JobS
     spec.network = request.network.unwrap_or_default();
     spec.mode = request.mode;
     spec.deadline_ms = request.deadline_ms;
+    spec.compat = request.compat;
+    spec.context = request.context;
     // Sizes are filled in from the tenant's records by `submit` (0 until then).
     for input in request.inputs {
         if !crate::files::is_file_id(&input.file_id) {

@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod e2b;
 pub mod files;
 pub mod jobs;
 pub mod mcp;
@@ -177,7 +178,7 @@ impl Drop for StreamPermit {
 /// call the other routes in-process: [`mcp`]).
 pub fn router(gateway: Arc<Gateway>) -> Router {
     let api = rest(gateway.clone());
-    api.clone().merge(mcp::service(gateway, api))
+    api.clone().merge(mcp::service(gateway.clone(), api.clone())).merge(e2b::service(gateway, api))
 }
 
 /// The REST routes, with the metrics and audit layer.

@@ -43,6 +43,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(sandq_gateway::webhooks::dispatch(gateway.clone()));
     tracing::info!(addr = %listener.local_addr()?, "serving the API");
     let (stop, shutdown) = tokio::sync::watch::channel(false);
+    tokio::spawn(sandq_gateway::e2b::reap(gateway.clone(), shutdown.clone()));
     if args.exit_on_stdin_eof {
         let stop = stop.clone();
         std::thread::spawn(move || {

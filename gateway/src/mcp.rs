@@ -25,9 +25,31 @@ use crate::auth::Caller;
 use crate::problem::Problem;
 use crate::Gateway;
 
-/// REST calls of the MCP tools, answered by the gateway's own router (no network hop).
-struct InProcess {
+/// REST calls of the MCP tools (and of [`crate::e2b`]), answered by the gateway's own router
+/// (no network hop).
+pub(crate) struct InProcess {
     api: Router,
+}
+
+impl InProcess {
+    /// Calls answered by `api`.
+    pub(crate) fn new(api: Router) -> Self {
+        InProcess { api }
+    }
+}
+
+/// The client that reads presigned URLs for the in-process REST client: redirects off, 60 s.
+pub(crate) fn fetch_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap_or_default()
+}
+
+/// The key of a request's `Authorization: Bearer` (or `X-Api-Key`) header.
+pub(crate) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<String> {
+    sandq_mcp::server::bearer(headers)
 }
 
 impl Transport for InProcess {
@@ -45,11 +67,7 @@ impl Transport for InProcess {
 /// The `/mcp` service: the key check, the body bound, then rmcp's streamable HTTP server whose
 /// tools call `api` (the REST routes, with their state).
 pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
-    let fetch = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(60))
-        .build()
-        .unwrap_or_default();
+    let fetch = fetch_client();
     let server = sandq_mcp::Sandq::new(Arc::new(InProcess { api }), KeySource::Bearer, fetch);
     let mut config = StreamableHttpServerConfig::default();
     config.legacy_session_mode = false;

@@ -27,7 +27,7 @@ use crate::problem::Problem;
 use crate::Gateway;
 
 /// The tenant's sessions.
-fn tenant_sessions_key(gateway: &Gateway, tenant: &str) -> String {
+pub(crate) fn tenant_sessions_key(gateway: &Gateway, tenant: &str) -> String {
     format!("{}:tenant:{{{tenant}}}:sessions", gateway.names.namespace())
 }
 

@@ -438,6 +438,15 @@ function main() {
     exit(2);
   }
   const filename = path.resolve(script);
+  // A job for another service's programs (`compat`) runs in its working directory (the same
+  // directory as /work; docs/e2b.md).
+  if (process.env.SANDQ_WORKDIR) {
+    try {
+      process.chdir(process.env.SANDQ_WORKDIR);
+    } catch {
+      // stays in /work
+    }
+  }
   const outputs = new Outputs(process.env.SANDQ_OUTPUTS || null, outputLimit());
   let code;
   try {

@@ -72,6 +72,27 @@ pub struct JobSpec {
     /// session's name can use its files: choose unguessable names (a UUID). `None`: no session.
     #[serde(default, deserialize_with = "decode::session")]
     pub session: Option<String>,
+    /// What another code-execution service's programs expect of the sandbox, for the
+    /// gateway's compatibility layers: `e2b` makes `/home/user` (the same directory as `/work`)
+    /// the working directory and has PIL's `Image.save` display the image, as E2B's code
+    /// interpreter does (docs/e2b.md). `None` (left out of the encoding): sandq's own.
+    #[serde(default, deserialize_with = "decode::compat", skip_serializing_if = "Option::is_none")]
+    pub compat: Option<Compat>,
+    /// A named notebook state within the session (E2B's contexts): a notebook cell restores
+    /// and saves that context's variables and counts its own cells, sharing the session's
+    /// files; 1 to 64 of `[A-Za-z0-9_.-]`, only with `session`. A session keeps at most 16
+    /// contexts, the least recently used dropped first. `None` (left out of the encoding): the
+    /// session's own state.
+    #[serde(default, deserialize_with = "decode::context", skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+}
+
+/// A compatibility profile (`JobSpec::compat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compat {
+    /// E2B's code interpreter: working directory `/home/user`, `Image.save` displays.
+    E2b,
 }
 
 /// How a program runs (`JobSpec::mode`).
@@ -109,6 +130,8 @@ impl JobSpec {
             deadline_ms: None,
             mode: None,
             session: None,
+            compat: None,
+            context: None,
         }
     }
 
@@ -232,7 +255,7 @@ pub mod decode {
     use serde::Deserializer;
 
     use crate::de::{args_list, bytes, env_map, fields, inputs_list, int, nil_default, opt_int, plain};
-    use crate::{InputFile, NetworkMode, RunMode, Runtime, Sku};
+    use crate::{Compat, InputFile, NetworkMode, RunMode, Runtime, Sku};
 
     fields! {
         schema_version => "schema_version": u32 = int;
@@ -252,6 +275,8 @@ pub mod decode {
         deadline_ms => "deadline_ms": Option<u64> = opt_int;
         mode => "mode": Option<RunMode> = plain;
         session => "session": Option<String> = plain;
+        compat => "compat": Option<Compat> = plain;
+        context => "context": Option<String> = plain;
     }
 }
 

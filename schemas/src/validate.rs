@@ -197,6 +197,15 @@ pub enum ValidationError {
         /// The name as sent.
         name: String,
     },
+    /// The context name is not 1 to 64 of `[A-Za-z0-9_.-]` (or starts with `.`), or the job
+    /// names a context but no session.
+    #[error("context {name:?}: {reason}")]
+    Context {
+        /// The name as sent.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// Environment variables the sandbox sets itself; a job cannot override them. Besides these,
@@ -404,6 +413,15 @@ impl JobSpec {
         if let Some(session) = &self.session {
             check_session_name(session)?;
         }
+        if let Some(context) = &self.context {
+            let name: String = context.chars().take(100).collect();
+            if check_session_name(context).is_err() {
+                return Err(ValidationError::Context { name, reason: "not 1 to 64 of [A-Za-z0-9_.-] not starting with '.'" });
+            }
+            if self.session.is_none() {
+                return Err(ValidationError::Context { name, reason: "a context is a session's: name the session too" });
+            }
+        }
         if self.network == NetworkMode::Outbound && !limits.outbound_network {
             return Err(ValidationError::Network { mode: self.network });
         }
@@ -450,6 +468,14 @@ mod tests {
             j.session = Some(name.to_owned());
             assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::Session { .. })), "{name:?}");
         }
+        // A context is a session's, with a session name's characters.
+        let mut j = job();
+        j.context = Some("c1".to_owned());
+        assert!(matches!(j.clone().validate(&Limits::default()), Err(ValidationError::Context { .. })));
+        j.session = Some("s".to_owned());
+        assert!(j.clone().validate(&Limits::default()).is_ok());
+        j.context = Some("a/b".to_owned());
+        assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::Context { .. })));
         // Both runtimes have both modes; notebook is the default of each.
         for runtime in [Runtime::Python, Runtime::Node] {
             let mut j = job();

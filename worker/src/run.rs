@@ -147,6 +147,12 @@ pub(crate) fn environment(
             env.push(format!("SANDQ_STATE_MEMORY_LIMIT={}", limits.memory_bytes));
         }
     }
+    if job.spec.compat == Some(sandq_schemas::Compat::E2b) {
+        // E2B's code interpreter runs in /home/user (bound to the same directory as /work in
+        // every sandbox) and displays an image `Image.save` writes (docs/e2b.md).
+        env.push("SANDQ_WORKDIR=/home/user".to_owned());
+        env.push("SANDQ_PIL_SAVE_DISPLAYS=1".to_owned());
+    }
     env.extend(job.spec.env.iter().map(|(k, v)| format!("{k}={v}")));
     env
 }

@@ -86,6 +86,33 @@ class DisplayViewer:
         return 1
 
 
+def displaying_image_save():
+    """E2B's interpreter displays an image that `Image.save` writes to a path (its startup
+    script `0003_images.py`); a job with `compat: e2b` (SANDQ_PIL_SAVE_DISPLAYS) gets the
+    same. The image is still saved; saving to a file object displays nothing, as there."""
+    try:
+        from PIL import Image
+    except Exception:
+        return
+    save = Image.Image.save
+    if getattr(save, "_sandq", False):
+        return
+    import functools
+
+    @functools.wraps(save)
+    def save_and_display(self, fp, *args, **kwargs):
+        if isinstance(fp, (str, os.PathLike)):
+            try:
+                from IPython.display import display
+                display(self)
+            except Exception:
+                pass
+        return save(self, fp, *args, **kwargs)
+
+    save_and_display._sandq = True
+    Image.Image.save = save_and_display
+
+
 def _after_image_show(module):
     """Registers DisplayViewer first (`PIL.ImageShow.register`, order -1)."""
     register = getattr(module, "register", None)

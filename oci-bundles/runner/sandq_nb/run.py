@@ -116,6 +116,18 @@ def main():
 
     args = _warm._wait_for_handover() if warm else sys.argv[2:]
     sys.argv = [script_arg] + args
+    # A job for another service's programs (`compat`): its working directory (the same
+    # directory as /work) and PIL's saving images displayed (docs/e2b.md).
+    workdir = os.environ.get("SANDQ_WORKDIR")
+    if workdir:
+        try:
+            script_arg = os.path.abspath(script_arg)
+            os.chdir(workdir)
+        except OSError:
+            pass
+    if os.environ.get("SANDQ_PIL_SAVE_DISPLAYS"):
+        from .imports import displaying_image_save
+        displaying_image_save()
 
     try:
         with open(script_arg, "rb") as f:

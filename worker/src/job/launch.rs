@@ -62,11 +62,13 @@ pub(super) async fn launch(
     let notebook = job.spec.run_mode() == RunMode::Notebook;
     // The state is Python's (pickles); a Node.js cell neither reads nor changes it.
     let python_cell = notebook && job.spec.runtime == Runtime::Python;
-    let state = opened.filter(|_| python_cell).and_then(|o| o.state(ctx));
+    // A context (JobSpec::context) has a state and a cell count of its own in the session.
+    let context = job.spec.context.as_deref();
+    let state = opened.filter(|_| python_cell).and_then(|o| o.state(ctx, context));
     // The packages a job of the session installed (crate::packages), for /sandq/packages.
     let packages = opened.and_then(|o| o.packages(ctx));
     let cell = Cell {
-        execution_count: opened.map_or(0, |o| o.manifest.execution_count) + 1,
+        execution_count: opened.map_or(0, |o| o.manifest.context(context).1) + 1,
         save_state: (python_cell && opened.is_some()).then_some((settings.sessions.max_state_bytes, settings.sessions.max_state_save)),
         restore_state: state.is_some(),
     };

@@ -132,7 +132,8 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
     process.user_mut().set_gid(job.gid);
     spec.root_mut().as_mut().ok_or(SpecError::Missing("root"))?.set_path(job.rootfs.to_path_buf());
     for mount in spec.mounts_mut().as_mut().ok_or(SpecError::Missing("mounts"))? {
-        if mount.destination() == Path::new("/work") {
+        // /home/user is /work again, for programs written for E2B's sandboxes (docs/e2b.md).
+        if mount.destination() == Path::new("/work") || mount.destination() == Path::new("/home/user") {
             mount.set_source(Some(job.work_dir.to_path_buf()));
         } else if mount.destination() == Path::new("/sandq") {
             mount.set_source(Some(job.src_dir.to_path_buf()));

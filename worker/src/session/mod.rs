@@ -45,9 +45,10 @@ pub(crate) struct Opened {
 }
 
 impl Opened {
-    /// The notebook state to restore (the previous notebook job's), if there is one.
-    pub(crate) fn state(&self, ctx: &Context) -> Option<Restore> {
-        self.manifest.state.as_ref().map(|f| Restore {
+    /// The notebook state to restore (the previous notebook job's of `context`, `None` the
+    /// session's default), if there is one.
+    pub(crate) fn state(&self, ctx: &Context, context: Option<&str>) -> Option<Restore> {
+        self.manifest.context(context).0.map(|f| Restore {
             path: crate::layout::STATE_IN.to_owned(),
             key: ctx.settings.names.session_blob_key(&self.name, &f.sha256),
             size: f.size,
@@ -309,12 +310,13 @@ pub(crate) async fn save(
         .manifest
         .files
         .values()
-        .chain(opened.manifest.state.as_ref())
+        .chain(opened.manifest.states())
         .chain(opened.manifest.packages.as_ref())
         .map(|f| f.sha256.as_str())
         .collect();
     let mut new_blobs = BTreeSet::new();
-    let mut state_entry = opened.manifest.state.clone();
+    let context = job.spec.context.as_deref();
+    let mut state_entry = opened.manifest.context(context).0.cloned();
     let mut state_report = None;
     if let Some(left) = state {
         if let Some((mut file, sha256, size)) = left.file {
@@ -329,7 +331,30 @@ pub(crate) async fn save(
         }
         state_report = Some(left.report);
     }
-    if let Some(entry) = &state_entry {
+    // The cell's context gets the new state and count; the other contexts keep theirs (the
+    // least recently used one dropped when a new one would pass MAX_CONTEXTS).
+    let now = now_ms();
+    let mut default_state = opened.manifest.state.clone();
+    let mut default_count = opened.manifest.execution_count;
+    let mut contexts = opened.manifest.contexts.clone();
+    match context {
+        None => {
+            default_state = state_entry;
+            default_count = cell.unwrap_or(default_count);
+        }
+        Some(name) => {
+            if !contexts.contains_key(name) && contexts.len() >= sessions::MAX_CONTEXTS {
+                if let Some(oldest) = contexts.iter().min_by_key(|(_, c)| c.used_at_ms).map(|(n, _)| n.clone()) {
+                    contexts.remove(&oldest);
+                }
+            }
+            let slot = contexts.entry(name.to_owned()).or_default();
+            slot.state = state_entry;
+            slot.execution_count = cell.unwrap_or(slot.execution_count);
+            slot.used_at_ms = now;
+        }
+    }
+    for entry in default_state.iter().chain(contexts.values().filter_map(|c| c.state.as_ref())) {
         new_blobs.insert(entry.sha256.clone());
     }
     let packages_entry = match packages {
@@ -369,16 +394,16 @@ pub(crate) async fn save(
         manifest_files.insert(file.path.clone(), FileEntry { sha256: file.sha256.clone(), size: file.size });
     }
     let deleted = opened.manifest.files.keys().filter(|p| !manifest_files.contains_key(*p)).count() as u64;
-    let now = now_ms();
     let manifest = Manifest {
         files: manifest_files,
         created_at_ms: if opened.fresh { now } else { opened.manifest.created_at_ms },
         updated_at_ms: now,
         expires_at_ms: now + settings.sessions.idle_timeout.as_millis() as u64,
         last_job_id: job.spec.job_id.clone(),
-        state: state_entry,
+        state: default_state,
         packages: packages_entry,
-        execution_count: cell.unwrap_or(opened.manifest.execution_count),
+        execution_count: default_count,
+        contexts,
     };
     let mut redis = ctx.redis.clone();
     // Fencing, as far as a lease goes: a job that lost the session (its lease ran out and
