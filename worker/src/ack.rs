@@ -127,6 +127,11 @@ pub(crate) async fn next_delivery(
     shutdown: &mut watch::Receiver<bool>,
     cancelled: &'static str,
 ) -> Result<Option<lapin::message::Delivery>, lapin::Error> {
+    // Already shutting down: `changed()` would wait for a change after this one (a caller that
+    // saw the change, in a backoff's select, would then wait for a delivery that never comes).
+    if *shutdown.borrow() {
+        return Ok(None);
+    }
     let delivery = tokio::select! {
         next = consumer.next() => next,
         _ = shutdown.changed() => return Ok(None),

@@ -126,8 +126,10 @@ async fn serve(ctx: &Context, shutdown: watch::Receiver<bool>, next: &mut usize)
         }
     }
     if outcome.is_ok() {
-        let _ = connection.close(200, "worker shutting down".into()).await;
+        // Bounded: a broker that does not answer the close must not hold the worker's exit.
+        let _ = tokio::time::timeout(Duration::from_secs(5), connection.close(200, "worker shutting down".into())).await;
     }
+    info!("consumers stopped");
     outcome
 }
 
@@ -208,9 +210,21 @@ async fn slot_loop(
         if *shutdown.borrow() {
             // Stop this consumer before settling, so that a requeued job is not handed straight
             // back to a worker that is going away.
-            let _ = channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()))
+                .await;
         }
-        if let Err(e) = ack::settle(&delivery.acker, disposition).await {
+        // While shutting down the settlement is bounded: a channel the broker is closing must
+        // not hold the worker's exit (an unsent ack is a redelivery, which finds the job's
+        // terminal result and does not run it again).
+        let settled = if *shutdown.borrow() {
+            tokio::time::timeout(Duration::from_secs(10), ack::settle(&delivery.acker, disposition)).await.unwrap_or_else(|_| {
+                warn!(?disposition, "settling a delivery took over 10 s while shutting down; the broker will redeliver it");
+                Ok(())
+            })
+        } else {
+            ack::settle(&delivery.acker, disposition).await
+        };
+        if let Err(e) = settled {
             warn!(error = %e, ?disposition, "cannot settle delivery; the broker will redeliver it");
             return Err(e);
         }

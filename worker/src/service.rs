@@ -106,6 +106,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     );
     crate::consume::run(ctx.clone(), rx).await;
     ctx.warm.drain().await;
+    info!("warm sandboxes removed");
     // The states' copies are only worth keeping while this worker runs its sessions' cells.
     let _ = std::fs::remove_dir_all(&ctx.settings.sessions.state_cache.0);
     info!("worker stopped");

@@ -267,7 +267,7 @@ async fn consumers(connection: &Connection, queue: &str) -> Option<u32> {
     let passive = QueueDeclareOptions { passive: true, ..Default::default() };
     let declared = channel.queue_declare(queue.into(), passive, FieldTable::default()).await;
     if channel.status().connected() {
-        let _ = channel.close(200, "consumer count read".into()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "consumer count read".into())).await;
     }
     match declared {
         Ok(queue) => Some(queue.consumer_count()),
