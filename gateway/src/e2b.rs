@@ -658,8 +658,8 @@ async fn create_context(
         Err(r) => return *r,
     };
     let language = language_name(new.language.as_deref());
-    if !matches!(language.as_str(), "python" | "javascript" | "bash") {
-        return (StatusCode::BAD_REQUEST, format!("language {language:?} is not supported by sandq (python, javascript, bash)"))
+    if !matches!(language.as_str(), "python" | "javascript" | "typescript" | "bash") {
+        return (StatusCode::BAD_REQUEST, format!("language {language:?} is not supported by sandq (python, javascript, typescript, bash)"))
             .into_response();
     }
     if record.contexts.len() >= MAX_CONTEXTS + 2 {
@@ -746,10 +746,10 @@ fn cell(execution: &Execution, record: &Record) -> Result<(&'static str, String,
     };
     match language.as_str() {
         "python" => Ok(("python", execution.code.clone(), slot)),
-        "javascript" => Ok(("node", execution.code.clone(), slot)),
+        "javascript" | "typescript" => Ok(("node", execution.code.clone(), slot)),
         "bash" => Ok(("python", format!("%%bash\n{}", execution.code), slot)),
         other => Err(Box::new(
-            (StatusCode::BAD_REQUEST, format!("language {other:?} is not supported by sandq (python, javascript, bash)")).into_response(),
+            (StatusCode::BAD_REQUEST, format!("language {other:?} is not supported by sandq (python, javascript, typescript, bash)")).into_response(),
         )),
     }
 }
@@ -790,6 +790,10 @@ async fn execute(
         Ok(c) => c,
         Err(r) => return *r,
     };
+    let typescript = match &execution.context_id {
+        Some(id) => record.contexts.iter().any(|c| &c.id == id && c.language == "typescript"),
+        None => language_name(execution.language.as_deref()) == "typescript",
+    };
     let Some(rest) = e2b.rest(&headers) else { return e2b_error(StatusCode::UNAUTHORIZED, "invalid API key") };
     let mut env = record.envs.clone();
     env.extend(execution.env_vars.clone().unwrap_or_default());
@@ -810,6 +814,9 @@ async fn execute(
     });
     if let Some(slot) = slot {
         job["context"] = json!(slot);
+    }
+    if typescript {
+        job["dialect"] = json!("typescript");
     }
     if let Err(e) = rest.submit(&job).await {
         return match e {
@@ -833,23 +840,21 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
     let events = rest.events(&job_id).await;
     let mut ticker = tokio::time::interval(KEEPALIVE);
     ticker.tick().await;
+    // Whole lines, as a kernel's stream messages carry them: a `print` of an unbuffered
+    // program arrives as its text and then its newline, two chunks apart.
+    let mut lines = [Lines::new("stdout"), Lines::new("stderr")];
     if let Ok(events) = events {
         let mut events = std::pin::pin!(events);
         loop {
+            let mut out = Vec::new();
             tokio::select! {
                 event = events.next() => match event {
                     Some(Ok(event)) => match event.kind.as_str() {
                         "stdout" | "stderr" => {
                             let text = event.data.get("text").and_then(Value::as_str).unwrap_or_default();
-                            if text.is_empty() {
-                                continue;
-                            }
-                            printed = true;
-                            let l = json!({"type": event.kind, "text": text, "timestamp": rfc3339(now_ms())});
-                            if tx.send(line(&l)).await.is_err() {
-                                let _ = rest.cancel(&job_id).await;
-                                return;
-                            }
+                            printed |= !text.is_empty();
+                            let stream = usize::from(event.kind == "stderr");
+                            out.extend(lines[stream].push(text));
                         }
                         "end" => break,
                         _ => {}
@@ -864,16 +869,29 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
                         let _ = tx.send(Err(std::io::Error::other("the sandbox is gone"))).await;
                         return;
                     }
-                    if tx.send(line(&json!({"type": "keepalive"}))).await.is_err() {
-                        let _ = rest.cancel(&job_id).await;
-                        return;
+                    // A partial line waiting since the tick before goes out as it is (a
+                    // progress bar, a prompt).
+                    for l in &mut lines {
+                        out.extend(l.tick());
                     }
+                    out.push(json!({"type": "keepalive"}));
                 }
                 () = tx.closed() => {
                     let _ = rest.cancel(&job_id).await;
                     return;
                 }
             }
+            for l in out {
+                if tx.send(line(&l)).await.is_err() {
+                    let _ = rest.cancel(&job_id).await;
+                    return;
+                }
+            }
+        }
+    }
+    for l in lines.iter_mut().filter_map(Lines::flush) {
+        if tx.send(line(&l)).await.is_err() {
+            return;
         }
     }
     // The result: wait for it (the end event comes just before it is readable).
@@ -905,6 +923,48 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
         if tx.send(Ok(l)).await.is_err() {
             return;
         }
+    }
+}
+
+/// One stream's text on its way to NDJSON lines: whole lines go out as they complete, a
+/// partial one after a keepalive tick has passed over it, or at the end.
+struct Lines {
+    kind: &'static str,
+    partial: String,
+    ticks: u8,
+}
+
+impl Lines {
+    fn new(kind: &'static str) -> Self {
+        Lines { kind, partial: String::new(), ticks: 0 }
+    }
+
+    fn message(&self, text: String) -> Value {
+        json!({"type": self.kind, "text": text, "timestamp": rfc3339(now_ms())})
+    }
+
+    /// The complete lines `text` finishes, as one message.
+    fn push(&mut self, text: &str) -> Option<Value> {
+        self.partial.push_str(text);
+        let end = self.partial.rfind('\n')? + 1;
+        let rest = self.partial.split_off(end);
+        let whole = std::mem::replace(&mut self.partial, rest);
+        self.ticks = 0;
+        Some(self.message(whole))
+    }
+
+    /// The partial line, once it has waited a whole tick.
+    fn tick(&mut self) -> Option<Value> {
+        if self.partial.is_empty() {
+            return None;
+        }
+        self.ticks += 1;
+        (self.ticks >= 2).then(|| self.flush()).flatten()
+    }
+
+    fn flush(&mut self) -> Option<Value> {
+        self.ticks = 0;
+        (!self.partial.is_empty()).then(|| std::mem::take(&mut self.partial)).map(|t| self.message(t))
     }
 }
 
@@ -1058,6 +1118,20 @@ mod tests {
         });
         assert_eq!(columns(&table), Some(json!({"a": [1, 2], "b": ["x", "y"]})));
         assert_eq!(columns(&json!({"data": []})), None);
+    }
+
+    #[test]
+    fn streams_go_out_as_whole_lines_and_a_partial_one_after_a_tick() {
+        let mut lines = Lines::new("stdout");
+        assert_eq!(lines.push("1"), None);
+        let out = lines.push("\n2\n3").expect("a line");
+        assert_eq!(out["text"], "1\n2\n");
+        assert_eq!(out["type"], "stdout");
+        assert_eq!(lines.tick(), None, "waits one tick");
+        assert_eq!(lines.tick().expect("then goes")["text"], "3");
+        assert_eq!(lines.flush(), None);
+        lines.push("tail");
+        assert_eq!(lines.flush().expect("at the end")["text"], "tail");
     }
 
     #[test]

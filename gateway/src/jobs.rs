@@ -95,6 +95,11 @@ pub struct SubmitJob {
     /// count, the session's files (docs/protocol.md "Sessions").
     #[serde(default)]
     pub context: Option<String>,
+    /// `typescript` (with runtime `node`, notebook mode): the code's types are stripped before
+    /// it runs.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub dialect: Option<sandq_schemas::Dialect>,
 }
 
 /// One input of a job: an uploaded file and where it goes.
@@ -140,6 +145,7 @@ pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<(JobS
     spec.deadline_ms = request.deadline_ms;
     spec.compat = request.compat;
     spec.context = request.context;
+    spec.dialect = request.dialect;
     // Sizes are filled in from the tenant's records by `submit` (0 until then).
     for input in request.inputs {
         if !crate::files::is_file_id(&input.file_id) {

@@ -205,6 +205,18 @@ function loadAcorn() {
   return null;
 }
 
+/** The TypeScript compiler of the image (Debian's node-typescript), or null. */
+function loadTypeScript() {
+  for (const dir of ['/usr/share/nodejs', '/usr/lib/nodejs', '/usr/local/lib/node_modules']) {
+    try {
+      return require(path.join(dir, 'typescript'));
+    } catch {
+      // next
+    }
+  }
+  return null;
+}
+
 const ACORN_OPTIONS = {
   ecmaVersion: 'latest',
   sourceType: 'script',
@@ -460,6 +472,20 @@ function main() {
   if (code.charCodeAt(0) === 0xfeff) code = code.slice(1);
   // A hashbang is only valid at the very start of a script: make it a comment.
   if (code.startsWith('#!')) code = `//${code.slice(2)}`;
+  // TypeScript (a job's `dialect`): its types stripped by the image's TypeScript compiler
+  // (Debian's node-typescript), one file on its own, the JavaScript kept line for line.
+  if (process.env.SANDQ_TYPESCRIPT) {
+    const ts = loadTypeScript();
+    if (ts === null) {
+      process.stderr.write('TypeScript is not in this image (node-typescript)\n');
+      outputs.write({ output_type: 'error', ename: 'Error', evalue: 'TypeScript is not in this image', traceback: [] });
+      exit(1);
+    }
+    code = ts.transpileModule(code, {
+      compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext, removeComments: false, isolatedModules: true },
+      reportDiagnostics: false,
+    }).outputText.replace(/\n?export \{\};?\s*$/, '\n');
+  }
   const lines = code.split(/\r\n|\r|\n|\u2028|\u2029/);
 
   // The user's code sees plain `node script args...`.

@@ -85,6 +85,19 @@ pub struct JobSpec {
     /// session's own state.
     #[serde(default, deserialize_with = "decode::context", skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// The language of `code` when it is not the runtime's own: `typescript` (Node.js,
+    /// notebook mode only) has its types stripped (TypeScript's `transpileModule`, one file on
+    /// its own) before it runs. `None` (left out of the encoding): the runtime's language.
+    #[serde(default, deserialize_with = "decode::dialect", skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<Dialect>,
+}
+
+/// A language a runtime runs by translation (`JobSpec::dialect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dialect {
+    /// TypeScript on Node.js: the types are stripped.
+    Typescript,
 }
 
 /// A compatibility profile (`JobSpec::compat`).
@@ -132,6 +145,7 @@ impl JobSpec {
             session: None,
             compat: None,
             context: None,
+            dialect: None,
         }
     }
 
@@ -255,7 +269,7 @@ pub mod decode {
     use serde::Deserializer;
 
     use crate::de::{args_list, bytes, env_map, fields, inputs_list, int, nil_default, opt_int, plain};
-    use crate::{Compat, InputFile, NetworkMode, RunMode, Runtime, Sku};
+    use crate::{Compat, Dialect, InputFile, NetworkMode, RunMode, Runtime, Sku};
 
     fields! {
         schema_version => "schema_version": u32 = int;
@@ -277,6 +291,7 @@ pub mod decode {
         session => "session": Option<String> = plain;
         compat => "compat": Option<Compat> = plain;
         context => "context": Option<String> = plain;
+        dialect => "dialect": Option<Dialect> = plain;
     }
 }
 

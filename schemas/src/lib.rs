@@ -21,7 +21,7 @@ pub mod protocol;
 pub mod result;
 pub mod validate;
 
-pub use job::{Compat, InputFile, JobSpec, NetworkMode, RunMode, Runtime, Sku};
+pub use job::{Compat, Dialect, InputFile, JobSpec, NetworkMode, RunMode, Runtime, Sku};
 pub use result::{
     Artifact, CapturedOutput, ErrorInfo, ImageSize, JobResult, JobStatus, MimeValue, Output, OutputType, ResourceUsage, SandboxStart,
     SessionInfo, SessionState, SkippedArtifact, TableShape, UnsavedVariable,

@@ -197,6 +197,9 @@ pub enum ValidationError {
         /// The name as sent.
         name: String,
     },
+    /// TypeScript (`dialect`) on another runtime than Node.js, or in script mode.
+    #[error("dialect typescript needs runtime node in notebook mode")]
+    Dialect,
     /// The context name is not 1 to 64 of `[A-Za-z0-9_.-]` (or starts with `.`), or the job
     /// names a context but no session.
     #[error("context {name:?}: {reason}")]
@@ -412,6 +415,9 @@ impl JobSpec {
         }
         if let Some(session) = &self.session {
             check_session_name(session)?;
+        }
+        if self.dialect == Some(crate::Dialect::Typescript) && (self.runtime != crate::Runtime::Node || self.run_mode() != crate::RunMode::Notebook) {
+            return Err(ValidationError::Dialect);
         }
         if let Some(context) = &self.context {
             let name: String = context.chars().take(100).collect();

@@ -147,6 +147,10 @@ pub(crate) fn environment(
             env.push(format!("SANDQ_STATE_MEMORY_LIMIT={}", limits.memory_bytes));
         }
     }
+    if job.spec.dialect == Some(sandq_schemas::Dialect::Typescript) {
+        // The Node.js runner strips the cell's types first (validated: node, notebook mode).
+        env.push("SANDQ_TYPESCRIPT=1".to_owned());
+    }
     if job.spec.compat == Some(sandq_schemas::Compat::E2b) {
         // E2B's code interpreter runs in /home/user (bound to the same directory as /work in
         // every sandbox) and displays an image `Image.save` writes (docs/e2b.md).

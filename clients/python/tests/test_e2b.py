@@ -36,13 +36,8 @@ NOT_APPLICABLE = {
        for name in ("test_restart_after_jupyter_kill", "test_restart_after_code_interpreter_kill")},
 }
 
-# Tests that apply but do not pass yet, each with what they need (docs/e2b.md "Not yet").
-NOT_YET = {
-    **{f"tests/{kind}/{file}::test_cwd_typescript": "TypeScript (type stripping; the image's Node.js 20 has none)"
-       for kind, file in (("sync", "test_cwd.py"), ("async", "test_async_cwd.py"))},
-    "tests/sync/test_default_kernels.py::test_ts_kernel": "TypeScript (type stripping; the image's Node.js 20 has none)",
-    "tests/async/test_async_default_kernels.py::test_ts_kernel": "TypeScript (type stripping; the image's Node.js 20 has none)",
-}
+# Tests that apply but do not pass yet, each with what they need (none: docs/e2b.md).
+NOT_YET: dict[str, str] = {}
 
 
 def outcomes(junit: Path) -> dict[str, str]:
@@ -65,9 +60,10 @@ def outcomes(junit: Path) -> dict[str, str]:
 def run_suite(python: str, env: dict[str, str], args: list[str], junit: Path) -> dict[str, str]:
     command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1", *args]
     done = subprocess.run(command, cwd=SUITE, env=env, capture_output=True, text=True, timeout=1800)
-    sys.stdout.write(done.stdout[-20000:])
-    sys.stderr.write(done.stderr[-5000:])
-    assert junit.exists(), f"E2B's suite did not run ({done.returncode}):\n{done.stdout[-5000:]}\n{done.stderr[-5000:]}"
+    # Prefixed: the suite's own closing line must not count in scripts/test.sh's tally.
+    sys.stdout.write("".join(f"e2b| {line}\n" for line in done.stdout[-20000:].splitlines()))
+    sys.stderr.write("".join(f"e2b| {line}\n" for line in done.stderr[-5000:].splitlines()))
+    assert junit.exists(), f"E2B's suite did not run ({done.returncode})"
     return outcomes(junit)
 
 
