@@ -659,7 +659,10 @@ async fn create_context(
     };
     let language = language_name(new.language.as_deref());
     if !matches!(language.as_str(), "python" | "javascript" | "typescript" | "bash") {
-        return (StatusCode::BAD_REQUEST, format!("language {language:?} is not supported by sandq (python, javascript, typescript, bash)"))
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("language {language:?} is not supported by sandq (python, javascript, typescript, bash)"),
+        )
             .into_response();
     }
     if record.contexts.len() >= MAX_CONTEXTS + 2 {
@@ -749,7 +752,8 @@ fn cell(execution: &Execution, record: &Record) -> Result<(&'static str, String,
         "javascript" | "typescript" => Ok(("node", execution.code.clone(), slot)),
         "bash" => Ok(("python", format!("%%bash\n{}", execution.code), slot)),
         other => Err(Box::new(
-            (StatusCode::BAD_REQUEST, format!("language {other:?} is not supported by sandq (python, javascript, typescript, bash)")).into_response(),
+            (StatusCode::BAD_REQUEST, format!("language {other:?} is not supported by sandq (python, javascript, typescript, bash)"))
+                .into_response(),
         )),
     }
 }

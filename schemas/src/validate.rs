@@ -416,7 +416,9 @@ impl JobSpec {
         if let Some(session) = &self.session {
             check_session_name(session)?;
         }
-        if self.dialect == Some(crate::Dialect::Typescript) && (self.runtime != crate::Runtime::Node || self.run_mode() != crate::RunMode::Notebook) {
+        if self.dialect == Some(crate::Dialect::Typescript)
+            && (self.runtime != crate::Runtime::Node || self.run_mode() != crate::RunMode::Notebook)
+        {
             return Err(ValidationError::Dialect);
         }
         if let Some(context) = &self.context {
