@@ -61,6 +61,15 @@ const KEEPALIVE: Duration = Duration::from_secs(1);
 const MAX_BINARY_BYTES: usize = 16 << 20;
 /// Largest `/execute` or control-plane body.
 const MAX_BODY_BYTES: usize = 2 << 20;
+/// A sandbox's `metadata` and `envVars` each: at most this many entries, of this many bytes in
+/// all (the record is read again every second while a cell runs).
+const MAX_MAP_ENTRIES: usize = 64;
+const MAX_MAP_BYTES: usize = 64 << 10;
+/// Longest context `cwd`, bytes.
+const MAX_CWD_BYTES: usize = 4096;
+/// Most binary bytes (images, PDFs) one cell's results carry, in all: past it a representation
+/// is left out (the cell's outputs are in the REST API's result).
+const MAX_CELL_BINARY_BYTES: usize = 64 << 20;
 
 /// A sandbox as the gateway keeps it (`<ns>:e2b:{<id>}`, JSON, expiring at `end_ms`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -102,8 +111,15 @@ fn default_contexts() -> Vec<CodeContext> {
         .collect()
 }
 
-/// Contexts a sandbox has at most (the session keeps 16 states besides its default one).
+/// Contexts with a state of their own a sandbox has at most: the session keeps 16 named
+/// states besides its default one, least recently used dropped first, so a deleted or
+/// restarted context's old state (never used again) goes before a live one.
 const MAX_CONTEXTS: usize = 16;
+
+/// The sandbox's contexts with a state of their own.
+fn slotted(record: &Record) -> usize {
+    record.contexts.iter().filter(|c| c.slot.is_some()).count()
+}
 
 /// A language as E2B's interpreter names it: none is python, `js` is javascript, `ts`
 /// typescript, `sh` bash.
@@ -201,9 +217,15 @@ impl E2b {
     }
 
     async fn record(&self, id: &str) -> Option<Record> {
+        self.lookup(id).await.ok().flatten()
+    }
+
+    /// The record of `id`: `Ok(None)` when there is none (killed, expired, never made), `Err`
+    /// when Redis did not answer (a running cell must not be cancelled for that).
+    async fn lookup(&self, id: &str) -> redis::RedisResult<Option<Record>> {
         let mut redis = self.gateway.redis.clone();
-        let raw: Option<String> = redis.get(record_key(&self.gateway, id)).await.ok()?;
-        raw.and_then(|r| serde_json::from_str(&r).ok())
+        let raw: Option<String> = redis.get(record_key(&self.gateway, id)).await?;
+        Ok(raw.and_then(|r| serde_json::from_str(&r).ok()))
     }
 
     /// The caller's live sandbox `id`: 404 (E2B's "not found") for one that is gone, unknown or
@@ -215,14 +237,35 @@ impl E2b {
         }
     }
 
-    /// Writes `record`, expiring at its end, and indexes it.
-    async fn store(&self, record: &Record) -> redis::RedisResult<()> {
+    /// Writes `record`, expiring at its end, and indexes it. An update (`create` false) writes
+    /// only over a record that still exists (`SET XX`): a sandbox killed meanwhile stays gone.
+    /// False when it was gone. Two updates at once may lose one's change (the record is read,
+    /// changed and written whole; a client's calls on one sandbox come one at a time).
+    async fn store(&self, record: &Record, create: bool) -> redis::RedisResult<bool> {
         let mut redis = self.gateway.redis.clone();
-        let ttl = record.end_ms.saturating_sub(now_ms()).max(1);
+        let now = now_ms();
+        let ttl = record.end_ms.saturating_sub(now).max(1);
         let json = serde_json::to_string(record).unwrap_or_default();
-        let () = redis.pset_ex(record_key(&self.gateway, &record.id), json, ttl).await?;
-        let () = redis.zadd(tenant_key(&self.gateway, &record.tenant), &record.id, record.end_ms).await?;
-        redis.zadd(due_key(&self.gateway), format!("{}/{}", record.tenant, record.id), record.end_ms).await
+        let mut set = redis::cmd("SET");
+        set.arg(record_key(&self.gateway, &record.id)).arg(json).arg("PX").arg(ttl).arg(if create { "NX" } else { "XX" });
+        let written: Option<String> = set.query_async(&mut redis).await?;
+        if written.is_none() {
+            return Ok(false);
+        }
+        let tenant = tenant_key(&self.gateway, &record.tenant);
+        let () = redis.zadd(&tenant, &record.id, record.end_ms).await?;
+        let () = redis.zrembyscore(&tenant, 0, now).await?;
+        let () = redis.zadd(due_key(&self.gateway), format!("{}/{}", record.tenant, record.id), record.end_ms).await?;
+        Ok(true)
+    }
+
+    /// [`Self::store`] for a handler: 404 when the sandbox is gone, 503 when Redis failed.
+    async fn update(&self, record: &Record) -> Result<(), Refused> {
+        match self.store(record, false).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Box::new(e2b_error(StatusCode::NOT_FOUND, format!("sandbox {} not found", record.id)))),
+            Err(_) => Err(Box::new(e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now"))),
+        }
     }
 }
 
@@ -332,9 +375,11 @@ fn clamp_timeout(seconds: Option<u64>) -> u64 {
     seconds.unwrap_or(DEFAULT_TIMEOUT_S).clamp(1, MAX_TIMEOUT_S)
 }
 
-async fn body_json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Refused> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+async fn body_json<T: serde::de::DeserializeOwned>(body: Body, within: Duration) -> Result<T, Refused> {
+    // Within the gateway's `read_timeout`, as every other body: a slow client holds no slot.
+    let bytes = tokio::time::timeout(within, axum::body::to_bytes(body, MAX_BODY_BYTES))
         .await
+        .map_err(|_| Box::new(e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly")))?
         .map_err(|_| Box::new(e2b_error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is over {MAX_BODY_BYTES} bytes"))))?;
     let bytes = if bytes.is_empty() { bytes::Bytes::from_static(b"{}") } else { bytes };
     serde_json::from_slice(&bytes).map_err(|e| Box::new(e2b_error(StatusCode::BAD_REQUEST, format!("invalid body: {e}"))))
@@ -351,10 +396,21 @@ async fn create(
         Ok(c) => c,
         Err(r) => return *r,
     };
-    let new: NewSandbox = match body_json(body).await {
+    let new: NewSandbox = match body_json(body, e2b.gateway.settings.read_timeout).await {
         Ok(n) => n,
         Err(r) => return *r,
     };
+    let metadata = new.metadata.unwrap_or_default();
+    let envs = new.env_vars.unwrap_or_default();
+    for (what, map) in [("metadata", &metadata), ("envVars", &envs)] {
+        let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if map.len() > MAX_MAP_ENTRIES || bytes > MAX_MAP_BYTES {
+            return e2b_error(
+                StatusCode::BAD_REQUEST,
+                format!("{what}: at most {MAX_MAP_ENTRIES} entries of {MAX_MAP_BYTES} bytes in all"),
+            );
+        }
+    }
     let Some(rest) = e2b.rest(&headers) else { return e2b_error(StatusCode::UNAUTHORIZED, "invalid API key") };
     // A DNS label and a session name: "i" and 128 random bits in hex.
     let id = format!("i{}", uuid::Uuid::new_v4().simple());
@@ -370,12 +426,14 @@ async fn create(
         template,
         started_ms,
         end_ms: started_ms + clamp_timeout(new.timeout) * 1000,
-        metadata: new.metadata.unwrap_or_default(),
-        envs: new.env_vars.unwrap_or_default(),
+        metadata,
+        envs,
         contexts: default_contexts(),
     };
-    if let Err(e) = e2b.store(&record).await {
-        tracing::warn!(error = %e, "cannot store an E2B sandbox");
+    if !matches!(e2b.store(&record, true).await, Ok(true)) {
+        tracing::warn!(sandbox = %record.id, "cannot store an E2B sandbox");
+        // The session made for it must not hold one of the tenant's `max_sessions`.
+        let _ = rest.delete_session(&record.id).await;
         return e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now");
     }
     let key = crate::mcp::bearer_of(&headers).unwrap_or_default();
@@ -466,7 +524,7 @@ async fn set_timeout(
         Ok(c) => c,
         Err(r) => return *r,
     };
-    let body: TimeoutBody = match body_json(body).await {
+    let body: TimeoutBody = match body_json(body, e2b.gateway.settings.read_timeout).await {
         Ok(b) => b,
         Err(r) => return *r,
     };
@@ -475,9 +533,9 @@ async fn set_timeout(
         Err(r) => return *r,
     };
     record.end_ms = now_ms() + clamp_timeout(body.timeout) * 1000;
-    match e2b.store(&record).await {
+    match e2b.update(&record).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(_) => e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now"),
+        Err(r) => *r,
     }
 }
 
@@ -493,7 +551,7 @@ async fn connect(
         Ok(c) => c,
         Err(r) => return *r,
     };
-    let body: TimeoutBody = match body_json(body).await {
+    let body: TimeoutBody = match body_json(body, e2b.gateway.settings.read_timeout).await {
         Ok(b) => b,
         Err(r) => return *r,
     };
@@ -502,8 +560,8 @@ async fn connect(
         Err(r) => return *r,
     };
     record.end_ms = record.end_ms.max(now_ms() + clamp_timeout(body.timeout) * 1000);
-    if e2b.store(&record).await.is_err() {
-        return e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now");
+    if let Err(r) = e2b.update(&record).await {
+        return *r;
     }
     let key = crate::mcp::bearer_of(&headers).unwrap_or_default();
     Json(sandbox_json(&record, &key, &domain_of(&headers))).into_response()
@@ -528,7 +586,9 @@ async fn kill(
     let mut redis = e2b.gateway.redis.clone();
     let _: redis::RedisResult<()> = redis.del(record_key(&e2b.gateway, &id)).await;
     let _: redis::RedisResult<()> = redis.zrem(tenant_key(&e2b.gateway, &record.tenant), &id).await;
-    let _: redis::RedisResult<()> = redis.zrem(due_key(&e2b.gateway), format!("{}/{id}", record.tenant)).await;
+    // Due now: the reaper deletes the session too, again until it can, should the delete
+    // below fail.
+    let _: redis::RedisResult<()> = redis.zadd(due_key(&e2b.gateway), format!("{}/{id}", record.tenant), now_ms()).await;
     let job: Option<String> = redis.get(job_key(&e2b.gateway, &id)).await.unwrap_or(None);
     if let Some(rest) = e2b.rest(&headers) {
         // The session is locked while its cell runs: cancel the cell, then delete the session
@@ -653,7 +713,7 @@ async fn create_context(
         Ok(r) => r,
         Err(r) => return *r,
     };
-    let new: NewContext = match body_json(body).await {
+    let new: NewContext = match body_json(body, e2b.gateway.settings.read_timeout).await {
         Ok(n) => n,
         Err(r) => return *r,
     };
@@ -665,14 +725,19 @@ async fn create_context(
         )
             .into_response();
     }
-    if record.contexts.len() >= MAX_CONTEXTS + 2 {
-        return (StatusCode::BAD_REQUEST, format!("a sandbox has at most {MAX_CONTEXTS} contexts of its own")).into_response();
+    if slotted(&record) >= MAX_CONTEXTS {
+        return (StatusCode::BAD_REQUEST, format!("a sandbox has at most {MAX_CONTEXTS} contexts with states of their own"))
+            .into_response();
+    }
+    let cwd = new.cwd.unwrap_or_else(|| "/home/user".to_owned());
+    if cwd.len() > MAX_CWD_BYTES {
+        return (StatusCode::BAD_REQUEST, format!("cwd is over {MAX_CWD_BYTES} bytes")).into_response();
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let context = CodeContext { slot: Some(id.clone()), id, language, cwd: new.cwd.unwrap_or_else(|| "/home/user".to_owned()) };
+    let context = CodeContext { slot: Some(id.clone()), id, language, cwd };
     record.contexts.push(context.clone());
-    if e2b.store(&record).await.is_err() {
-        return e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now");
+    if let Err(r) = e2b.update(&record).await {
+        return *r;
     }
     Json(context_json(&context)).into_response()
 }
@@ -694,9 +759,9 @@ async fn delete_context(
     if record.contexts.len() == before {
         return (StatusCode::NOT_FOUND, format!("Context {context} not found")).into_response();
     }
-    match e2b.store(&record).await {
+    match e2b.update(&record).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(_) => e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now"),
+        Err(r) => *r,
     }
 }
 
@@ -712,13 +777,19 @@ async fn restart_context(
         Ok(r) => r,
         Err(r) => return *r,
     };
+    let full = slotted(&record) >= MAX_CONTEXTS;
     let Some(found) = record.contexts.iter_mut().find(|c| c.id == context) else {
         return (StatusCode::NOT_FOUND, format!("Context {context} not found")).into_response();
     };
+    // A default context restarted gets a state of its own: within the cap too.
+    if found.slot.is_none() && full {
+        return (StatusCode::BAD_REQUEST, format!("a sandbox has at most {MAX_CONTEXTS} contexts with states of their own"))
+            .into_response();
+    }
     found.slot = Some(format!("{}.{}", found.id, &uuid::Uuid::new_v4().simple().to_string()[..12]));
-    match e2b.store(&record).await {
+    match e2b.update(&record).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(_) => e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now"),
+        Err(r) => *r,
     }
 }
 
@@ -745,7 +816,13 @@ fn cell(execution: &Execution, record: &Record) -> Result<(&'static str, String,
             Some(c) => (c.language.clone(), c.slot.clone()),
             None => return Err(Box::new((StatusCode::NOT_FOUND, format!("Context {id} not found")).into_response())),
         },
-        None => (language_name(execution.language.as_deref()), None),
+        None => {
+            // The language's default context: restarted, it has a state of its own.
+            let language = language_name(execution.language.as_deref());
+            let default = if matches!(language.as_str(), "javascript" | "typescript") { "javascript" } else { "python" };
+            let slot = record.contexts.iter().find(|c| c.id == default).and_then(|c| c.slot.clone());
+            (language, slot)
+        }
     };
     match language.as_str() {
         "python" => Ok(("python", execution.code.clone(), slot)),
@@ -786,7 +863,7 @@ async fn execute(
         Ok(r) => r,
         Err(_) => return e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running")),
     };
-    let execution: Execution = match body_json(body).await {
+    let execution: Execution = match body_json(body, e2b.gateway.settings.read_timeout).await {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -866,7 +943,13 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
                     _ => break,
                 },
                 _ = ticker.tick() => {
-                    if e2b.record(&sandbox).await.is_none_or(|r| r.end_ms <= now_ms()) {
+                    // Gone (killed, expired): not a Redis that did not answer this once.
+                    let gone = match e2b.lookup(&sandbox).await {
+                        Ok(None) => true,
+                        Ok(Some(r)) => r.end_ms <= now_ms(),
+                        Err(_) => false,
+                    };
+                    if gone {
                         // Killed or expired: the job is cancelled (by the kill, or here) and
                         // the stream broken off.
                         let _ = rest.cancel(&job_id).await;
@@ -919,7 +1002,7 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
             return;
         }
     };
-    if result.status == JobStatus::Cancelled || e2b.record(&sandbox).await.is_none() {
+    if result.status == JobStatus::Cancelled || matches!(e2b.lookup(&sandbox).await, Ok(None)) {
         let _ = tx.send(Err(std::io::Error::other("the cell was cancelled"))).await;
         return;
     }
@@ -991,6 +1074,7 @@ async fn result_lines(rest: &Rest, result: &JobResult, printed: bool, _fetch: &r
     if let Some(count) = result.execution_count {
         push(json!({"type": "number_of_executions", "execution_count": count}));
     }
+    let mut binary_left = MAX_CELL_BINARY_BYTES;
     for output in &result.outputs {
         if output.output_type == OutputType::Error {
             continue;
@@ -1002,14 +1086,17 @@ async fn result_lines(rest: &Rest, result: &JobResult, printed: bool, _fetch: &r
         for (mime, value) in &output.data {
             let text = match (&value.text, &value.artifact) {
                 (Some(t), _) => Some(t.clone()),
-                (None, Some(a)) => rest.output(&result.job_id, &a.path, MAX_BINARY_BYTES).await.ok().map(|bytes| {
-                    if mime.starts_with("image/") && mime != "image/svg+xml" || mime == "application/pdf" {
-                        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
-                    } else {
-                        String::from_utf8_lossy(&bytes).into_owned()
-                    }
-                }),
-                (None, None) => None,
+                (None, Some(a)) if (a.size as usize) <= binary_left => {
+                    rest.output(&result.job_id, &a.path, MAX_BINARY_BYTES.min(binary_left)).await.ok().map(|bytes| {
+                        binary_left = binary_left.saturating_sub(bytes.len());
+                        if mime.starts_with("image/") && mime != "image/svg+xml" || mime == "application/pdf" {
+                            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
+                        } else {
+                            String::from_utf8_lossy(&bytes).into_owned()
+                        }
+                    })
+                }
+                _ => None,
             };
             let Some(text) = text else { continue };
             let (name, value) = match mime.as_str() {

@@ -105,3 +105,59 @@ def test_e2b_s_own_suite_passes_but_for_the_listed_tests(gateway_url: str):
     passed = sum(1 for o in final.values() if o == "passed")
     assert passed == len(selected) - len(NOT_YET), (passed, len(selected), len(NOT_YET))
     print(f"E2B suite: {passed} passed, {len(NOT_YET)} not yet, {len(NOT_APPLICABLE)} not applicable; run again: {again}")
+
+
+def test_the_e2b_layer_keeps_tenants_apart_bounds_what_it_keeps_and_a_killed_sandbox_stays_gone(gateway_url: str):
+    """The E2B routes by hand (httpx): another tenant's key finds nothing of a sandbox; the
+    sizes a sandbox keeps are bounded; restarting the default context empties the state a plain
+    run_code sees; contexts with states are capped at 16; a killed sandbox cannot be extended
+    back to life, and envd's /health says it is gone."""
+    import httpx
+    import json as _json
+
+    mine, theirs = (new_key(f"e2b{uuid.uuid4().hex[:10]}", "--jobs-per-minute", "600") for _ in range(2))
+    e2b = lambda key: {"X-API-Key": "e2b_" + key.encode().hex()}
+
+    def plane(key, sandbox, port=49999):
+        return {"X-Access-Token": "e2b_" + key.encode().hex(), "E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": str(port)}
+
+    def execute(http, key, sandbox, code, **extra):
+        lines = []
+        with http.stream("POST", "/execute", json={"code": code, **extra}, headers=plane(key, sandbox)) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line:
+                    lines.append(_json.loads(line))
+        assert lines[-1] == {"type": "end_of_execution"}, lines
+        return lines
+
+    with httpx.Client(base_url=gateway_url, timeout=120) as http:
+        created = http.post("/sandboxes", json={"templateID": "code-interpreter-v1", "timeout": 120}, headers=e2b(mine))
+        assert created.status_code == 201, created.text
+        sandbox = created.json()["sandboxID"]
+        # Another tenant: not found on the control plane, not running on the sandbox plane.
+        assert http.get(f"/sandboxes/{sandbox}", headers=e2b(theirs)).status_code == 404
+        assert http.delete(f"/sandboxes/{sandbox}", headers=e2b(theirs)).status_code == 404
+        assert http.post(f"/sandboxes/{sandbox}/timeout", json={"timeout": 600}, headers=e2b(theirs)).status_code == 404
+        assert http.post("/execute", json={"code": "1"}, headers=plane(theirs, sandbox)).status_code == 502
+        assert http.get("/contexts", headers=plane(theirs, sandbox)).status_code == 502
+        assert all(s["sandboxID"] != sandbox for s in http.get("/sandboxes", headers=e2b(theirs)).json())
+        assert any(s["sandboxID"] == sandbox for s in http.get("/sandboxes", headers=e2b(mine)).json())
+        # Bounded: 65 metadata entries are refused.
+        big = http.post("/sandboxes", json={"metadata": {f"k{i}": "v" for i in range(65)}}, headers=e2b(mine))
+        assert big.status_code == 400, big.text
+        # A restarted default context: the next plain cell starts empty.
+        execute(http, mine, sandbox, "x = 1")
+        assert any(l.get("text") == "1" for l in execute(http, mine, sandbox, "x") if l["type"] == "result")
+        assert http.post("/contexts/python/restart", headers=plane(mine, sandbox)).status_code == 204
+        errors = [l for l in execute(http, mine, sandbox, "x") if l["type"] == "error"]
+        assert [e["name"] for e in errors] == ["NameError"], errors
+        # 16 contexts with states of their own at most (the restarted default is one of them).
+        made = [http.post("/contexts", json={"language": "python"}, headers=plane(mine, sandbox)) for _ in range(16)]
+        assert [r.status_code for r in made] == [200] * 15 + [400], [r.text for r in made]
+        # Killed: gone for good.
+        assert http.delete(f"/sandboxes/{sandbox}", headers=e2b(mine)).status_code == 204
+        assert http.post(f"/sandboxes/{sandbox}/timeout", json={"timeout": 600}, headers=e2b(mine)).status_code == 404
+        assert http.post(f"/sandboxes/{sandbox}/connect", json={"timeout": 600}, headers=e2b(mine)).status_code == 404
+        assert http.get("/health", headers=plane(mine, sandbox, 49983)).status_code == 502
+        assert http.post("/contexts", json={}, headers=plane(mine, sandbox)).status_code == 502
