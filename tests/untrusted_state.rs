@@ -445,7 +445,18 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
             None,
         )
         .await
-        .map(|events| events.iter().any(|e| matches!(&e.kind, sandq_core::events::EventKind::Stdout(t) if t == "1\n")))
+        // The stream's stdout whole: an unbuffered `print` writes its text and its newline
+        // apart, and under load they land in two entries.
+        .map(|events| {
+            let stdout: String = events
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    sandq_core::events::EventKind::Stdout(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            stdout == "1\n"
+        })
         .map_err(|e| e.to_string());
         let listed = client.sessions(100).await.map(|l| l.len()).map_err(|e| e.to_string());
         let removed = client.remove_session(&session, Duration::from_secs(10)).await.expect("remove session");
