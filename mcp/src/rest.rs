@@ -351,19 +351,32 @@ impl Rest {
         self.redirected(&format!("/v1/jobs/{}/logs/{stream}", encode_path(id)), stream, max).await
     }
 
+    /// A session's file as it comes from storage (not read into memory), through its redirect.
+    ///
+    /// # Errors
+    /// 404; the transport's; storage's answer when not a success.
+    pub async fn file_stream(&self, name: &str, path: &str) -> Result<BodyStream, RestError> {
+        self.follow(&format!("/v1/sessions/{}/files/{}", encode_path(name), encode_path(path)), path).await
+    }
+
     /// The bytes behind a `307` of the gateway (a presigned URL), at most `max`.
     async fn redirected(&self, route: &str, what: &str, max: usize) -> Result<Vec<u8>, RestError> {
+        let body = self.follow(route, what).await?;
+        Ok(read_bounded(body, max, what).await?.to_vec())
+    }
+
+    /// The body behind a `307` of the gateway (a presigned URL), or the answer's own body.
+    async fn follow(&self, route: &str, what: &str) -> Result<BodyStream, RestError> {
         let reply = ok(self.send(Method::GET, route, None).await?).await?;
         let location = reply.headers.get(header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let Some(url) = location else {
-            return Ok(read_bounded(reply.body, max, what).await?.to_vec());
+            return Ok(reply.body);
         };
         let response = self.fetch.get(&url).send().await.map_err(|e| RestError::Transport(Box::new(e)))?;
         if !response.status().is_success() {
             return Err(RestError::Decode(format!("{what}: storage answered {}", response.status())));
         }
-        let body = response.bytes_stream().map_err(|e| Box::new(e) as BoxError).boxed();
-        Ok(read_bounded(body, max, what).await?.to_vec())
+        Ok(response.bytes_stream().map_err(|e| Box::new(e) as BoxError).boxed())
     }
 }
 

@@ -161,3 +161,27 @@ def test_the_e2b_layer_keeps_tenants_apart_bounds_what_it_keeps_and_a_killed_san
         assert http.post(f"/sandboxes/{sandbox}/connect", json={"timeout": 600}, headers=e2b(mine)).status_code == 404
         assert http.get("/health", headers=plane(mine, sandbox, 49983)).status_code == 502
         assert http.post("/contexts", json={}, headers=plane(mine, sandbox)).status_code == 502
+
+
+def test_e2b_s_sdk_reads_writes_and_lists_files_and_runs_commands(gateway_url: str):
+    """E2B's SDK unchanged: `sandbox.files` (write as multipart and octet-stream, read as text
+    and bytes, list, exists, get_info, not found, a path outside /home/user refused) and
+    `sandbox.commands.run` (output live, exit codes, env, cwd, quoting, a background command
+    killed), with a cell and a command seeing each other's files, and another tenant reaching
+    none of it (e2b_envd_driver.py, in the E2B suite's interpreter)."""
+    python = os.environ.get("SANDQ_E2B_PYTHON")
+    assert python, "SANDQ_E2B_PYTHON (the E2B suite's virtualenv python, made by scripts/test.sh) is not set"
+    mine, theirs = (new_key(f"e2b{uuid.uuid4().hex[:10]}", "--jobs-per-minute", "600") for _ in range(2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update({
+        "E2B_API_KEY": "e2b_" + mine.encode().hex(),
+        "E2B_API_URL": gateway_url,
+        "E2B_SANDBOX_URL": gateway_url,
+        "SANDQ_OTHER_KEY": "e2b_" + theirs.encode().hex(),
+    })
+    driver = Path(__file__).with_name("e2b_envd_driver.py")
+    done = subprocess.run([python, str(driver)], env=env, capture_output=True, text=True, timeout=900)
+    sys.stdout.write("".join(f"envd| {line}\n" for line in done.stdout.splitlines()))
+    assert done.returncode == 0, f"the driver failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    checks = [line for line in done.stdout.splitlines() if line.startswith("ok: ")]
+    assert len(checks) == 28, checks  # every check of the driver ran

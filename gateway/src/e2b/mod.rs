@@ -40,6 +40,9 @@ use serde_json::{json, Value};
 use crate::auth::Caller;
 use crate::Gateway;
 
+mod envd;
+mod process;
+
 /// envd's port (`ConnectionConfig.envd_port` in E2B's SDKs).
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port (`JUPYTER_PORT`).
@@ -197,6 +200,13 @@ pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
         .route("/contexts", get(contexts).post(create_context))
         .route("/contexts/{id}", delete(delete_context))
         .route("/contexts/{id}/restart", post(restart_context))
+        .route("/files", get(envd::read).post(envd::write))
+        .route("/filesystem.Filesystem/ListDir", post(envd::list_dir))
+        .route("/filesystem.Filesystem/Stat", post(envd::stat))
+        .route("/filesystem.Filesystem/{call}", post(envd::unimplemented))
+        .route("/process.Process/Start", post(process::start))
+        .route("/process.Process/SendSignal", post(process::send_signal))
+        .route("/process.Process/{call}", post(envd::unimplemented))
         .layer(axum::Extension(state))
         .layer(axum::middleware::from_fn(credential))
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::observe))
