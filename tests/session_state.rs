@@ -165,3 +165,43 @@ async fn a_state_saved_here_is_restored_from_the_workers_copy_else_from_s3() {
     world.delete_queues().await;
     let _ = std::fs::remove_dir_all(&cache);
 }
+
+/// The state a cell restores is read from a read-only directory on the host's disk
+/// (`/sandq/in`), not from a tmpfs the worker fills: a tmpfs page the worker writes is charged
+/// to the worker's memory, so a 40 MB state would have grown the worker by 40 MB a cell
+/// (issue 21). The restored value is the one saved (its digest, computed in the cell that made
+/// it), and the sandbox cannot write the file it restores from.
+#[tokio::test]
+async fn a_restored_state_comes_from_a_read_only_disk_file_not_a_tmpfs() {
+    let mut client = client().await;
+    let session = fresh_session();
+    let first = run(
+        &mut client,
+        &in_session("import hashlib, os\nblob = os.urandom(40_000_000)\nprint(hashlib.sha256(blob).hexdigest())", &session),
+    )
+    .await;
+    assert_eq!(first.status, JobStatus::Succeeded, "{first:?}");
+    assert!(state(&first).unsaved.is_empty(), "{:?}", state(&first));
+    let digest = first.stdout.text.trim().to_owned();
+    let probe = r#"
+import errno, hashlib, os
+path = os.environ["SANDQ_STATE_IN"]
+mount = next(l.split() for l in open("/proc/self/mountinfo") if l.split()[4] == os.path.dirname(path))
+fstype = mount[mount.index("-") + 1]
+try:
+    open(path, "ab").close()
+    write = "written"
+except OSError as e:
+    write = errno.errorcode[e.errno]
+print(hashlib.sha256(blob).hexdigest(), fstype, "ro" in mount[5].split(","), write, os.path.getsize(path) > 40_000_000)
+"#;
+    let second = run(&mut client, &in_session(probe, &session)).await;
+    assert_eq!(second.status, JobStatus::Succeeded, "{second:?}");
+    let fields: Vec<&str> = second.stdout.text.split_whitespace().collect();
+    assert_eq!(fields.len(), 5, "{second:?}");
+    assert_eq!(fields[0], digest, "the restored blob is the saved one");
+    assert_ne!(fields[1], "tmpfs", "the state is not on a tmpfs: {second:?}");
+    assert_eq!((fields[2], fields[4]), ("True", "True"), "a read-only mount holding the whole state: {second:?}");
+    // Not the sandbox's file (EACCES), on a read-only mount (EROFS) besides.
+    assert!(["EACCES", "EROFS"].contains(&fields[3]), "the sandbox cannot write it: {second:?}");
+}

@@ -15,9 +15,12 @@
 //!     .ca-certificates.crt       for an outbound job with `worker.extra_ca_certs`,
 //!                                bind-mounted over /etc/ssl/certs/ca-certificates.crt
 //!     out/                       the mount point of out/ below
+//!     in/                        the mount point of in/ below
 //!     packages/                  the mount point of disk/packages below
 //!   disk/                        the job's disk: its filesystem when the SKU has a quota
 //!     work/                      mounted read-write at /work, owned by the sandbox uid
+//!     in/                        0755 root, mounted read-only at /sandq/in: the session
+//!                                state to restore (`state.in`), on disk, never a tmpfs
 //!     packages/                  mounted read-write at /sandq/packages, owned by the sandbox
 //!                                uid: run-time installs (crate::packages), with an empty
 //!                                python/lib/python3.X/site-packages made for Python; a
@@ -82,6 +85,11 @@ pub(crate) struct JobDir {
     pub report: PathBuf,
     /// The outputs tmpfs, mounted at `/sandq/out` (notebook mode's `outputs.jsonl`).
     pub out: PathBuf,
+    /// `<disk>/in`, mounted read-only at `/sandq/in` ([`crate::layout::SANDBOX_INPUT`]): what
+    /// the worker hands the sandbox to read, on the job's disk (its quota), so that its pages
+    /// are not a tmpfs's charged to the worker (the session state to restore); on the job's
+    /// own filesystem, so that its mountinfo names no host path.
+    pub input: PathBuf,
     /// A pidfd of the `sandq-container` helper while it runs on this dir (see
     /// [`JobDir::helper_started`]).
     helper: std::sync::Mutex<Option<std::os::fd::OwnedFd>>,
@@ -194,7 +202,7 @@ pub(crate) struct Shape<'a> {
     /// The Python user site below `/sandq/packages/python` (`lib/python3.X/site-packages`),
     /// made empty for the sandbox user.
     pub python_site: &'a str,
-    /// Size of the outputs tmpfs, bytes (outputs, and a session's state twice).
+    /// Size of the outputs tmpfs, bytes (outputs, and the session state the runner saves).
     pub out_bytes: u64,
     /// Bytes the job's own files need in `src/` beyond the runner's (code, `resolv.conf`, the
     /// handover of a warm start).
@@ -222,6 +230,7 @@ pub(crate) async fn prepare(shape: &Shape<'_>) -> Result<JobDir, JobDirError> {
         stdin: root.join("stdin"),
         report: root.join("report.json"),
         out: root.join("out"),
+        input: root.join("disk/in"),
         root,
         helper: std::sync::Mutex::new(None),
     };
@@ -247,9 +256,9 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), JobDirError
     let runner_bytes: usize = runner.iter().map(|(_, text)| text.len()).sum();
     // Each file takes whole pages: 128 KiB of slack covers the rounding of the ~25 files. The
     // inodes: the root, `out/`, `packages/`, the runner's 13 files and its `sandq_nb/`, the
-    // sandbox's 3 etc files, `resolv.conf`, the CA bundle, the code, a warm handover (24 at
-    // most), with room to spare.
-    let src_options = format!("size={},nr_inodes=36,mode=0755", shape.src_bytes + runner_bytes + (128 << 10));
+    // sandbox's 3 etc files, `resolv.conf`, the CA bundle, the code, `in/`, a warm handover (24
+    // at most), with room to spare.
+    let src_options = format!("size={},nr_inodes=37,mode=0755", shape.src_bytes + runner_bytes + (128 << 10));
     let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
     nix::mount::mount(Some("tmpfs"), &dir.src, Some("tmpfs"), flags, Some(src_options.as_str()))
         .map_err(|e| JobDirError::Filesystem(format!("source tmpfs: {e}")))?;
@@ -264,6 +273,7 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), JobDirError
     // their own: /work holds only what the job brought or wrote.
     mkdir(&dir.work, 0o755)?;
     std::os::unix::fs::chown(&dir.work, Some(uid), Some(uid)).map_err(prepare_error(&dir.work))?;
+    mkdir(&dir.input, 0o755)?;
     // The Python user site, before the interpreter starts: Python puts it on sys.path only if
     // it exists then, and a package the job installs must import in the same job
     // (crate::packages). The disk is new: nothing the sandbox made is in the way.
@@ -278,6 +288,7 @@ async fn prepare_into(dir: &JobDir, shape: &Shape<'_>) -> Result<(), JobDirError
     mkdir(&dir.out, 0o700)?;
     mkdir(&dir.src.join("out"), 0o755)?;
     mkdir(&dir.src.join(crate::layout::PACKAGES_MOUNT_POINT), 0o755)?;
+    mkdir(&dir.src.join(crate::layout::INPUT_MOUNT_POINT), 0o755)?;
     for (name, text) in runner {
         let path = dir.src.join(name);
         // The runner's package directory (`sandq_nb/`), made before its first file.

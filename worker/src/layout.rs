@@ -60,8 +60,13 @@ pub(crate) const LOADAVG: &[u8] = b"0.00 0.00 0.00 1/1 1\n";
 /// [`SANDBOX_CA_BUNDLE`]), when the worker has `extra_ca_certs`.
 pub(crate) const CA_BUNDLE: &str = ".ca-certificates.crt";
 
-/// The notebook state restored for the job, in its outputs tmpfs (`/sandq/out/state.in`).
+/// The notebook state restored for the job, in its input dir (`/sandq/in/state.in`): on the
+/// job's disk, read-only to the sandbox, never in a tmpfs (a tmpfs page the worker writes is
+/// charged to the worker's memory, not the job's).
 pub(crate) const STATE_IN: &str = "state.in";
+/// Where the job's input dir is mounted (read-only), and its mount point in `src/`.
+pub(crate) const SANDBOX_INPUT: &str = "/sandq/in";
+pub(crate) const INPUT_MOUNT_POINT: &str = "in";
 /// The notebook state the runner saves, in the outputs tmpfs (`/sandq/out/state.out`).
 pub(crate) const STATE_OUT: &str = "state.out";
 /// The runner's report on the state (JSON), in the outputs tmpfs (`/sandq/out/state.json`).

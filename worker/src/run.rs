@@ -109,7 +109,7 @@ pub(crate) struct Cell {
     /// `/sandq/out/state.out` (`SANDQ_STATE_OUT`), with a report at `/sandq/out/state.json`
     /// (`SANDQ_STATE_REPORT`).
     pub save_state: Option<(u64, Duration)>,
-    /// The session's previous state is at `/sandq/out/state.in` (`SANDQ_STATE_IN`).
+    /// The session's previous state is at `/sandq/in/state.in` (`SANDQ_STATE_IN`, read-only).
     pub restore_state: bool,
 }
 
@@ -141,7 +141,7 @@ pub(crate) fn environment(
             env.push(format!("SANDQ_STATE_TIME_LIMIT={}", time.as_secs_f64()));
         }
         if cell.restore_state {
-            env.push(format!("SANDQ_STATE_IN=/sandq/out/{}", crate::layout::STATE_IN));
+            env.push(format!("SANDQ_STATE_IN={}/{}", crate::layout::SANDBOX_INPUT, crate::layout::STATE_IN));
             // What the restore may allocate is bounded by what the SKU's memory leaves: an
             // allocation past it fails that variable alone (MemoryError), not the whole cell.
             env.push(format!("SANDQ_STATE_MEMORY_LIMIT={}", limits.memory_bytes));
@@ -373,6 +373,7 @@ pub(crate) async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>
         // Written by staging for an outbound job when the worker has extra CAs.
         ca_bundle: (launch.outbound && settings.packages.ca_bundle.is_some()).then_some(ca_bundle.as_path()),
         out_dir: Some(&dir.out),
+        in_dir: Some(&dir.input),
         packages_dir: Some(&dir.packages),
         host_clocks: time_namespaces().then(spec::host_clocks).flatten(),
         low_cpu_weight: launch.warm,

@@ -171,10 +171,10 @@ pub(crate) struct Placement<'a> {
     pub packages: Option<&'a Restore>,
     /// The job's SKU cores: the CPU quota of the cgroup the packages `tar` runs in.
     pub cpus: f64,
-    /// A session's notebook state to restore, downloaded (size and SHA-256 checked) to
-    /// `out/state.in` ([`STATE_IN`]); its `path` is not used.
+    /// A session's notebook state to restore, linked from the worker's copy or downloaded
+    /// (size and SHA-256 checked) to `in/state.in` ([`STATE_IN`]); its `path` is not used.
     pub state: Option<&'a Restore>,
-    /// Bytes added to the outputs tmpfs for the notebook state (restored and saved).
+    /// Bytes added to the outputs tmpfs for the notebook state the runner saves.
     pub state_bytes: u64,
     /// The worker's cache of saved states: its dir and budget (`sessions.state_cache`).
     pub state_cache: (&'a Path, u64),
@@ -209,17 +209,22 @@ pub(crate) async fn fill(
         write_new(&path, code.as_bytes(), 0o644)?;
     }
     if let Some(state) = place.state {
-        let path = dir.out.join(STATE_IN);
-        let mut file = tokio::fs::File::from_std(open_new(&path, 0o644)?);
+        // In the job disk's `in/` (read-only to the sandbox): never a tmpfs page the worker
+        // writes, which its memory would pay for rather than the job's.
+        let path = dir.input.join(STATE_IN);
         // This worker's own copy when it saved the state (the session's last cell ran here),
+        // linked when on the same file system (a SKU without a disk quota) or else copied;
         // else S3 (size and SHA-256 checked).
         let cache = crate::session::cache::StateCache::new(place.state_cache.0.to_path_buf(), place.state_cache.1);
-        if !cache.copy_to(&state.sha256, state.size, &mut file).await {
-            file.set_len(0).await.map_err(prepare_error(&path))?;
-            tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(0)).await.map_err(prepare_error(&path))?;
-            storage::get_to_file(s3, bucket, &state.key, &mut file, STATE_IN, Some(state.size), Some(&state.sha256))
-                .await
-                .map_err(|source| StageError::Download { path: STATE_IN.to_owned(), source })?;
+        if !cache.link_to(&state.sha256, state.size, &path).await {
+            let mut file = tokio::fs::File::from_std(open_new(&path, 0o644)?);
+            if !cache.copy_to(&state.sha256, state.size, &mut file).await {
+                file.set_len(0).await.map_err(prepare_error(&path))?;
+                tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(0)).await.map_err(prepare_error(&path))?;
+                storage::get_to_file(s3, bucket, &state.key, &mut file, STATE_IN, Some(state.size), Some(&state.sha256))
+                    .await
+                    .map_err(|source| StageError::Download { path: STATE_IN.to_owned(), source })?;
+            }
         }
     }
     // An input wins over a session file of the same path, and over one that is a directory

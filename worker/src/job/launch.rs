@@ -99,7 +99,7 @@ pub(super) async fn launch(
         state: state.as_ref(),
         // Every Python notebook job gets room for a session state: the same tmpfs as a warm
         // sandbox's, session or not.
-        state_bytes: if python_cell { 2 * settings.sessions.max_state_bytes } else { 0 },
+        state_bytes: if python_cell { settings.sessions.max_state_bytes } else { 0 },
         src_bytes: crate::warm::src_bytes(settings),
         state_cache: (&settings.sessions.state_cache.0, settings.sessions.state_cache.1),
     };

@@ -89,6 +89,10 @@ pub struct JobSandbox<'a> {
     /// A host directory (the job's outputs tmpfs) bind-mounted read-write at `/sandq/out`,
     /// where the notebook runner writes its outputs; `src_dir` must hold an `out` directory.
     pub out_dir: Option<&'a Path>,
+    /// A host directory (the job disk's `in/`) bind-mounted read-only at
+    /// [`crate::layout::SANDBOX_INPUT`]: the session state to restore; `src_dir` must hold an
+    /// `in` directory.
+    pub in_dir: Option<&'a Path>,
     /// The sandbox's clocks: `Some((boottime, monotonic))`, the host's `CLOCK_BOOTTIME` and
     /// `CLOCK_MONOTONIC` in whole seconds when the spec is made, subtracted in the sandbox's
     /// time namespace so that both start at about 0 when it starts; `None`: no time namespace
@@ -158,6 +162,16 @@ pub fn build(job: &JobSandbox<'_>) -> Result<Spec, SpecError> {
             .options(["rbind", "rw", "nosuid", "nodev", "noexec"].map(str::to_owned).to_vec())
             .build()
             .map_err(|_| SpecError::Missing("a valid outputs mount"))?;
+        spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
+    }
+    if let Some(in_dir) = job.in_dir {
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination(crate::layout::SANDBOX_INPUT)
+            .typ("bind")
+            .source(in_dir)
+            .options(["rbind", "ro", "nosuid", "nodev", "noexec"].map(str::to_owned).to_vec())
+            .build()
+            .map_err(|_| SpecError::Missing("a valid input mount"))?;
         spec.mounts_mut().get_or_insert_with(Vec::new).push(mount);
     }
     // The image's /etc/hostname and /etc/resolv.conf are the build host's: every sandbox gets
@@ -340,6 +354,7 @@ mod tests {
             ca_bundle: Some(Path::new("/jobs/a/src/.ca-certificates.crt")),
             packages_dir: Some(Path::new("/jobs/a/disk/packages")),
             out_dir: None,
+            in_dir: Some(Path::new("/jobs/a/disk/in")),
             host_clocks: Some((86_400, 86_000)),
             low_cpu_weight: false,
         };

@@ -39,7 +39,7 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
     let sandbox_uid = id_map.map_or(settings.sandbox_uid, |m| m.host_base + settings.sandbox_uid);
     // The outputs tmpfs a cold job of the runtime gets: Python notebook jobs have room for a
     // session state (crate::job::launch), Node.js jobs do not.
-    let state_bytes = if runtime == Runtime::Python { 2 * settings.sessions.max_state_bytes } else { 0 };
+    let state_bytes = if runtime == Runtime::Python { settings.sessions.max_state_bytes } else { 0 };
     let shape = Shape {
         jobs_dir: &settings.jobs_dir,
         container_id: &container_id,
