@@ -252,6 +252,32 @@ async fn seccomp_user_namespace_and_capabilities_are_in_force() {
     assert_eq!(result.stdout.text, "clone -1 EPERM\nkeyctl -1 EPERM\nsetuid refused\nfork 3\n", "{}", result.stderr.text);
 }
 
+/// A thread's scheduling policy may be set, as Docker's profile allows (libzmq sets it for each
+/// of its threads and aborts on EPERM: a Jupyter kernel could not start), but only to what an
+/// unprivileged process may have: no real-time policy (RLIMIT_RTPRIO 0, no CAP_SYS_NICE) and no
+/// higher priority (RLIMIT_NICE 0).
+#[tokio::test]
+async fn scheduling_policies_are_settable_but_never_real_time_or_higher_priority() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let code = r#"
+import errno, os
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print("fifo", attempt(lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))))
+print("rr", attempt(lambda: os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))))
+print("batch", attempt(lambda: os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))), os.sched_getscheduler(0) == os.SCHED_BATCH)
+print("other", attempt(lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))))
+print("nicer", attempt(lambda: os.setpriority(os.PRIO_PROCESS, 0, -5)))
+"#;
+    let result = run(&mut client, &python_job(code, Sku::S)).await;
+    assert_eq!(result.stdout.text, "fifo EPERM\nrr EPERM\nbatch ok True\nother ok\nnicer EACCES\n", "{}", result.stderr.text);
+}
+
 /// The unique mount id `statx` returns (`STATX_MNT_ID_UNIQUE`) counts every mount of the host,
 /// so two jobs of a tenant could count the sandboxes other tenants started between them: a
 /// `statx` asking for it is refused with EINVAL by seccomp, ordinary `stat` and `statx` work.

@@ -313,9 +313,9 @@ impl Rest {
     ///
     /// # Errors
     /// 400 (a bad path), 409 (a job of it runs), 413; the transport's.
-    pub async fn write_file(&self, name: &str, path: &str, bytes: Vec<u8>) -> Result<(), RestError> {
+    pub async fn write_file(&self, name: &str, path: &str, bytes: impl Into<Bytes>) -> Result<(), RestError> {
         let route = format!("/v1/sessions/{}/files/{}", encode_path(name), encode_path(path));
-        let reply = self.send(Method::PUT, &route, Some(("application/octet-stream", Bytes::from(bytes)))).await?;
+        let reply = self.send(Method::PUT, &route, Some(("application/octet-stream", bytes.into()))).await?;
         ok(reply).await.map(drop)
     }
 

@@ -45,6 +45,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         ca_bundle: None,
         packages_dir: None,
         out_dir: None,
+        in_dir: None,
         host_clocks: spec::host_clocks(),
         low_cpu_weight: false,
     };

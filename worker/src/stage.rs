@@ -117,7 +117,9 @@ pub(crate) async fn stage(
         jobs_dir: place.jobs_dir,
         container_id: place.container_id,
         sandbox_uid: place.sandbox_uid,
-        disk_bytes: place.disk_bytes,
+        // Room for the session state to restore besides the quota: the state is on the job's
+        // disk (`in/`), and must not take the user's share of it (a warm sandbox has the same).
+        disk_bytes: if place.disk_bytes == 0 { 0 } else { place.disk_bytes + place.state_bytes },
         python_site: place.python_site,
         out_bytes: place.outputs_bytes + place.state_bytes,
         src_bytes: place.src_bytes + if node_script { NODE_STDIO_JS.len() } else { 0 },
@@ -212,19 +214,18 @@ pub(crate) async fn fill(
         // In the job disk's `in/` (read-only to the sandbox): never a tmpfs page the worker
         // writes, which its memory would pay for rather than the job's.
         let path = dir.input.join(STATE_IN);
-        // This worker's own copy when it saved the state (the session's last cell ran here),
-        // linked when on the same file system (a SKU without a disk quota) or else copied;
-        // else S3 (size and SHA-256 checked).
+        // A copy of its own (never a link to the worker's copy: a shared inode's link count
+        // and times would tell the sandbox about other jobs). From this worker's own copy when
+        // it saved the state (the session's last cell ran here), else S3 (size and SHA-256
+        // checked).
         let cache = crate::session::cache::StateCache::new(place.state_cache.0.to_path_buf(), place.state_cache.1);
-        if !cache.link_to(&state.sha256, state.size, &path).await {
-            let mut file = tokio::fs::File::from_std(open_new(&path, 0o644)?);
-            if !cache.copy_to(&state.sha256, state.size, &mut file).await {
-                file.set_len(0).await.map_err(prepare_error(&path))?;
-                tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(0)).await.map_err(prepare_error(&path))?;
-                storage::get_to_file(s3, bucket, &state.key, &mut file, STATE_IN, Some(state.size), Some(&state.sha256))
-                    .await
-                    .map_err(|source| StageError::Download { path: STATE_IN.to_owned(), source })?;
-            }
+        let mut file = tokio::fs::File::from_std(open_new(&path, 0o644)?);
+        if !cache.copy_to(&state.sha256, state.size, &mut file).await {
+            file.set_len(0).await.map_err(prepare_error(&path))?;
+            tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(0)).await.map_err(prepare_error(&path))?;
+            storage::get_to_file(s3, bucket, &state.key, &mut file, STATE_IN, Some(state.size), Some(&state.sha256))
+                .await
+                .map_err(|source| StageError::Download { path: STATE_IN.to_owned(), source })?;
         }
     }
     // An input wins over a session file of the same path, and over one that is a directory

@@ -38,6 +38,17 @@ def main() -> None:
         infos = sbx.files.write_files([{"path": "/work/multi/a.txt", "data": "alpha"}, {"path": "multi/b.txt", "data": b"beta"}])
         check("two files in one multipart write", sorted(i.path for i in infos) == ["/home/user/multi/a.txt", "/home/user/multi/b.txt"], infos)
 
+        # Past axum's default 2 MiB body limit, in E2B's default multipart form; a compressed
+        # upload is refused, not stored compressed.
+        big = "".join(f"{i:07d}\n" for i in range(700_000))  # 5.6 MB
+        sbx.files.write("big.txt", big)
+        check("a 5.6 MB multipart write reads back whole", sbx.files.read("big.txt") == big)
+        try:
+            sbx.files.write("zipped.txt", "x" * 1000, gzip=True)
+            check("a gzip upload is refused", False, "stored")
+        except SandboxException as e:
+            check("a gzip upload is refused", "uncompressed" in str(e), e)
+
         # Reads, as text and as bytes.
         check("a text read is the text written", sbx.files.read("/home/user/data/nums.csv") == csv_text)
         back = sbx.files.read("blob.bin", format="bytes")
@@ -53,11 +64,11 @@ def main() -> None:
 
         # Listing, exists, get_info.
         top = {e.name: e for e in sbx.files.list("/home/user")}
-        check("the home directory's entries", set(top) == {"data", "blob.bin", "multi", "out.txt"}, sorted(top))
+        check("the home directory's entries", set(top) == {"data", "blob.bin", "multi", "out.txt", "big.txt"}, sorted(top))
         check("directories and files are typed", top["data"].type == FileType.DIR and top["blob.bin"].type == FileType.FILE
               and top["blob.bin"].size == len(blob), (top["data"], top["blob.bin"]))
         deep = sorted(e.path for e in sbx.files.list("/home/user", depth=2))
-        check("a listing two levels deep", deep == sorted(["/home/user/data", "/home/user/data/nums.csv", "/home/user/blob.bin",
+        check("a listing two levels deep", deep == sorted(["/home/user/data", "/home/user/data/nums.csv", "/home/user/blob.bin", "/home/user/big.txt",
                                                           "/home/user/multi", "/home/user/multi/a.txt", "/home/user/multi/b.txt",
                                                           "/home/user/out.txt"]), deep)
         check("exists: a file, a directory", sbx.files.exists("data/nums.csv") and sbx.files.exists("/home/user/multi"))

@@ -184,4 +184,4 @@ def test_e2b_s_sdk_reads_writes_and_lists_files_and_runs_commands(gateway_url: s
     sys.stdout.write("".join(f"envd| {line}\n" for line in done.stdout.splitlines()))
     assert done.returncode == 0, f"the driver failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     checks = [line for line in done.stdout.splitlines() if line.startswith("ok: ")]
-    assert len(checks) == 28, checks  # every check of the driver ran
+    assert len(checks) == 30, checks  # every check of the driver ran

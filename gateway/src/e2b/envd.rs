@@ -38,6 +38,9 @@ const WRITE_WAIT: Duration = Duration::from_secs(60);
 /// Most files a sandbox's listing looks through: the REST listing's own bound.
 const MAX_FILES: usize = 10_000;
 
+/// Most files one multipart write carries (each is a write of the session's manifest).
+const MAX_PARTS: usize = 1_000;
+
 /// A Connect error code (connectrpc.com/docs/protocol#error-codes) and the HTTP status a unary
 /// call answers it with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +215,11 @@ pub(super) async fn write(
         Ok(x) => x,
         Err(r) => return *r,
     };
+    // A compressed body would be stored compressed: refused rather than guessed at (E2B's SDK
+    // compresses only when asked: `gzip=True`).
+    if headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity")) {
+        return e2b_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "sandq takes uploads uncompressed (write without gzip)");
+    }
     let multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -224,7 +232,7 @@ pub(super) async fn write(
     } else {
         let Some(path) = query.path.clone() else { return e2b_error(StatusCode::BAD_REQUEST, "path is required") };
         match crate::body::read_bounded(&e2b.gateway, request.into_body(), max).await {
-            Ok(bytes) => vec![(path, bytes)],
+            Ok(bytes) => vec![(path, bytes::Bytes::from(bytes))],
             Err(p) => return e2b_error(StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST), p.detail),
         }
     };
@@ -244,8 +252,9 @@ pub(super) async fn write(
     Json(Value::Array(written)).into_response()
 }
 
-/// The files of a multipart body: `(path, bytes)` for each part, at most `max` bytes in all.
-async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Result<Vec<(String, Vec<u8>)>, Refused> {
+/// The files of a multipart body: `(path, bytes)` for each part, at most `max` bytes in all and
+/// [`MAX_PARTS`] parts.
+async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Result<Vec<(String, bytes::Bytes)>, Refused> {
     let bad = |m: String| Box::new(e2b_error(StatusCode::BAD_REQUEST, m));
     let mut multipart = axum::extract::Multipart::from_request(request, &()).await.map_err(|e| bad(e.body_text()))?;
     let mut files = Vec::new();
@@ -256,6 +265,9 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
             .await
             .map_err(|_| Box::new(e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly")))?;
         let Some(mut field) = next.map_err(|e| bad(e.body_text()))? else { break };
+        if files.len() == MAX_PARTS {
+            return Err(bad(format!("at most {MAX_PARTS} files in one write")));
+        }
         let name = field.file_name().map(str::to_owned).or_else(|| path.map(str::to_owned));
         let Some(name) = name else { return Err(bad("a part has no file name and the call no path".to_owned())) };
         let mut bytes = Vec::new();
@@ -271,7 +283,7 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
             }
             bytes.extend_from_slice(&chunk);
         }
-        files.push((name, bytes));
+        files.push((name, bytes::Bytes::from(bytes)));
     }
     // One part and a path: the part goes at the path (envd's rule for a single upload).
     if let (Some(p), [only]) = (path, files.as_mut_slice()) {
@@ -283,13 +295,16 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
     Ok(files)
 }
 
-/// Writes a session file, waiting while a cell of the sandbox holds the session (409).
-async fn write_waiting(rest: &Rest, sandbox: &str, path: &str, bytes: Vec<u8>) -> Result<(), RestError> {
+/// Writes a session file, waiting while a cell of the sandbox holds the session (409), from
+/// 250 ms between tries up to 4 s.
+async fn write_waiting(rest: &Rest, sandbox: &str, path: &str, bytes: bytes::Bytes) -> Result<(), RestError> {
     let deadline = Instant::now() + WRITE_WAIT;
+    let mut pause = Duration::from_millis(250);
     loop {
         match rest.write_file(sandbox, path, bytes.clone()).await {
-            Err(RestError::Problem { status: 409, .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(250)).await;
+            Err(RestError::Problem { status: 409, .. }) if Instant::now() + pause < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
             }
             other => return other,
         }
@@ -305,10 +320,10 @@ fn entry(path: &str, size: Option<u64>) -> Value {
             "name": name, "type": "FILE_TYPE_FILE", "path": sandbox_path(path), "size": size.to_string(),
             "mode": 0o644, "permissions": "-rw-r--r--", "owner": "user", "group": "user",
         }),
-        // Go's `os.ModeDir | 0755`, as envd reports a directory's mode.
+        // The permission bits, as envd reports them (E2B's tests read 0o755 for a directory).
         None => json!({
             "name": name, "type": "FILE_TYPE_DIRECTORY", "path": sandbox_path(path), "size": "0",
-            "mode": (1u32 << 31) | 0o755, "permissions": "drwxr-xr-x", "owner": "user", "group": "user",
+            "mode": 0o755, "permissions": "drwxr-xr-x", "owner": "user", "group": "user",
         }),
     }
 }

@@ -200,7 +200,8 @@ pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
         .route("/contexts", get(contexts).post(create_context))
         .route("/contexts/{id}", delete(delete_context))
         .route("/contexts/{id}/restart", post(restart_context))
-        .route("/files", get(envd::read).post(envd::write))
+        // The files' own bound (the key's `max_upload_bytes`) applies, not axum's 2 MiB default.
+        .route("/files", get(envd::read).post(envd::write).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/filesystem.Filesystem/ListDir", post(envd::list_dir))
         .route("/filesystem.Filesystem/Stat", post(envd::stat))
         .route("/filesystem.Filesystem/{call}", post(envd::unimplemented))

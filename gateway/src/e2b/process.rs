@@ -113,7 +113,7 @@ fn wrapper(config: &ProcessConfig) -> String {
          env = dict(os.environ)\n\
          env.update(spec['envs'])\n\
          try:\n    code = subprocess.call(spec['argv'], env=env, cwd=spec['cwd'] or None)\n\
-         except OSError as e:\n    sys.stderr.write(f\"sandq: cannot start {{spec['argv'][0]}}: {{e}}\\n\")\n    code = 127\n\
+         except (OSError, ValueError) as e:\n    sys.stderr.write(f\"sandq: cannot start {{spec['argv'][0]}}: {{e}}\\n\")\n    code = 127\n\
          sys.exit(code if code >= 0 else 128 - code)\n"
     )
 }
@@ -176,18 +176,29 @@ pub(super) async fn start(
         "timeout": format!("{timeout}s"),
         "compat": "e2b",
     });
-    if let Err(e) = rest.submit(&job).await {
-        return failed_stream(Code::of_rest(&e), e.to_string());
-    }
+    // The pid first (nothing runs yet if the client goes now), then the job is submitted by
+    // the task that streams it, which cancels it once its reader is gone.
     let mut redis = e2b.gateway.redis.clone();
-    let pid: u32 = match redis.incr::<_, _, u64>(pid_counter_key(&e2b, &id), 1).await {
-        Ok(n) => 1000 + u32::try_from(n % 1_000_000).unwrap_or(0),
-        Err(_) => 1000,
-    };
-    let _: redis::RedisResult<()> = redis.set_ex(pid_key(&e2b, &id, pid), &job_id, MAX_CELL_S + 60).await;
-    let _: redis::RedisResult<()> = redis.expire(pid_counter_key(&e2b, &id), i64::try_from(MAX_CELL_S * 4).unwrap_or(i64::MAX)).await;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(64);
-    tokio::spawn(stream_command(e2b.clone(), rest, id, job_id, pid, tx));
+    let counter = pid_counter_key(&e2b, &id);
+    let counted: redis::RedisResult<(u64, bool)> = redis::pipe()
+        .atomic()
+        .incr(&counter, 1)
+        .expire(&counter, i64::try_from(MAX_CELL_S * 4).unwrap_or(i64::MAX))
+        .query_async(&mut redis)
+        .await;
+    let Ok((n, _)) = counted else { return failed_stream(Code::Unavailable, "cannot number the command now (Redis)") };
+    let pid = 1000 + u32::try_from(n % 1_000_000).unwrap_or(0);
+    if redis.set_ex::<_, _, ()>(pid_key(&e2b, &id, pid), &job_id, MAX_CELL_S + 60).await.is_err() {
+        return failed_stream(Code::Unavailable, "cannot number the command now (Redis)");
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(8);
+    tokio::spawn(async move {
+        if let Err(e) = rest.submit(&job).await {
+            let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.to_string()))))).await;
+            return;
+        }
+        stream_command(e2b.clone(), rest, id, job_id, pid, tx).await;
+    });
     streaming(Body::from_stream(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|l| (l, rx)) })))
 }
 

@@ -9,7 +9,7 @@ from .common import RUNNER_DIR as _RUNNER_DIR, note as _note, safe_str as _safe_
 from .imports import SandqFinder, _lazy_ipython_package
 from .outputs import Outputs
 from .shell import make_shell
-from .state import _env_number, _reason, load_state, save_state
+from .state import _env_number, _reason, load_state, same_file, save_state
 from .tracebacks import error_output, format_exception_lines
 
 _T0 = None  # set by SANDQ_RUNNER_TIMING
@@ -188,6 +188,11 @@ def main():
                 ns, baseline, state_out,
                 _env_number("SANDQ_STATE_LIMIT", 64 << 20),
                 _env_number("SANDQ_STATE_TIME_LIMIT", 20.0, float)))
+            # A state byte for byte the one restored is not handed back: the worker keeps the
+            # session's previous one, with no hashing or storing (a cell that only reads).
+            if state_in and not state_report["not_restored"] and same_file(state_out, state_in):
+                os.remove(state_out)
+                state_report["unchanged"] = True
         except Exception as exc:
             _note("could not save the session state: " + _reason(exc))
         report_path = os.environ.get("SANDQ_STATE_REPORT")

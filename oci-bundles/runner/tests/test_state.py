@@ -334,3 +334,34 @@ def test_after_a_failed_value_the_others_that_share_only_names_still_load(tmp_pa
     restored, errors = load_state(ns, path)
     assert [e["name"] for e in errors] == ["a"]
     assert (restored, ns["b"] is os, ns["c"] is int, ns["d"]) == (3, True, True, {"k": [1]})
+
+
+def test_same_file_compares_every_byte(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    data = os.urandom(3 * 1024 + 7)
+    a.write_bytes(data)
+    b.write_bytes(data)
+    assert state.same_file(str(a), str(b), chunk=1024)
+    b.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert not state.same_file(str(a), str(b), chunk=1024)
+    b.write_bytes(data + b"x")
+    assert not state.same_file(str(a), str(b), chunk=1024)
+    assert not state.same_file(str(a), str(tmp_path / "missing"))
+
+
+def test_a_restored_state_saved_again_untouched_is_the_same_bytes(tmp_path):
+    """What lets a cell that only reads skip storing its state: a state restored and saved
+    again with nothing changed is byte for byte the one restored (numbers, a list shared by two
+    names, a module, a function reading a global); a change makes it differ."""
+    _cloudpickle()
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    ns = {"__name__": "__main__"}
+    _cell(ns, "import math\nrows = [1, 2.5, 'x']\nalias = rows\nrate = 3\ndef scaled(v):\n    return v * rate * math.pi\n")
+    save_state(ns, {"__name__": "__main__"}, first, 64 << 20, 60.0)
+    target = {"__name__": "__main__"}
+    load_state(target, first)
+    save_state(target, {"__name__": "__main__"}, second, 64 << 20, 60.0)
+    assert state.same_file(first, second)
+    _cell(target, "alias.append(4)\n")
+    save_state(target, {"__name__": "__main__"}, second, 64 << 20, 60.0)
+    assert not state.same_file(first, second)

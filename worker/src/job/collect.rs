@@ -101,7 +101,9 @@ pub(super) async fn result(
                     // Saved only when the cell ended by itself: a timeout or an OOM kill leaves
                     // the previous state.
                     let by_itself = matches!(output.report.exit, Exit::Exited { .. }) && output.report.stats.oom_kills == 0;
-                    Some(session::read_state(&dir.out, settings.sessions.max_state_bytes, by_itself).await)
+                    // The state this cell restored (for a runner that left it unchanged).
+                    let restored = opened.manifest.context(job.spec.context.as_deref()).0.filter(|_| cell.restore_state).map(|f| f.size);
+                    Some(session::read_state(&dir.out, settings.sessions.max_state_bytes, by_itself, restored).await)
                 }
                 None => None,
             };

@@ -30,33 +30,6 @@ impl StateCache {
         StateCache { dir, budget }
     }
 
-    /// Hard-links the cached state `sha256` of `size` bytes at `dest` (a new name in a job's
-    /// `in/`, read-only to its sandbox): no copy at all. False when it is not cached or cannot
-    /// be linked (the job's disk is a file system of its own): the caller copies or downloads.
-    pub(crate) async fn link_to(&self, sha256: &str, size: u64, dest: &Path) -> bool {
-        if self.budget == 0 || !valid(sha256) {
-            return false;
-        }
-        let path = self.dir.join(sha256);
-        let dest = dest.to_path_buf();
-        let linked = tokio::task::spawn_blocking(move || {
-            let meta = std::fs::symlink_metadata(&path)?;
-            if !meta.is_file() || meta.len() != size {
-                return Ok(false);
-            }
-            std::fs::hard_link(&path, &dest)?;
-            // Recently used: last to be evicted (an evicted copy's link stays the job's).
-            std::fs::File::open(&path)?.set_modified(SystemTime::now())?;
-            Ok::<_, std::io::Error>(true)
-        })
-        .await
-        .is_ok_and(|r| r.is_ok_and(|linked| linked));
-        if linked {
-            crate::metrics::state_cache("hit");
-        }
-        linked
-    }
-
     /// Copies the cached state `sha256` of `size` bytes into `dest` (an open, empty file of the
     /// job's). False when it is not cached (or cannot be copied: `dest` may then hold part of
     /// it, and the caller truncates it before downloading).

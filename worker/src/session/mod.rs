@@ -166,6 +166,10 @@ struct RunnerReport {
     save_ms: u64,
     #[serde(default)]
     restore_ms: u64,
+    /// The cell left the state byte for byte as restored and wrote no new one (a claim the
+    /// sandbox can only use to keep its own session's previous state).
+    #[serde(default)]
+    unchanged: bool,
 }
 
 fn clip(text: &mut String, max: usize) {
@@ -192,9 +196,11 @@ fn open_regular(path: &Path, max: u64) -> Option<(std::fs::File, u64)> {
 /// written by the sandbox): the report, and the new state when the job `ended_by_itself` (an
 /// exit, not a timeout, OOM kill or cancel) and it is a regular file of at most `max_bytes`.
 /// The state itself is only hashed here, never parsed: it is loaded only inside a sandbox of
-/// the same session.
-pub(crate) async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool) -> LeftState {
+/// the same session. A runner that reports the state `unchanged` (and leaves no new one) keeps
+/// the state it restored, of `restored_bytes`: saved, with nothing to hash or store.
+pub(crate) async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool, restored_bytes: Option<u64>) -> LeftState {
     let mut left = LeftState::default();
+    let mut unchanged = false;
     if let Some((file, len)) = open_regular(&out.join(crate::layout::STATE_REPORT), MAX_STATE_REPORT_BYTES) {
         use std::io::Read;
         let mut bytes = Vec::with_capacity(len as usize);
@@ -218,6 +224,7 @@ pub(crate) async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool
             }
             left.report.save_ms = report.save_ms;
             left.report.restore_ms = report.restore_ms;
+            unchanged = report.unchanged;
         }
     }
     if ended_by_itself {
@@ -231,6 +238,9 @@ pub(crate) async fn read_state(out: &Path, max_bytes: u64, ended_by_itself: bool
                     left.file = Some((file, sha256, size));
                 }
             }
+        } else if let Some(bytes) = restored_bytes.filter(|_| unchanged) {
+            left.report.saved = true;
+            left.report.bytes = bytes;
         }
     }
     if !left.report.saved {

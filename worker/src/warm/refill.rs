@@ -44,7 +44,8 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         jobs_dir: &settings.jobs_dir,
         container_id: &container_id,
         sandbox_uid,
-        disk_bytes: sku_settings.disk_bytes,
+        // As a cold job's: the quota and room for a session state (crate::stage::stage).
+        disk_bytes: if sku_settings.disk_bytes == 0 { 0 } else { sku_settings.disk_bytes + state_bytes },
         python_site: &settings.packages.python_site,
         out_bytes: settings.outputs.max_outputs_bytes + state_bytes,
         src_bytes: src_bytes(settings),
