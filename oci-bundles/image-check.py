@@ -12,7 +12,7 @@ MODULES = [
     "xgboost", "requests", "bs4", "httpx", "openpyxl", "docx", "pypdf", "PyPDF2", "PIL",
     "IPython", "jinja2", "markdown", "weasyprint", "reportlab", "fpdf", "sympy", "tabulate",
     "tqdm", "xlrd", "pyarrow", "pyarrow.parquet", "networkx", "skimage", "cv2", "nltk",
-    "imageio", "xarray", "aiohttp", "pytz", "joblib", "soundfile",
+    "imageio", "xarray", "aiohttp", "pytz", "joblib", "soundfile", "ipykernel", "jupyter_client", "zmq",
 ]
 
 warnings.simplefilter("ignore")
