@@ -400,6 +400,17 @@ async fn session_files(e2b: &E2b, caller: Result<Caller, crate::problem::Problem
     }
 }
 
+/// A filesystem call's sandbox files and request, or the answer that ends it.
+async fn fs_call(
+    e2b: &E2b,
+    caller: Result<Caller, crate::problem::Problem>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Vec<FileInfo>, PathRequest), Refused> {
+    let files = session_files(e2b, caller, headers).await?;
+    Ok((files, unary(e2b, body).await?))
+}
+
 /// `filesystem.Filesystem/ListDir {"path", "depth"}`: `{"entries"}` under the directory, to
 /// `depth` levels (0 counts as 1, as E2B's SDK sends it).
 pub(super) async fn list_dir(
@@ -408,12 +419,8 @@ pub(super) async fn list_dir(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let files = match session_files(&e2b, caller, &headers).await {
-        Ok(f) => f,
-        Err(r) => return *r,
-    };
-    let request: PathRequest = match unary(&e2b, body).await {
-        Ok(r) => r,
+    let (files, request) = match fs_call(&e2b, caller, &headers, body).await {
+        Ok(x) => x,
         Err(r) => return *r,
     };
     let dir = match session_path(&request.path) {
@@ -436,12 +443,8 @@ pub(super) async fn stat(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let files = match session_files(&e2b, caller, &headers).await {
-        Ok(f) => f,
-        Err(r) => return *r,
-    };
-    let request: PathRequest = match unary(&e2b, body).await {
-        Ok(r) => r,
+    let (files, request) = match fs_call(&e2b, caller, &headers, body).await {
+        Ok(x) => x,
         Err(r) => return *r,
     };
     let path = match session_path(&request.path) {

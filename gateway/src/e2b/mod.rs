@@ -524,6 +524,19 @@ struct TimeoutBody {
     timeout: Option<u64>,
 }
 
+/// The caller's live sandbox `id` and the `{"timeout"}` body of a call that extends it, or the
+/// answer that ends the call (401, 404, a bad body).
+async fn timeout_call(
+    e2b: &E2b,
+    caller: Result<Caller, crate::problem::Problem>,
+    id: &str,
+    body: Body,
+) -> Result<(Record, TimeoutBody), Refused> {
+    let caller = caller_or_401(caller)?;
+    let body: TimeoutBody = body_json(body, e2b.gateway.settings.read_timeout).await?;
+    Ok((e2b.owned(&caller, id).await?, body))
+}
+
 /// `POST /sandboxes/{id}/timeout {"timeout": seconds}`: the sandbox now ends that long from now.
 async fn set_timeout(
     axum::Extension(e2b): axum::Extension<Arc<E2b>>,
@@ -531,16 +544,8 @@ async fn set_timeout(
     Path(id): Path<String>,
     body: Body,
 ) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let body: TimeoutBody = match body_json(body, e2b.gateway.settings.read_timeout).await {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    let mut record = match e2b.owned(&caller, &id).await {
-        Ok(r) => r,
+    let (mut record, body) = match timeout_call(&e2b, caller, &id, body).await {
+        Ok(x) => x,
         Err(r) => return *r,
     };
     record.end_ms = now_ms() + clamp_timeout(body.timeout) * 1000;
@@ -558,16 +563,8 @@ async fn connect(
     Path(id): Path<String>,
     body: Body,
 ) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let body: TimeoutBody = match body_json(body, e2b.gateway.settings.read_timeout).await {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    let mut record = match e2b.owned(&caller, &id).await {
-        Ok(r) => r,
+    let (mut record, body) = match timeout_call(&e2b, caller, &id, body).await {
+        Ok(x) => x,
         Err(r) => return *r,
     };
     record.end_ms = record.end_ms.max(now_ms() + clamp_timeout(body.timeout) * 1000);
@@ -684,9 +681,21 @@ async fn health(axum::Extension(e2b): axum::Extension<Arc<E2b>>, headers: Header
 /// The caller's live sandbox of a sandbox-plane request (502, as E2B's proxy answers for a
 /// sandbox that is gone, otherwise).
 async fn plane_sandbox(e2b: &E2b, caller: Result<Caller, crate::problem::Problem>, headers: &HeaderMap) -> Result<Record, Refused> {
+    plane_caller(e2b, caller, headers).await.map(|(_, record)| record)
+}
+
+/// [`plane_sandbox`], with the caller.
+async fn plane_caller(
+    e2b: &E2b,
+    caller: Result<Caller, crate::problem::Problem>,
+    headers: &HeaderMap,
+) -> Result<(Caller, Record), Refused> {
     let caller = caller_or_401(caller)?;
     let Some((_, id)) = target(headers) else { return Err(Box::new(e2b_error(StatusCode::NOT_FOUND, "no sandbox named"))) };
-    e2b.owned(&caller, &id).await.map_err(|_| Box::new(e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running"))))
+    match e2b.owned(&caller, &id).await {
+        Ok(record) => Ok((caller, record)),
+        Err(_) => Err(Box::new(e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running")))),
+    }
 }
 
 fn context_json(c: &CodeContext) -> Value {
@@ -993,25 +1002,13 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
         }
     }
     // The result: wait for it (the end event comes just before it is readable).
-    let result = loop {
-        tokio::select! {
-            read = rest.job(&job_id, Some(Duration::from_secs(5))) => match read {
-                Ok(r) if r.status.is_terminal() => break r,
-                Ok(_) => {}
-                Err(e) => {
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    return;
-                }
-            },
-            () = tx.closed() => {
-                let _ = rest.cancel(&job_id).await;
-                return;
-            }
-        }
-        if tx.send(line(&json!({"type": "keepalive"}))).await.is_err() {
-            let _ = rest.cancel(&job_id).await;
+    let result = match terminal(&rest, &job_id, &tx, || line(&json!({"type": "keepalive"}))).await {
+        Ok(r) => r,
+        Err(Some(e)) => {
+            let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
             return;
         }
+        Err(None) => return,
     };
     if result.status == JobStatus::Cancelled || matches!(e2b.lookup(&sandbox).await, Ok(None)) {
         let _ = tx.send(Err(std::io::Error::other("the cell was cancelled"))).await;
@@ -1020,6 +1017,34 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
     for l in result_lines(&rest, &result, printed, &e2b.fetch).await {
         if tx.send(Ok(l)).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Waits for the job's terminal result, sending `keepalive()` into `tx` after each 5 s wait.
+/// `Err(Some(e))`: reading it failed; `Err(None)`: the reader went away, and the job is
+/// cancelled.
+async fn terminal<T>(
+    rest: &Rest,
+    job_id: &str,
+    tx: &tokio::sync::mpsc::Sender<T>,
+    keepalive: impl Fn() -> T,
+) -> Result<JobResult, Option<RestError>> {
+    loop {
+        tokio::select! {
+            read = rest.job(job_id, Some(Duration::from_secs(5))) => match read {
+                Ok(r) if r.status.is_terminal() => return Ok(r),
+                Ok(_) => {}
+                Err(e) => return Err(Some(e)),
+            },
+            () = tx.closed() => {
+                let _ = rest.cancel(job_id).await;
+                return Err(None);
+            }
+        }
+        if tx.send(keepalive()).await.is_err() {
+            let _ = rest.cancel(job_id).await;
+            return Err(None);
         }
     }
 }

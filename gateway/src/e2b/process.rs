@@ -13,10 +13,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt as _;
@@ -27,7 +26,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::envd::{connect_error, Code};
-use super::{caller_or_401, now_ms, E2b, Record, KEEPALIVE, MAX_CELL_S};
+use super::{now_ms, E2b, KEEPALIVE, MAX_CELL_S};
 use crate::auth::Caller;
 
 /// How often a command's stream carries a keepalive while it prints nothing (E2B's SDK asks
@@ -139,14 +138,12 @@ pub(super) async fn start(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
+    // A sandbox that is gone is E2B's proxy's 502 (the SDK reports it ended).
+    let (caller, record) = match super::plane_caller(&e2b, caller, &headers).await {
+        Ok(x) => x,
         Err(r) => return *r,
     };
-    let Some((_, id)) = super::target(&headers) else { return failed_stream(Code::NotFound, "no sandbox named") };
-    let Ok(record) = e2b.owned(&caller, &id).await else {
-        return super::e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running"));
-    };
+    let id = record.id.clone();
     let bytes = match tokio::time::timeout(e2b.gateway.settings.read_timeout, axum::body::to_bytes(body, MAX_REQUEST_BYTES)).await {
         Ok(Ok(b)) => b,
         Ok(Err(_)) => return failed_stream(Code::ResourceExhausted, format!("the request is over {MAX_REQUEST_BYTES} bytes")),
@@ -267,25 +264,13 @@ async fn stream_command(
             }
         }
     }
-    let result = loop {
-        tokio::select! {
-            read = rest.job(&job_id, Some(Duration::from_secs(5))) => match read {
-                Ok(r) if r.status.is_terminal() => break r,
-                Ok(_) => {}
-                Err(e) => {
-                    let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.to_string()))))).await;
-                    return;
-                }
-            },
-            () = tx.closed() => {
-                let _ = rest.cancel(&job_id).await;
-                return;
-            }
-        }
-        if tx.send(Ok(message(json!({"keepalive": {}})))).await.is_err() {
-            let _ = rest.cancel(&job_id).await;
+    let result = match super::terminal(&rest, &job_id, &tx, || Ok(message(json!({"keepalive": {}})))).await {
+        Ok(r) => r,
+        Err(Some(e)) => {
+            let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.to_string()))))).await;
             return;
         }
+        Err(None) => return,
     };
     if gone(&e2b, &sandbox).await {
         let _ = tx.send(Err(std::io::Error::other("the sandbox is gone"))).await;
@@ -377,14 +362,9 @@ pub(super) async fn send_signal(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
+    let record = match super::plane_caller(&e2b, caller, &headers).await {
+        Ok((_, record)) => record,
         Err(r) => return *r,
-    };
-    let Some((_, id)) = super::target(&headers) else { return connect_error(Code::NotFound, "no sandbox named") };
-    let record: Record = match e2b.owned(&caller, &id).await {
-        Ok(r) => r,
-        Err(_) => return connect_error(Code::Unavailable, format!("sandbox {id} is not running")),
     };
     let bytes = match tokio::time::timeout(e2b.gateway.settings.read_timeout, axum::body::to_bytes(body, 64 << 10)).await {
         Ok(Ok(b)) => b,
