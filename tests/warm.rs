@@ -43,6 +43,21 @@ info = {
     "stdin": sys.stdin.read(),
     "hostname": os.uname().nodename,
 }
+# The process's own state: capabilities, no_new_privs, seccomp, umask, CPUs and memory nodes,
+# its cgroup, OOM score, nice, open descriptors, parent; and that it is in the namespaces of
+# the sandbox's init (itself in a cold start).
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
+info["status"] = {k: status[k].strip() for k in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs",
+                  "Seccomp", "Seccomp_filters", "Umask", "Cpus_allowed_list", "Mems_allowed_list"] if k in status}
+info["cgroup"] = open("/proc/self/cgroup").read()
+info["oom_score_adj"] = open("/proc/self/oom_score_adj").read()
+info["nice"] = os.nice(0)
+info["fds"] = sorted(os.listdir("/proc/self/fd"))
+info["ppid"] = os.getppid()
+info["in_init_namespaces"] = {n: os.readlink("/proc/self/ns/" + n) == os.readlink("/proc/1/ns/" + n)
+                              for n in sorted(os.listdir("/proc/self/ns"))}
+info["init"] = "self" if os.getpid() == 1 else open("/proc/1/cmdline").read().replace("\0", " ").strip()
+
 import ctypes, struct, time
 sysinfo = ctypes.create_string_buffer(256)
 ctypes.CDLL(None, use_errno=True).sysinfo(sysinfo)
@@ -86,6 +101,19 @@ async fn run_until(client: &mut Client, make: impl Fn() -> JobSpec, warm: bool) 
     }
 }
 
+/// Runs `make`'s jobs until one is forked from a template (its sandbox's init is the holder):
+/// a warm sandbox made before the template was ready is an unforked one.
+async fn run_forked(client: &mut Client, make: impl Fn() -> JobSpec) -> JobResult {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let result = run_until(client, &make, true).await;
+        if result.stdout.text.contains("/bin/sleep infinity") {
+            return result;
+        }
+        assert!(Instant::now() < deadline, "no forked start: {:?} {} {}", result.status, result.stdout.text, result.stderr.text);
+    }
+}
+
 /// The host's boot time, Unix seconds (`btime` of the host's `/proc/stat`).
 fn host_btime() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
@@ -106,7 +134,7 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
     let warm_worker_started = sandq_core::time::now_ms() / 1000;
     let warm_worker = world.start_worker_ready(&warm_id, &[("SANDQ__WARM__PER_SKU", "1")]);
     let mut client = world.client().await;
-    let warm = run_until(&mut client, probe_job, true).await;
+    let warm = run_forked(&mut client, probe_job).await;
     let warm_figure = run_until(&mut client, figure_job, true).await;
     stop(warm_worker);
     let cold_worker_started = sandq_core::time::now_ms() / 1000;
@@ -152,7 +180,20 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
         }
         assert!((number("now") - number("uptime") - btime as f64).abs() <= 2.0, "{name}: btime is not now - uptime: {clocks}");
     }
+    // A forked start's process is the sandbox's second (its init, pid 1, is a holder); a cold
+    // or unforked warm start's is its init. Everything else is the same.
+    assert_eq!(w["init"], "/bin/sleep infinity", "the warm start was not forked: {w}");
+    assert_eq!(c["init"], "self");
+    for probe in [&mut w, &mut c] {
+        probe.as_object_mut().expect("probe").remove("init");
+    }
     assert_eq!(w, c, "a warm sandbox looks different from a cold one");
+    // Values computed here: no capability, no_new_privs, seccomp filtering with one filter.
+    assert_eq!(w["status"]["CapEff"], "0000000000000000");
+    assert_eq!(w["status"]["CapBnd"], "0000000000000000");
+    assert_eq!(w["status"]["NoNewPrivs"], "1");
+    assert_eq!(w["status"]["Seccomp"], "2");
+    assert!(w["in_init_namespaces"].as_object().expect("ns").values().all(|v| v == true), "{w}");
     // Values computed here, not by the code under test.
     assert_eq!(w["argv"], serde_json::json!(["/sandq/main.py", "one", "two words"]));
     assert_eq!(w["env"]["USER_VAR"], "x=y");

@@ -150,6 +150,10 @@ pub struct SandboxStart {
     /// It was handed a warm sandbox (started before the job arrived, with the runner's modules
     /// preloaded) rather than starting one.
     pub warm: bool,
+    /// The warm sandbox's process was forked from a pre-imported template rather than started
+    /// in it (docs/threat-model.md, "Forked sandboxes"); false for a cold start.
+    #[serde(default)]
+    pub forked: bool,
     /// From the job taking its share of the worker's capacity (`started_at_ms`) to the program
     /// starting, milliseconds: staging its files, and for a cold start making and starting the
     /// container; for a warm start staging its files and the handover.

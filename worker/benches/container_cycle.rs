@@ -61,6 +61,7 @@ fn cycle(root: &Path, rootfs: &Path, n: u64, userns: bool, seccomp: bool) -> San
         outbound: false,
         userns: id_map,
         warm: false,
+        fork: None,
     };
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandq-container"))
         .arg("run")

@@ -74,7 +74,7 @@ pub(crate) const STATE_REPORT: &str = "state.json";
 
 /// The Python notebook runner and its matplotlib backend, written next to the user's code
 /// (the image stays as built; see `oci-bundles/runner/README.md`).
-const RUNNER_FILES: [(&str, &str); 13] = [
+const RUNNER_FILES: [(&str, &str); 14] = [
     ("sandq_runner.py", include_str!("../../oci-bundles/runner/sandq_runner.py")),
     ("sandq_mpl.py", include_str!("../../oci-bundles/runner/sandq_mpl.py")),
     ("sandq_nb/__init__.py", include_str!("../../oci-bundles/runner/sandq_nb/__init__.py")),
@@ -87,6 +87,7 @@ const RUNNER_FILES: [(&str, &str); 13] = [
     ("sandq_nb/shell.py", include_str!("../../oci-bundles/runner/sandq_nb/shell.py")),
     ("sandq_nb/state.py", include_str!("../../oci-bundles/runner/sandq_nb/state.py")),
     ("sandq_nb/tracebacks.py", include_str!("../../oci-bundles/runner/sandq_nb/tracebacks.py")),
+    ("sandq_nb/template.py", include_str!("../../oci-bundles/runner/sandq_nb/template.py")),
     ("sandq_nb/warm.py", include_str!("../../oci-bundles/runner/sandq_nb/warm.py")),
 ];
 

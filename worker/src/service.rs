@@ -96,6 +96,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     });
     tokio::spawn(crate::session::reaper(ctx.clone(), rx.clone()));
     tokio::spawn(crate::dead_letter::sweeper(ctx.clone(), rx.clone()));
+    tokio::spawn(crate::warm::template::serve(ctx.clone(), rx.clone()));
     tokio::spawn(crate::warm::refill(ctx.clone(), rx.clone()));
     info!(
         worker_id = %ctx.settings.worker_id,

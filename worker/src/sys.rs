@@ -233,3 +233,53 @@ pub(crate) fn spawn_userns_holder(owner: u32, host_base: u32, size: u32) -> io::
         }
     }
 }
+
+/// The seccomp program of `pid` (a stopped-and-resumed child of the caller or any process the
+/// caller may trace), as the raw `struct sock_filter` array (8 bytes an instruction), read
+/// with `PTRACE_SECCOMP_GET_FILTER` (index 0: the newest filter; a sandbox's init has one).
+/// The process is seized, interrupted, read and detached: it goes on as before. Empty when
+/// the process has no filter. Needs `CAP_SYS_ADMIN` and `CAP_SYS_PTRACE` (the helper is root).
+///
+/// # Errors
+/// The kernel's error for the seize, the wait or the read (`EINVAL` on kernels without
+/// `CONFIG_CHECKPOINT_RESTORE`).
+pub(crate) fn seccomp_filter_of(pid: i32) -> io::Result<Vec<u8>> {
+    const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+    let null = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: PTRACE_SEIZE takes a pid and no memory of ours (addr and data are null/0).
+    if unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, null, null) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let read = (|| {
+        // SAFETY: PTRACE_INTERRUPT on a seized tracee; no memory of ours.
+        if unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, null, null) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut status = 0;
+        // SAFETY: waitpid writes one int into `status`, which we own.
+        if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: with a null buffer the call only returns the program's length.
+        let count = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, pid, null, null) };
+        if count < 0 {
+            let err = io::Error::last_os_error();
+            return if err.raw_os_error() == Some(libc::ENOENT) { Ok(Vec::new()) } else { Err(err) };
+        }
+        let mut program = vec![0u8; usize::try_from(count).unwrap_or(0) * 8];
+        // SAFETY: the kernel writes `count` sock_filter structs (8 bytes each) into `program`,
+        // which holds exactly that many bytes and outlives the call.
+        let again = unsafe { libc::ptrace(PTRACE_SECCOMP_GET_FILTER, pid, null, program.as_mut_ptr().cast::<libc::c_void>()) };
+        if again != count {
+            return Err(io::Error::other(format!("seccomp filter changed length ({count} then {again})")));
+        }
+        Ok(program)
+    })();
+    // SAFETY: PTRACE_DETACH of our tracee, signal 0; no memory of ours.
+    let detached = unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, null, null) };
+    let program = read?;
+    if detached < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(program)
+}

@@ -81,6 +81,12 @@ class Outputs:
         self.written = 0
         self.stopped = False
         self.lock = threading.Lock()
+        self.open(path, limit)
+
+    def open(self, path, limit):
+        """Opens `path` for appending (None: outputs are not saved), within `limit` bytes."""
+        self.path = path
+        self.limit = limit
         if path:
             try:
                 self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)

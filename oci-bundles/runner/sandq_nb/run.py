@@ -56,11 +56,12 @@ def _flush_figures():
 
 
 def main():
-    warm = sys.argv[1:2] == ["--warm"]
+    forked = sys.argv[1:2] == ["--template"]
+    warm = forked or sys.argv[1:2] == ["--warm"]
     if warm:
         script_arg = _warm.WARM_SCRIPT
     elif len(sys.argv) < 2:
-        sys.stderr.write("usage: sandq_runner.py <script> [args...] | --warm\n")
+        sys.stderr.write("usage: sandq_runner.py <script> [args...] | --warm | --template\n")
         return 2
     else:
         script_arg = sys.argv[1]
@@ -89,7 +90,8 @@ def main():
     global _USER_MODULE
     _USER_MODULE = user_module
 
-    outputs = Outputs(os.environ.get("SANDQ_OUTPUTS") or None, _output_limit())
+    # A template has no outputs file: each forked job opens its own once in its sandbox.
+    outputs = Outputs(None if forked else os.environ.get("SANDQ_OUTPUTS") or None, _output_limit())
     _lazy_ipython_package()
     shell = make_shell(script, outputs, user_module)
     ns = shell.user_ns
@@ -114,7 +116,17 @@ def main():
         gc.collect()  # the warm-up's garbage, while no job waits
     gc.freeze()
 
-    args = _warm._wait_for_handover() if warm else sys.argv[2:]
+    if forked:
+        from . import template
+        template.serve()  # returns in the job's process, inside its sandbox
+        try:
+            os.remove(_warm.WARM_READY)  # the holder's, as a warm runner removes its own
+        except OSError:
+            pass
+        args = _warm.read_handover()
+        outputs.open(os.environ.get("SANDQ_OUTPUTS") or None, _output_limit())
+    else:
+        args = _warm._wait_for_handover() if warm else sys.argv[2:]
     sys.argv = [script_arg] + args
     # A job for another service's programs (`compat`): its working directory (the same
     # directory as /work) and PIL's saving images displayed (docs/e2b.md).

@@ -50,12 +50,19 @@ def _wait_for_handover():
     open(WARM_READY, "w").close()
     with open(WARM_GO, "rb") as go:
         go.read(1)
-    with open(WARM_HANDOVER, "rb") as f:
-        handover = json.load(f)
-    os.environ.clear()
-    os.environ.update(handover["env"])
     try:
         os.remove(WARM_READY)
     except OSError:
         pass
+    return read_handover()
+
+
+def read_handover():
+    """Reads the handover (the job's environment, which replaces the warm-up one, and its
+    arguments); returns the arguments."""
+    import json
+    with open(WARM_HANDOVER, "rb") as f:
+        handover = json.load(f)
+    os.environ.clear()
+    os.environ.update(handover["env"])
     return list(handover["args"])

@@ -31,6 +31,8 @@ pub(super) struct Launch<'a> {
     pub sandbox_uid: u32,
     /// Whether a warm sandbox ran the job.
     pub warm: bool,
+    /// Whether its process was forked from a template.
+    pub forked: bool,
     /// From `running` to the sandbox ready, ms.
     pub staged_ms: u64,
     /// The outputs' objects stored while the job ran (its live displays).
@@ -57,7 +59,7 @@ pub(super) async fn result(
     // Until the program started: staging (and the handover), or for a cold start also making
     // and starting the container.
     let start_ms = if launch.warm { 0 } else { (output.report.create_us + output.report.start_us) / 1000 };
-    let sandbox = SandboxStart { warm: launch.warm, sandbox_wait_ms: launch.staged_ms + start_ms };
+    let sandbox = SandboxStart { warm: launch.warm, forked: launch.forked, sandbox_wait_ms: launch.staged_ms + start_ms };
     if cancelled {
         let logs = store_logs(ctx, job, who, &output).await?;
         let mut result = publish::finished(job, who, &output, artifacts::Collected::default(), sku.limits.memory_bytes, &logs);

@@ -36,6 +36,8 @@ pub(super) struct Launched {
     pub sandbox_uid: u32,
     /// From `running` (capacity taken) to the sandbox ready for the program, ms.
     pub staged_ms: u64,
+    /// A warm start forked from a template.
+    pub forked: bool,
 }
 
 /// Stages the job into a warm sandbox or a cold one and starts it; `reserved` grows by a warm
@@ -75,14 +77,15 @@ pub(super) async fn launch(
     let outbound = job.spec.network == NetworkMode::Outbound;
     let resolv_conf = outbound.then(|| settings.resolv_conf());
     // A warm sandbox when one fits the job and is ready; else a cold start.
-    let warm = if crate::warm::eligible(job) { ctx.warm.take(job.spec.sku, job.spec.runtime) } else { None };
+    let warm = if crate::warm::eligible(job) { ctx.warm.take_or_wait(job.spec.sku, job.spec.runtime).await } else { None };
     let warm_id = warm.as_ref().map(|w| w.container_id.clone());
     let (container_id, sandbox_uid) = match (&warm_id, &warm) {
         (Some(id), Some(w)) => (id.as_str(), w.sandbox_uid),
         _ => (container_id, settings.host_sandbox_uid(who.slot)),
     };
+    let forked = warm.as_ref().is_some_and(|w| w.forked);
     if warm.is_some() {
-        info!(container_id, warm = true, "container id");
+        info!(container_id, warm = true, forked, "container id");
     }
     let place = stage::Placement {
         jobs_dir: &settings.jobs_dir,
@@ -135,6 +138,7 @@ pub(super) async fn launch(
                 outbound,
                 warm: false,
                 timeout: job.timeout,
+                fork: None,
             };
             let started = run::start(&dir, settings, &launch).await.map_err(InfraError::Run)?;
             (dir, staged, started, None)
@@ -142,5 +146,5 @@ pub(super) async fn launch(
     };
     crate::metrics::running(handover.is_some());
     let staged_ms = now_ms().saturating_sub(who.started_at_ms);
-    Ok((dir, Launched { started, staged, restore, cell, handover, sandbox_uid, staged_ms }))
+    Ok((dir, Launched { started, staged, restore, cell, handover, sandbox_uid, staged_ms, forked }))
 }

@@ -106,7 +106,7 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
             // out (step 9); before that, on a failure, it cleans up on drop.
             let (dir, launched) = launch::launch(ctx, job, sku, &who, &container_id, opened.as_ref(), reserved).await?;
             let dir = &*leftover.insert(dir);
-            let launch::Launched { started, staged, restore, cell, handover, sandbox_uid, staged_ms } = launched;
+            let launch::Launched { started, staged, restore, cell, handover, sandbox_uid, staged_ms, forked } = launched;
             let warm = handover.is_some();
             // The program's text goes live from here (what it printed before is sent too).
             started.stream_to(&live);
@@ -127,7 +127,7 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
             });
             let ran = watch::run(ctx, job, dir, started, handover.as_ref(), &live, displays.as_mut()).await?;
             // 7. Collect.
-            let launch = collect::Launch { sku, staged, restore, cell, sandbox_uid, warm, staged_ms, uploaded: &uploaded };
+            let launch = collect::Launch { sku, staged, restore, cell, sandbox_uid, warm, forked, staged_ms, uploaded: &uploaded };
             collect::result(ctx, job, &who, opened.as_ref(), dir, launch, ran).await
         }
         .await;

@@ -62,6 +62,12 @@ pub fn main() -> i32 {
             delete_by_id(Path::new(&args[2]), &args[3]);
             0
         }
+        Some("template") if args.len() == 6 => {
+            let paths: Vec<&Path> = args[2..6].iter().map(Path::new).collect();
+            let error = super::template::launch(paths[0], paths[1], paths[2], paths[3]);
+            eprintln!("sandq-container template: {error}");
+            1
+        }
         Some("cleanup") if args.len() == 3 => {
             let removed = cleanup(Path::new(&args[2]));
             network::release_stale();
@@ -69,7 +75,9 @@ pub fn main() -> i32 {
             0
         }
         _ => {
-            eprintln!("usage: sandq-container run (request on stdin) | delete STATE_ROOT ID | cleanup STATE_ROOT");
+            eprintln!(
+                "usage: sandq-container run (request on stdin) | delete STATE_ROOT ID | cleanup STATE_ROOT | template ROOTFS RUNNER ROOT SOCKET"
+            );
             2
         }
     }
@@ -178,6 +186,14 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
             return report;
         }
     };
+    // A forked start's job process gets the same streams as a cold start's init.
+    let fork_stdio = match request.fork.as_ref().map(|_| fork_stdio(request)).transpose() {
+        Ok(stdio) => stdio,
+        Err(e) => {
+            report.exit = failed("create", format!("cannot open the forked job's streams: {e}"));
+            return report;
+        }
+    };
     let t0 = Instant::now();
     // The user namespace, owned by the slot's own uid: made here, joined by the container.
     let holder = match request.userns.map(|map| join_own_userns(&request.bundle, map)).transpose() {
@@ -205,7 +221,7 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
         }
     };
     let mut address = None;
-    report.exit = supervise(&mut container, request, control, &mut report, &mut address);
+    report.exit = supervise(&mut container, request, control, fork_stdio.as_ref(), &mut report, &mut address);
     report.stats = cgroup::read(&request.cgroups_path);
     let t2 = Instant::now();
     if let Err(e) = container.delete(true) {
@@ -219,11 +235,20 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
     report
 }
 
-/// Starts the container and waits for its init, enforcing the timeout and the control channel.
+/// The job's stdin, stdout and stderr for a forked start: the same file and pipes the
+/// container's init got.
+fn fork_stdio(request: &SandboxRequest) -> io::Result<(File, std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    let stdin = File::open(request.stdin_path.as_deref().unwrap_or(Path::new("/dev/null")))?;
+    Ok((stdin, io::stdout().as_fd().try_clone_to_owned()?, io::stderr().as_fd().try_clone_to_owned()?))
+}
+
+/// Starts the container and waits for its init (or, for a forked start, for the job's process
+/// forked into it), enforcing the timeout and the control channel.
 fn supervise(
     container: &mut Container,
     request: &SandboxRequest,
     control: &File,
+    fork_stdio: Option<&(File, std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
     report: &mut SandboxReport,
     address: &mut Option<std::net::Ipv4Addr>,
 ) -> Exit {
@@ -268,8 +293,22 @@ fn supervise(
         }
     }
     let started = Instant::now();
+    // A forked start: the job's process is forked from the template into the sandbox now, and
+    // its end comes on the template's connection; the init is only a holder.
+    let mut forked = None;
+    if let (Some(socket), Some((stdin, stdout, stderr))) = (request.fork.as_deref(), fork_stdio) {
+        match super::fork::fork_into(pid.as_raw(), request, socket, stdin, stdout.as_fd(), stderr.as_fd()) {
+            Ok(f) => forked = Some(f),
+            Err(e) => {
+                kill_all(container);
+                let _ = waitpid(pid, None);
+                return failed("fork", chain(&e));
+            }
+        }
+    }
     let deadline = started + Duration::from_millis(timeout_ms);
     let mut outcome: Option<Exit> = None;
+    let mut forked_exit: Option<Exit> = None;
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -277,9 +316,18 @@ fn supervise(
             break;
         }
         let remaining = (deadline - now).as_millis().min(i32::MAX as u128) as i32;
-        let ready = poll_two(pidfd.as_fd(), control.as_fd(), remaining);
+        let watched = forked.as_ref().map_or(pidfd.as_fd(), super::fork::Forked::fd);
+        let ready = poll_two(watched, control.as_fd(), remaining);
         match ready {
-            Ok((true, _)) => break,
+            Ok((true, _)) => match forked.as_mut() {
+                None => break,
+                Some(f) => {
+                    if let Some(exit) = f.poll_end() {
+                        forked_exit = Some(exit);
+                        break;
+                    }
+                }
+            },
             Ok((false, true)) => {
                 let mut buf = [0u8; 64];
                 match (&*control).read(&mut buf) {
@@ -301,13 +349,15 @@ fn supervise(
             }
         }
     }
-    if outcome.is_some() {
+    if outcome.is_some() || forked_exit.is_some() {
         // Timeout, kill request or error: kill every process of the cgroup, not just the init.
+        // A forked job's end: what it left running goes as with a cold start's init, whose
+        // exit ends its pid namespace.
         kill_all(container);
     }
     let status = waitpid(pid, None);
     report.wall_ms = started.elapsed().as_millis() as u64;
-    if let Some(outcome) = outcome {
+    if let Some(outcome) = outcome.or(forked_exit) {
         return outcome;
     }
     match status {

@@ -15,10 +15,12 @@
 
 pub mod cgroup;
 pub mod cpuset;
+pub mod fork;
 pub mod helper;
 pub mod host_limits;
 pub mod network;
 pub mod spec;
+pub mod template;
 
 use std::path::PathBuf;
 
@@ -56,6 +58,11 @@ pub struct SandboxRequest {
     /// `--warm` mode, which waits for its job itself.
     #[serde(default)]
     pub warm: bool,
+    /// A forked start (with `warm`): the container's process is only a holder, and at `go`
+    /// the job's process is forked from the template listening on this socket into the
+    /// sandbox ([`fork`]).
+    #[serde(default)]
+    pub fork: Option<PathBuf>,
 }
 
 /// How the program ended.

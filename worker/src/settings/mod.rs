@@ -86,6 +86,9 @@ pub struct WarmSettings {
     pub preload: String,
     /// Runtimes with warm sandboxes.
     pub runtimes: Vec<sandq_schemas::Runtime>,
+    /// Python warm sandboxes are forked from a pre-imported template per SKU
+    /// (`warm.forked`, default true; [`crate::warm::template`]).
+    pub forked: bool,
 }
 
 /// The outbound network mode (`worker.outbound_network`, `nameservers`, `blocked_ranges`).
@@ -395,6 +398,7 @@ impl RawConfig {
                 memory_bytes: warm_memory_bytes,
                 preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
                 runtimes: warm_runtimes,
+                forked: self.warm.forked.unwrap_or(true),
             },
             network: NetworkSettings { outbound: self.worker.outbound_network.unwrap_or(true), nameservers, blocked_ranges },
             max_attempts,

@@ -62,6 +62,12 @@ pub struct RawWarm {
     /// (measured in the sandbox's memory cgroup: a waiting Python runner with the default
     /// preload 75-83 MiB, a Node.js one 13-17 MiB).
     pub memory_bytes: Option<u64>,
+    /// Python warm sandboxes are forked from a pre-imported template (`true`, the default:
+    /// a warm sandbox is then only a prepared container, cheap to refill, and the job's process
+    /// is forked into it; docs/threat-model.md "Forked sandboxes"), or each runs a runner of
+    /// its own that preloads (`false`). Without a ready template a warm sandbox is made the
+    /// second way.
+    pub forked: Option<bool>,
     /// Runtimes that get warm sandboxes, comma-separated (`python`, `node`); default both.
     /// Each costs `per_sku` sandboxes per SKU (and `memory_bytes` each off the capacity).
     pub runtimes: Option<String>,

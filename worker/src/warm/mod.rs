@@ -25,6 +25,7 @@
 
 pub(crate) mod pool;
 mod refill;
+pub(crate) mod template;
 
 use sandq_schemas::{NetworkMode, RunMode, Runtime, ValidJob};
 

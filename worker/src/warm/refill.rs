@@ -62,12 +62,21 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         }
         Runtime::Node => "node",
     };
-    // As run::command starts a cold job of the runtime, with `--warm` for the script.
+    // A forked start when the SKU's template is ready: the container holds only a holder (its
+    // init, pid 1, as `sleep` never exits on its own), and the job's process is forked into it
+    // at handover. Else as run::command starts a cold job of the runtime, with `--warm`.
+    let fork = if runtime == Runtime::Python && settings.warm.forked { ctx.warm.templates.socket(sku) } else { None };
     let mut args = vec![interpreter.to_owned()];
     if runtime == Runtime::Node {
         args.extend(["--require".to_owned(), format!("/sandq/{}", layout::NODE_STDIO)]);
     }
     args.extend([format!("/sandq/{runner}"), "--warm".to_owned()]);
+    if fork.is_some() {
+        // Says it is ready as a warm runner does (the container is then created and started),
+        // then holds the sandbox.
+        let ready = format!(": > /sandq/out/{} && exec /bin/sleep infinity", layout::WARM_READY);
+        args = vec!["/bin/sh".to_owned(), "-c".to_owned(), ready];
+    }
     let launch = Launch {
         container_id: &container_id,
         args,
@@ -77,11 +86,12 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         outbound: false,
         warm: true,
         timeout: settings.limits.max_timeout,
+        fork: fork.clone(),
     };
     // Warming (the preload: ~0.4 s of CPU) yields to any job that arrives meanwhile: the
     // spec gives a warm sandbox the lowest CPU weight (run::start).
     let started = run::start(&dir, settings, &launch).await?;
-    Ok(WarmSandbox { container_id, dir, started, sandbox_uid, index })
+    Ok(WarmSandbox { container_id, dir, started, sandbox_uid, index, forked: fork.is_some() })
 }
 
 /// Keeps the pool filled while the worker is idle, until `shutdown` turns true.
@@ -90,9 +100,15 @@ pub(crate) async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Recei
     if pool.per_sku == 0 {
         return;
     }
+    // A pass that started a sandbox is followed at once by another (back-to-back jobs drain
+    // a forked pool faster than one a period).
+    let mut made = false;
     loop {
+        let pause = if made { Duration::ZERO } else { REFILL_PERIOD };
+        made = false;
         tokio::select! {
-            () = tokio::time::sleep(REFILL_PERIOD) => {}
+            () = tokio::time::sleep(pause) => {}
+            () = pool.taken.notified() => {}
             _ = shutdown.changed() => return,
         }
         if *shutdown.borrow() {
@@ -102,8 +118,16 @@ pub(crate) async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Recei
             ctx.settings.skus.keys().flat_map(|sku| ctx.settings.warm.runtimes.iter().map(move |r| (*sku, *r))).collect();
         for (sku, runtime) in kinds {
             crate::metrics::warm_ready(sku, pool.ready_count(sku));
-            // Only into idle capacity: never beside a running job.
-            if !ctx.capacity.is_idle() || pool.count(sku, runtime) >= pool.per_sku {
+            // Only into idle capacity, never beside a running job: except a forked start's
+            // sandbox, which preloads nothing (a container with a holder: ~0.1 s of the
+            // helper's CPU, at the lowest weight), so that under load jobs still find one.
+            let forked = runtime == Runtime::Python && ctx.warm.templates.socket(sku).is_some();
+            // While a SKU's template starts, its Python sandboxes wait for it rather than each
+            // preload on its own (the same CPU spent twice).
+            if runtime == Runtime::Python && !forked && ctx.warm.templates.starting(sku) {
+                continue;
+            }
+            if (!forked && !ctx.capacity.is_idle()) || pool.count(sku, runtime) >= pool.per_sku {
                 continue;
             }
             let Some(index) = pool.free.lock().ok().and_then(|mut f| f.pop()) else { continue };
@@ -111,7 +135,8 @@ pub(crate) async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Recei
             let t0 = Instant::now();
             match make(&ctx, sku, runtime, lease).await {
                 Ok(warm) => {
-                    info!(%sku, ?runtime, container_id = warm.container_id, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
+                    made = true;
+                    info!(%sku, ?runtime, container_id = warm.container_id, forked = warm.forked, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
                     let mut warm = Some(warm);
                     if let Ok(mut ready) = pool.ready.lock() {
                         // Checked under the lock drain() takes: a sandbox made while the

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Issue 26's side-by-side benchmark, in one run on one machine: jobs that arrive BACK TO BACK
+# (no idle time for a warm pool to refill) and sustained throughput, for the forked path (a
+# warm sandbox whose process is forked from a pre-imported template), the unforked warm path
+# (`warm.forked = false`: each warm sandbox preloads on its own) and a cold start, against
+#   (a) `runc run` of `python3 -c pass` on the same rootfs (Debian's runc, its default spec),
+#       one at a time (latency) and two at a time (throughput: this is a 2-core machine);
+#   (b) plain `python3` chrooted into the rootfs for the main job (examples/macro_summary.py).
+# Then the CPU a trivial notebook cell costs the machine (all of it: /proc/stat) and the
+# worker's process tree, and the memory of an idle template and of a running job.
+#
+# Needs root and the services (scripts/services.sh); installs hyperfine and runc (Debian) when
+# missing. Usage: scripts/bench-forked.sh [RUNS=30] [JOBS=300]. Writes hyperfine's JSON and
+# markdown and the other numbers to $OUT (default /tmp/sandq-bench-forked).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-30}
+jobs=${2:-300}
+out=${OUT:-/tmp/sandq-bench-forked}
+config=${SANDQ_CONFIG:-/etc/sandq/sandq.toml}
+mkdir -p "$out"
+
+missing=()
+command -v hyperfine >/dev/null || missing+=(hyperfine)
+command -v runc >/dev/null || missing+=(runc)
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+fi
+cargo build --release --bins -q
+bin=${CARGO_TARGET_DIR:-target}/release
+rootfs=$(sed -n 's/^rootfs = "\(.*\)"$/\1/p' "$config")
+[ -d "$rootfs/usr/bin" ] || { echo "no rootfs in $config" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/sandq-bench.XXXXXX)
+chmod 755 "$work"
+ns=sandq-bench-$$
+cleanup() {
+  set +e
+  exec 3>&- 4>&- 5>&-
+  sleep 1
+  for w in forked unforked cold; do
+    for q in S M L XL; do rabbitmqctl -q delete_queue "$ns-$w.jobs.$q" >/dev/null 2>&1; done
+    rabbitmqctl -q delete_queue "$ns-$w.dead" >/dev/null 2>&1
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+mkdir -p "$work/job"
+cp examples/macrodata.csv examples/macro_summary.py "$work/job/"
+chmod -R a+rwX "$work/job"
+env_list=(PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8 MPLBACKEND=Agg MPLCONFIGDIR=/tmp/matplotlib PYTHONDONTWRITEBYTECODE=1)
+
+# (a) the runc bundle: the default spec, the rootfs read-only, /tmp a tmpfs.
+b=$work/runc
+mkdir -p "$b"
+runc spec --bundle "$b"
+python3 - "$b/config.json" "$rootfs" "${env_list[@]}" <<'EOF'
+import json, sys
+path, rootfs, *env = sys.argv[1:]
+spec = json.load(open(path))
+spec["root"] = {"path": rootfs, "readonly": True}
+p = spec["process"]
+p["terminal"] = False
+p["env"] = env
+p["user"] = {"uid": 0, "gid": 0}
+p["args"], p["cwd"] = ["python3", "-c", "pass"], "/"
+spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]})
+json.dump(spec, open(path, "w"))
+EOF
+# (b) chroot in a private mount namespace.
+chroot_cmd() {  # $1: the command run in /mnt
+  echo "unshare -m sh -c 'mount -t tmpfs tmpfs $rootfs/tmp && mount --bind $work/job $rootfs/mnt && exec chroot $rootfs env -i ${env_list[*]} sh -c \"cd /mnt && exec $1\"'"
+}
+
+# Three release-build workers, Python warm sandboxes only, each in a namespace of its own.
+start_worker() {  # $1: name, $2: fd, $3: user namespace base, $4...: settings
+  local name=$1 fd=$2 base=$3
+  shift 3
+  local log=$work/worker-$name.log
+  eval "exec $fd> >(env SANDQ__NAMESPACE=$ns-$name SANDQ__WORKER__ID=$ns-$name SANDQ__WARM__RUNTIMES=python \
+    SANDQ__WORKER__USERNS_HOST_BASE=$base SANDQ__WORKER__METRICS_ADDR=127.0.0.1:0 $* $bin/sandq-worker --exit-on-stdin-eof 2>$log)"
+  for _ in $(seq 1 300); do grep -q consuming "$log" 2>/dev/null && return; sleep 0.1; done
+  echo "worker $name did not start: $(tail -5 "$log")" >&2
+  exit 1
+}
+start_worker forked 3 1879048192 SANDQ__WARM__PER_SKU=1
+start_worker unforked 4 1885601792 SANDQ__WARM__PER_SKU=1 SANDQ__WARM__FORKED=false
+start_worker cold 5 1892155392 SANDQ__WARM__PER_SKU=0
+# The templates are ready (a forked sandbox of S and M exists) before anything is timed.
+for _ in $(seq 1 600); do
+  [ "$(grep -c 'forked=true' "$work/worker-forked.log")" -ge 2 ] && break
+  sleep 0.1
+done
+sandq() {  # $1: worker, then the CLI's arguments
+  local w=$1
+  shift
+  echo "env SANDQ__NAMESPACE=$ns-$w $bin/sandq run --wait 120s --out $work/out $*"
+}
+trivial_args="--sku S --mode notebook -c pass"
+main_args="--sku M --upload $work/job/macrodata.csv $work/job/macro_summary.py"
+for w in forked unforked cold; do
+  eval "$(sandq $w "$trivial_args")" >/dev/null
+  eval "$(sandq $w "$main_args")" >/dev/null
+done
+
+# 1. The trivial notebook cell, back to back (hyperfine runs each command's runs in a row).
+hyperfine --runs "$runs" --warmup 3 -N --style basic \
+  --export-json "$out/trivial.json" --export-markdown "$out/trivial.md" \
+  -n 'sandq forked' "$(sandq forked "$trivial_args")" \
+  -n 'sandq warm unforked' "$(sandq unforked "$trivial_args")" \
+  -n 'sandq cold' "$(sandq cold "$trivial_args")" \
+  -n 'runc run' "runc run --bundle $b bench-$$-t" 2>&1 | tee "$out/trivial.txt"
+
+# 2. The main job (SKU M), back to back, against chrooted python.
+hyperfine --runs "$(( (runs + 2) / 3 ))" --warmup 1 -N --style basic \
+  --export-json "$out/main.json" --export-markdown "$out/main.md" \
+  -n 'sandq forked' "$(sandq forked "$main_args")" \
+  -n 'sandq cold' "$(sandq cold "$main_args")" \
+  -n 'chroot python3' "$(chroot_cmd 'python3 macro_summary.py')" 2>&1 | tee "$out/main.txt"
+
+# 3. CPU per trivial notebook cell, 50 back to back: the whole machine's busy time (/proc/stat;
+# the broker, Redis and the CLI included), the worker's process tree (the worker, its helpers
+# and what they reaped: utime + stime + cutime + cstime) and the sandboxes' own (the results'
+# cgroup cpu_ms).
+pid_of() {  # $1: worker name
+  for p in $(pgrep -f 'sandq-worker --exit-on-stdin-eof'); do
+    tr '\0' '\n' < "/proc/$p/environ" | grep -qx "SANDQ__WORKER__ID=$ns-$1" && echo "$p"
+  done
+}
+cpu_of() {  # $1: worker name
+  python3 - "$(pid_of "$1" | head -1)" <<'EOF'
+import os, sys
+hz = os.sysconf("SC_CLK_TCK")
+pid = sys.argv[1]
+f = open("/proc/%s/stat" % pid).read().rsplit(")", 1)[1].split()
+busy = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+print(sum(int(f[i]) for i in (11, 12, 13, 14)) * 1000 // hz, (sum(busy) - busy[3] - busy[4]) * 1000 // hz)
+EOF
+}
+for w in forked cold; do
+  read -r tree0 machine0 < <(cpu_of $w)
+  : > "$work/cpu-$w.jsonl"
+  for _ in $(seq 1 50); do
+    env SANDQ__NAMESPACE=$ns-$w "$bin"/sandq --json run --sku S --mode notebook -c pass >> "$work/cpu-$w.jsonl"
+    echo >> "$work/cpu-$w.jsonl"
+  done
+  read -r tree1 machine1 < <(cpu_of $w)
+  python3 - "$w" "$work/cpu-$w.jsonl" $((tree1 - tree0)) $((machine1 - machine0)) <<'EOF' | tee -a "$out/cpu.txt"
+import json, sys
+name, path, tree, machine = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+results = [json.loads(l) for l in open(path) if l.strip()]
+sandbox = sum((r.get("usage") or {}).get("cpu_ms", 0) for r in results)
+forked = sum(1 for r in results if (r.get("sandbox") or {}).get("forked"))
+n = len(results)
+print("%s: %d cells (%d forked): machine %.0f ms/cell, worker tree %.0f ms/cell, sandbox %.0f ms/cell"
+      % (name, n, forked, machine / n, tree / n, sandbox / n))
+EOF
+done
+
+# 4. Memory: each idle template (RSS, PSS, private), and a running job's peak (its cgroup).
+for pid in $(pgrep -f 'sandq_runner.py --template'); do
+  python3 - "$pid" <<'EOF' | tee -a "$out/memory.txt"
+import sys
+pid = sys.argv[1]
+rollup = dict(l.split(":", 1) for l in open("/proc/%s/smaps_rollup" % pid) if ":" in l and not l.startswith("0"))
+kb = lambda k: int(rollup[k].split()[0]) if k in rollup else 0
+env = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
+sku = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"SANDQ_SKU=")), "?")
+print("template %s (pid %s): RSS %d MiB, PSS %d MiB, private %d MiB" % (sku, pid, kb("Rss") // 1024, kb("Pss") // 1024,
+      (kb("Private_Clean") + kb("Private_Dirty")) // 1024))
+EOF
+done
+for w in forked cold; do
+  env SANDQ__NAMESPACE=$ns-$w "$bin"/sandq --json run --sku S --mode notebook -c 'import numpy, pandas, matplotlib.pyplot' > "$work/mem-$w.json"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[2])); print("%s job peak memory (cgroup): %d MiB, forked=%s" % (sys.argv[1], r["usage"]["peak_memory_bytes"] >> 20, (r.get("sandbox") or {}).get("forked")))' \
+    "$w" "$work/mem-$w.json" | tee -a "$out/memory.txt"
+done
+
+# 5. Sustained throughput, one worker each (sandq-loadtest starts it): JOBS jobs of `pass`,
+# notebook and script, 4 in flight; against runc run two at a time.
+font=${SANDQ_PLOT_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf}
+for mode in notebook script; do
+  for variant in forked unforked; do
+    extra=()
+    [ "$variant" = unforked ] && extra=(--worker-env SANDQ__WARM__FORKED=false)
+    "$bin"/sandq-loadtest throughput --font "$font" --jobs "$jobs" --concurrency 4 --mode "$mode" \
+      --worker-env SANDQ__WARM__RUNTIMES=python "${extra[@]}" --report "$out/tput-$mode-$variant" --json > "$out/tput-$mode-$variant.json"
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[3])); print("sandq %s %s: %.1f jobs/s" % (sys.argv[1], sys.argv[2], r["jobs_per_second"]))' \
+      "$mode" "$variant" "$out/tput-$mode-$variant.json" | tee -a "$out/throughput.txt"
+  done
+done
+start=$(date +%s%N)
+seq 1 "$jobs" | xargs -P 2 -I{} runc run --bundle "$b" "bench-$$-{}" >/dev/null
+end=$(date +%s%N)
+python3 -c 'import sys; n, ns = int(sys.argv[1]), int(sys.argv[2]); print("runc run two at a time: %.1f runs/s" % (n / (ns / 1e9)))' \
+  "$jobs" $((end - start)) | tee -a "$out/throughput.txt"
+echo "results in $out" >&2
