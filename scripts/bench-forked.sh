@@ -11,7 +11,8 @@
 #
 # Needs root and the services (scripts/services.sh); installs hyperfine and runc (Debian) when
 # missing. Usage: scripts/bench-forked.sh [RUNS=30] [JOBS=300]. Writes hyperfine's JSON and
-# markdown and the other numbers to $OUT (default /tmp/sandq-bench-forked).
+# markdown and the other numbers to $OUT (default /tmp/sandq-bench-forked). PARTS (default
+# "1 2 3 4 5") picks the parts below to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-30}
@@ -19,6 +20,8 @@ jobs=${2:-300}
 out=${OUT:-/tmp/sandq-bench-forked}
 config=${SANDQ_CONFIG:-/etc/sandq/sandq.toml}
 mkdir -p "$out"
+parts=" ${PARTS:-1 2 3 4 5} "
+want() { [[ "$parts" == *" $1 "* ]]; }
 
 missing=()
 command -v hyperfine >/dev/null || missing+=(hyperfine)
@@ -105,6 +108,7 @@ for w in forked unforked cold; do
   eval "$(sandq $w "$main_args")" >/dev/null
 done
 
+if want 1; then
 # 1. The trivial notebook cell, back to back (hyperfine runs each command's runs in a row).
 hyperfine --runs "$runs" --warmup 3 -N --style basic \
   --export-json "$out/trivial.json" --export-markdown "$out/trivial.md" \
@@ -112,14 +116,18 @@ hyperfine --runs "$runs" --warmup 3 -N --style basic \
   -n 'sandq warm unforked' "$(sandq unforked "$trivial_args")" \
   -n 'sandq cold' "$(sandq cold "$trivial_args")" \
   -n 'runc run' "runc run --bundle $b bench-$$-t" 2>&1 | tee "$out/trivial.txt"
+fi
 
+if want 2; then
 # 2. The main job (SKU M), back to back, against chrooted python.
 hyperfine --runs "$(( (runs + 2) / 3 ))" --warmup 1 -N --style basic \
   --export-json "$out/main.json" --export-markdown "$out/main.md" \
   -n 'sandq forked' "$(sandq forked "$main_args")" \
   -n 'sandq cold' "$(sandq cold "$main_args")" \
   -n 'chroot python3' "$(chroot_cmd 'python3 macro_summary.py')" 2>&1 | tee "$out/main.txt"
+fi
 
+if want 3; then
 # 3. CPU per trivial notebook cell, 50 back to back: the whole machine's busy time (/proc/stat;
 # the broker, Redis and the CLI included), the worker's process tree (the worker, its helpers
 # and what they reaped: utime + stime + cutime + cstime) and the sandboxes' own (the results'
@@ -150,7 +158,12 @@ for w in forked cold; do
   python3 - "$w" "$work/cpu-$w.jsonl" $((tree1 - tree0)) $((machine1 - machine0)) <<'EOF' | tee -a "$out/cpu.txt"
 import json, sys
 name, path, tree, machine = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-results = [json.loads(l) for l in open(path) if l.strip()]
+text, results, at = open(path).read(), [], 0
+decoder = json.JSONDecoder()
+while text[at:].strip():
+    obj, end = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
+    results.append(obj)
+    at = end
 sandbox = sum((r.get("usage") or {}).get("cpu_ms", 0) for r in results)
 forked = sum(1 for r in results if (r.get("sandbox") or {}).get("forked"))
 n = len(results)
@@ -158,7 +171,9 @@ print("%s: %d cells (%d forked): machine %.0f ms/cell, worker tree %.0f ms/cell,
       % (name, n, forked, machine / n, tree / n, sandbox / n))
 EOF
 done
+fi
 
+if want 4; then
 # 4. Memory: each idle template (RSS, PSS, private), and a running job's peak (its cgroup).
 for pid in $(pgrep -f 'sandq_runner.py --template'); do
   python3 - "$pid" <<'EOF' | tee -a "$out/memory.txt"
@@ -177,7 +192,9 @@ for w in forked cold; do
   python3 -c 'import json,sys; r=json.load(open(sys.argv[2])); print("%s job peak memory (cgroup): %d MiB, forked=%s" % (sys.argv[1], r["usage"]["peak_memory_bytes"] >> 20, (r.get("sandbox") or {}).get("forked")))' \
     "$w" "$work/mem-$w.json" | tee -a "$out/memory.txt"
 done
+fi
 
+if want 5; then
 # 5. Sustained throughput, one worker each (sandq-loadtest starts it): JOBS jobs of `pass`,
 # notebook and script, 4 in flight; against runc run two at a time.
 font=${SANDQ_PLOT_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf}
@@ -196,4 +213,6 @@ seq 1 "$jobs" | xargs -P 2 -I{} runc run --bundle "$b" "bench-$$-{}" >/dev/null
 end=$(date +%s%N)
 python3 -c 'import sys; n, ns = int(sys.argv[1]), int(sys.argv[2]); print("runc run two at a time: %.1f runs/s" % (n / (ns / 1e9)))' \
   "$jobs" $((end - start)) | tee -a "$out/throughput.txt"
+fi
+
 echo "results in $out" >&2

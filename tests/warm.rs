@@ -107,7 +107,7 @@ async fn run_forked(client: &mut Client, make: impl Fn() -> JobSpec) -> JobResul
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let result = run_until(client, &make, true).await;
-        if result.stdout.text.contains("/bin/sleep infinity") {
+        if result.sandbox.is_some_and(|s| s.forked) {
             return result;
         }
         assert!(Instant::now() < deadline, "no forked start: {:?} {} {}", result.status, result.stdout.text, result.stderr.text);
@@ -541,5 +541,55 @@ async fn a_warm_start_leaves_the_job_the_memory_of_a_cold_one() {
     );
     drop(worker.stdin.take());
     assert!(exits_within(&mut worker, Duration::from_secs(60)));
+    world.delete_queues().await;
+}
+
+/// The pids of `worker`'s templates (its children running `sandq_runner.py --template`).
+fn templates_of(worker: u32) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(worker) && cmdline.windows(10).any(|w| w == b"--template") {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[tokio::test]
+async fn jobs_run_when_the_template_dies_and_forking_is_a_setting() {
+    let world = Isolated::new().await;
+    let id = format!("{}-tpl", world.namespace);
+    let worker = world.start_worker_ready(&id, &[("SANDQ__WARM__PER_SKU", "1")]);
+    let mut client = world.client().await;
+    let job = || python_job("print(6 * 7)", Sku::S);
+    let forked = run_forked(&mut client, job).await;
+    assert_eq!(forked.stdout.text, "42\n");
+    // Its templates killed: the next jobs run (unforked or cold; the forked sandbox waiting in
+    // the pool cannot start one and is dropped), and a template is started again.
+    let templates = templates_of(worker.id());
+    assert!(!templates.is_empty(), "no template of worker {}", worker.id());
+    for pid in &templates {
+        let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
+        assert!(killed.success(), "cannot kill template {pid}");
+    }
+    for _ in 0..3 {
+        let result = run(&mut client, &job()).await;
+        assert_eq!((result.status, result.stdout.text.as_str()), (JobStatus::Succeeded, "42\n"), "{result:?}");
+    }
+    let again = run_forked(&mut client, job).await;
+    assert_eq!(again.stdout.text, "42\n");
+    assert!(templates_of(worker.id()).iter().all(|pid| !templates.contains(pid)), "the killed templates are still there");
+    stop(worker);
+    // warm.forked = false: warm starts preload on their own.
+    let unforked = world.start_worker_ready(&format!("{id}-off"), &[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__FORKED", "false")]);
+    let warm = run_until(&mut client, job, true).await;
+    assert_eq!(warm.stdout.text, "42\n");
+    assert!(!warm.sandbox.is_some_and(|s| s.forked), "forked although warm.forked = false");
+    assert!(templates_of(unforked.id()).is_empty(), "a template runs although warm.forked = false");
+    stop(unforked);
     world.delete_queues().await;
 }

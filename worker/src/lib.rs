@@ -14,7 +14,7 @@
 //! | [`session`] | a session's lock, files, notebook state and packages: opened before, saved after; its reaper |
 //! | [`jobdir`], [`layout`] | a job's directory on the host; the sandbox's file contract (`/sandq`) |
 //! | [`stage`], [`placed`] | code, stdin, session files and inputs from S3 into the job dir; what was placed, as later steps trust it |
-//! | [`warm`] | sandboxes started ahead of their job, and their refill |
+//! | [`warm`] | sandboxes started ahead of their job, their refill, and the pre-imported templates forked starts come from |
 //! | [`run`], [`sandbox`] | the single-threaded helper that runs one container with libcontainer |
 //! | [`artifacts`], [`outputs`] | files left in `/work` -> S3; the notebook's rich outputs |
 //! | [`live`] | the job's live events while it runs (stdout, stderr, displays, lifecycle) to its Redis Stream, best effort |

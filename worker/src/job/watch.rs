@@ -67,6 +67,13 @@ pub(super) async fn run(
     let output = output.map_err(InfraError::Run)?;
     crate::metrics::enter(crate::metrics::Stage::Collect);
     if let Exit::Failed { step, message } = &output.report.exit {
+        if step == "fork" {
+            // The SKU's template cannot fork into sandboxes here (its process died, or the host
+            // refuses a step): its warm sandboxes are made unforked for a while, so that this
+            // job's next attempt, and the next jobs, are not lost to it.
+            ctx.warm.templates.fork_failed(job.spec.sku);
+            tracing::warn!(error = %message, "a forked start failed: the SKU's warm sandboxes start unforked for a while");
+        }
         return Err(InfraError::Sandbox { step: step.clone(), message: message.clone() }.into());
     }
     let killed = output.report.exit == Exit::Killed;

@@ -50,12 +50,27 @@ pub(crate) struct Templates {
     ready: Mutex<HashMap<Sku, std::path::PathBuf>>,
     /// SKUs whose template is being started for the first time (not yet ready, not yet failed).
     starting: Mutex<std::collections::HashSet<Sku>>,
+    /// SKUs whose forked start failed, until when their template is not used.
+    failed: Mutex<HashMap<Sku, std::time::Instant>>,
 }
+
+/// How long a SKU's template is not used after a forked start of it failed.
+const FORK_FAILURE_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Templates {
     /// The socket of `sku`'s template if it is ready.
     pub(crate) fn socket(&self, sku: Sku) -> Option<std::path::PathBuf> {
+        if self.failed.lock().ok()?.get(&sku).is_some_and(|until| std::time::Instant::now() < *until) {
+            return None;
+        }
         self.ready.lock().ok()?.get(&sku).cloned()
+    }
+
+    /// A forked start of `sku` failed: its template is not used for [`FORK_FAILURE_PAUSE`].
+    pub(crate) fn fork_failed(&self, sku: Sku) {
+        if let Ok(mut failed) = self.failed.lock() {
+            failed.insert(sku, std::time::Instant::now() + FORK_FAILURE_PAUSE);
+        }
     }
 
     /// True while `sku`'s template starts for the first time: a warm sandbox of it waits.
@@ -141,6 +156,9 @@ impl Pool {
         let mut ready = self.ready.lock().ok()?;
         let list = ready.get_mut(&(sku, runtime))?;
         let mut taken = None;
+        // A forked sandbox whose template is gone or failed cannot start its job: dropped.
+        let usable = self.templates.socket(sku).is_some();
+        list.retain(|w| !w.forked || usable);
         while let Some(index) = list.iter().position(is_ready) {
             let mut warm = list.swap_remove(index);
             if warm.started.alive() {
