@@ -291,7 +291,7 @@ def ran(**fields):
     """A result of a job that ran (timings, worker, usage, sandbox)."""
     base = dict(sku="M", queued_at_ms=1796047054196, started_at_ms=1796047054198, finished_at_ms=1796047055417,
                 worker_id="worker-1", attempt=1, usage={"wall_ms": 1166, "cpu_ms": 1241, "peak_memory_bytes": 96993280},
-                sandbox={"warm": True, "sandbox_wait_ms": 12})
+                sandbox={"warm": True, "forked": True, "sandbox_wait_ms": 12})
     base.update(fields)
     return result(**base)
 
@@ -338,7 +338,7 @@ RESULTS = [
      None, ran(status="failed", exit_code=1, stderr=stream("\n".join(TRACEBACK) + "\n", log_key=f"{PREFIX}stderr", log_bytes=123),
                outputs=[{"output_type": "error", "data": {"text/plain": {"text": "ZeroDivisionError: division by zero", "artifact": None, "size": 35}},
                          "table": None, "image": None, "error": ERROR}],
-               error=ERROR, execution_count=1, sandbox={"warm": False, "sandbox_wait_ms": 431})),
+               error=ERROR, execution_count=1, sandbox={"warm": False, "forked": False, "sandbox_wait_ms": 431})),
     ("failed_signal", "killed by a signal",
      None, ran(status="failed", signal="SIGSEGV", reason="killed by SIGSEGV")),
     ("timed_out", "still running at its timeout; output kept",

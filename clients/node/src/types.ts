@@ -138,6 +138,8 @@ export interface SessionInfo {
 
 export interface SandboxInfo {
   warm: boolean;
+  /** The warm sandbox's process was forked from a pre-imported template (docs/protocol.md, "Warm starts"). */
+  forked?: boolean;
   sandbox_wait_ms: number;
 }
 

@@ -206,10 +206,13 @@ class SessionInfo:
 class SandboxInfo:
     warm: bool
     sandbox_wait_ms: int
+    #: The warm sandbox's process was forked from a pre-imported template (docs/protocol.md,
+    #: "Warm starts"); False for a cold start or a result written before the field existed.
+    forked: bool = False
 
     @classmethod
     def from_wire(cls, m: Optional[dict]) -> Optional["SandboxInfo"]:
-        return None if m is None else cls(bool(m.get("warm")), m.get("sandbox_wait_ms") or 0)
+        return None if m is None else cls(bool(m.get("warm")), m.get("sandbox_wait_ms") or 0, bool(m.get("forked")))
 
 
 @dataclass(frozen=True)
