@@ -54,6 +54,11 @@ info["oom_score_adj"] = open("/proc/self/oom_score_adj").read()
 info["nice"] = os.nice(0)
 info["fds"] = sorted(os.listdir("/proc/self/fd"))
 info["ppid"] = os.getppid()
+# The interpreter's own state a start sets: its module path (the session packages' user site
+# among it) and how its standard streams write.
+info["sys_path"] = sys.path
+info["streams"] = [[type(s.buffer).__name__, s.write_through, s.line_buffering] for s in (sys.stdout, sys.stderr)]
+info["flags"] = [sys.flags.optimize, sys.flags.dont_write_bytecode, sys.flags.no_user_site, sys.flags.ignore_environment]
 info["in_init_namespaces"] = {n: os.readlink("/proc/self/ns/" + n) == os.readlink("/proc/1/ns/" + n)
                               for n in sorted(os.listdir("/proc/self/ns"))}
 info["init"] = "self" if os.getpid() == 1 else open("/proc/1/cmdline").read().replace("\0", " ").strip()

@@ -159,6 +159,16 @@ def _restore_tmp(tmp, entries):
                 os.close(fd)
 
 
+def _job_streams():
+    """The job's own process keeps everything it prints, a partial line included: its stdout
+    and stderr write through (the image's sitecustomize made the template's, not pid 1, and
+    every forked child line-buffered; a cold start's program is pid 1 and keeps them as
+    PYTHONUNBUFFERED made them)."""
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=False, write_through=True)
+
+
 def _child(conn, tmp_entries):
     """C: joins the sandbox, forks G, reports. Returns in G only (with G's setup done)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -191,6 +201,7 @@ def _child(conn, tmp_entries):
             os.closerange(3, 1 << 20)
             _drop_privileges(req)
             _restore_tmp(os.environ.get("TMPDIR") or "/tmp", tmp_entries)
+            _job_streams()
             os.chdir(req["cwd"])
         except BaseException as exc:  # never run the job half set up
             try:

@@ -40,7 +40,11 @@ pub(crate) async fn serve(ctx: Context, shutdown: tokio::sync::watch::Receiver<b
     let dir = templates_dir(&ctx);
     let _ = std::fs::remove_dir_all(&dir);
     let runner = dir.join("runner");
-    let written = std::fs::create_dir_all(runner.join("sandq_nb")).and_then(|()| {
+    // The Python user site exists when the interpreter starts, as in every job dir
+    // (crate::jobdir): Python puts it on sys.path only then, and a forked job's packages
+    // (restored for its session, or installed by it) are there, at the same path.
+    let user_site = runner.join(crate::layout::PACKAGES_MOUNT_POINT).join("python").join(&settings.packages.python_site);
+    let written = std::fs::create_dir_all(runner.join("sandq_nb")).and_then(|()| std::fs::create_dir_all(&user_site)).and_then(|()| {
         crate::layout::runner_files(Runtime::Python).iter().try_for_each(|(name, text)| std::fs::write(runner.join(name), text))
     });
     if let Err(e) = written {
