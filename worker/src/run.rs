@@ -297,7 +297,7 @@ pub(crate) struct Launch<'a> {
     /// Wall-clock limit (a cold start's, from the start; a warm start sends its job's own).
     pub timeout: Duration,
     /// A forked start (with `warm`): the program is a holder, and the job's process is forked
-    /// into the sandbox at handover from the template listening here.
+    /// into the sandbox once it has started, from the template listening here.
     pub fork: Option<std::path::PathBuf>,
 }
 
@@ -313,8 +313,6 @@ pub(crate) struct Started {
     /// The attempt's live events, once the sandbox is a job's: the capture tasks copy text there.
     live: Arc<OnceLock<Live>>,
     warm: bool,
-    /// A forked start: the handover is read by the forked process, not woken through the FIFO.
-    forked: bool,
     /// The CPUs the container is pinned to, held until it is gone; none for a warm sandbox
     /// until its job is handed over ([`Started::pin`]).
     _cpus: Option<crate::sandbox::cpuset::CpuLease>,
@@ -432,7 +430,6 @@ pub(crate) async fn start(dir: &JobDir, settings: &Settings, launch: &Launch<'_>
         stderr,
         live,
         warm: launch.warm,
-        forked: launch.fork.is_some(),
         _cpus: cpus,
         cpu_ms_before_job: 0,
     })
@@ -518,7 +515,7 @@ impl Started {
     ) -> Result<RunOutput, RunError> {
         if self.warm {
             let handover = handover.ok_or_else(|| RunError::Helper(std::io::Error::other("a warm start needs a handover")))?;
-            hand_over(dir, handover, !self.forked).await.map_err(RunError::Handover)?;
+            hand_over(dir, handover).await.map_err(RunError::Handover)?;
             let line = format!("go {}\n", timeout.as_millis());
             self.control.write_all(line.as_bytes()).await.map_err(RunError::Helper)?;
         }
@@ -564,7 +561,7 @@ impl Started {
 /// Writes the handover where the warm runner reads it, then wakes the runner through its FIFO
 /// (opened non-blocking: no reader means the runner is not waiting, and the start fails
 /// rather than hangs).
-async fn hand_over(dir: &JobDir, handover: &Handover, wake: bool) -> std::io::Result<()> {
+async fn hand_over(dir: &JobDir, handover: &Handover) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let bytes = serde_json::to_vec(handover).map_err(std::io::Error::other)?;
     let path = dir.src.join(crate::layout::WARM_HANDOVER);
@@ -575,10 +572,6 @@ async fn hand_over(dir: &JobDir, handover: &Handover, wake: bool) -> std::io::Re
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))?;
-    // A forked start's process reads the handover when it is forked in (after `go`).
-    if !wake {
-        return Ok(());
-    }
     let go = dir.out.join(crate::layout::WARM_GO);
     let mut last = None;
     for _ in 0..100 {

@@ -119,11 +119,7 @@ def main():
     if forked:
         from . import template
         template.serve()  # returns in the job's process, inside its sandbox
-        try:
-            os.remove(_warm.WARM_READY)  # the holder's, as a warm runner removes its own
-        except OSError:
-            pass
-        args = _warm.read_handover()
+        args = _warm._wait_for_handover()  # then waits for its job as a warm runner
         outputs.open(os.environ.get("SANDQ_OUTPUTS") or None, _output_limit())
     else:
         args = _warm._wait_for_handover() if warm else sys.argv[2:]

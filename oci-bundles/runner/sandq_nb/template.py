@@ -18,7 +18,8 @@ connection it forks a child (C) that owns the connection:
 G, before any job data: its own session, the job's stdio and no other descriptor, the spec's
 umask, groups, gid and uid, an empty bounding set and no capabilities, no_new_privs, and the
 seccomp filter read back from the sandbox's init (byte for byte the cold start's), then the
-job's working directory. Only then does it read the handover and run the cell.
+job's working directory. It then waits for its job as a warm runner does (`.ready`, the FIFO);
+only then does it read the handover and run the cell.
 """
 
 import ctypes

@@ -170,6 +170,7 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
         create_us: 0,
         start_us: 0,
         delete_us: 0,
+        fork_us: 0,
         delete_error: None,
     };
     let stdin = match File::open(request.stdin_path.as_deref().unwrap_or(Path::new("/dev/null"))) {
@@ -273,12 +274,38 @@ fn supervise(
     }
     report.start_us = t1.elapsed().as_micros() as u64;
     let mut timeout_ms = request.timeout_ms;
+    // A forked start: the job's process is forked from the template into the sandbox as soon
+    // as it is made (off the job's critical path), and waits there for its job as an unforked
+    // warm runner does; its end comes on the template's connection, the init being a holder.
+    let mut forked = None;
+    if let (Some(socket), Some((stdin, stdout, stderr))) = (request.fork.as_deref(), fork_stdio) {
+        let t = Instant::now();
+        match super::fork::fork_into(pid.as_raw(), request, socket, stdin, stdout.as_fd(), stderr.as_fd()) {
+            Ok(f) => {
+                report.fork_us = t.elapsed().as_micros() as u64;
+                forked = Some(f);
+            }
+            Err(e) => {
+                kill_all(container);
+                let _ = waitpid(pid, None);
+                return failed("fork", chain(&e));
+            }
+        }
+    }
     if request.warm {
         // Started ahead of its job: no clock until the worker hands the job over.
-        match wait_for_go(pidfd.as_fd(), control) {
+        let watched = forked.as_ref().map_or(pidfd.as_fd(), super::fork::Forked::fd);
+        match wait_for_go(watched, control) {
             Go::Start(ms) => timeout_ms = ms,
             Go::Exited => {
-                // The warm runner died before any job: report how, like any exit.
+                // The warm runner (or the forked process) died before any job: report how,
+                // like any exit.
+                if let Some(f) = forked.as_mut() {
+                    let exit = f.poll_end().unwrap_or(Exit::Killed);
+                    kill_all(container);
+                    let _ = waitpid(pid, None);
+                    return exit;
+                }
                 return match waitpid(pid, None) {
                     Ok(WaitStatus::Exited(_, code)) => Exit::Exited { code },
                     Ok(WaitStatus::Signaled(_, signal, _)) => Exit::Signaled { signal: signal.as_str().to_owned() },
@@ -293,19 +320,6 @@ fn supervise(
         }
     }
     let started = Instant::now();
-    // A forked start: the job's process is forked from the template into the sandbox now, and
-    // its end comes on the template's connection; the init is only a holder.
-    let mut forked = None;
-    if let (Some(socket), Some((stdin, stdout, stderr))) = (request.fork.as_deref(), fork_stdio) {
-        match super::fork::fork_into(pid.as_raw(), request, socket, stdin, stdout.as_fd(), stderr.as_fd()) {
-            Ok(f) => forked = Some(f),
-            Err(e) => {
-                kill_all(container);
-                let _ = waitpid(pid, None);
-                return failed("fork", chain(&e));
-            }
-        }
-    }
     let deadline = started + Duration::from_millis(timeout_ms);
     let mut outcome: Option<Exit> = None;
     let mut forked_exit: Option<Exit> = None;

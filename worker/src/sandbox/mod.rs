@@ -58,9 +58,9 @@ pub struct SandboxRequest {
     /// `--warm` mode, which waits for its job itself.
     #[serde(default)]
     pub warm: bool,
-    /// A forked start (with `warm`): the container's process is only a holder, and at `go`
-    /// the job's process is forked from the template listening on this socket into the
-    /// sandbox ([`fork`]).
+    /// A forked start (with `warm`): the container's process is only a holder, and once it has
+    /// started the job's process is forked into the sandbox from the template listening on
+    /// this socket ([`fork`]); it then waits for `go` as a warm runner does.
     #[serde(default)]
     pub fork: Option<PathBuf>,
 }
@@ -107,6 +107,11 @@ pub struct SandboxReport {
     pub start_us: u64,
     /// See `create_us`.
     pub delete_us: u64,
+    /// A forked start: the fork into the started sandbox (the seccomp program read back, the
+    /// template's fork, the namespaces joined, the move into the cgroup), microseconds, before
+    /// the job arrived; 0 for other starts.
+    #[serde(default)]
+    pub fork_us: u64,
     /// Error of `delete`, if it failed (the container may be left behind; startup cleanup
     /// retries).
     pub delete_error: Option<String>,

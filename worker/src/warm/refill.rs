@@ -64,7 +64,7 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
     };
     // A forked start when the SKU's template is ready: the container holds only a holder (its
     // init, pid 1, as `sleep` never exits on its own), and the job's process is forked into it
-    // at handover. Else as run::command starts a cold job of the runtime, with `--warm`.
+    // once it has started. Else as run::command starts a cold job of the runtime, with `--warm`.
     let fork = if runtime == Runtime::Python && settings.warm.forked { ctx.warm.templates.socket(sku) } else { None };
     let mut args = vec![interpreter.to_owned()];
     if runtime == Runtime::Node {
@@ -72,10 +72,9 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
     }
     args.extend([format!("/sandq/{runner}"), "--warm".to_owned()]);
     if fork.is_some() {
-        // Says it is ready as a warm runner does (the container is then created and started),
-        // then holds the sandbox.
-        let ready = format!(": > /sandq/out/{} && exec /bin/sleep infinity", layout::WARM_READY);
-        args = vec!["/bin/sh".to_owned(), "-c".to_owned(), ready];
+        // Only holds the sandbox: the job's process, forked into it once it has started, says
+        // it is ready and waits for its job as a warm runner does.
+        args = vec!["/bin/sleep".to_owned(), "infinity".to_owned()];
     }
     let launch = Launch {
         container_id: &container_id,
