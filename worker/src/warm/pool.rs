@@ -27,8 +27,8 @@ pub(crate) struct WarmSandbox {
     pub sandbox_uid: u32,
     /// Its user namespace range, given back when the sandbox is gone.
     pub(super) index: IndexLease,
-    /// A forked start: the container holds only a holder, and the job's process is forked
-    /// into it from the SKU's template at handover.
+    /// A forked start: the container's init is only a holder, and the job's process, forked
+    /// into it from the SKU's template once it started, waits there for the handover.
     pub forked: bool,
 }
 
@@ -130,8 +130,7 @@ pub(crate) struct Pool {
     pub(super) taken: tokio::sync::Notify,
 }
 
-/// True when the sandbox's runner has preloaded and waits for a job (a forked start's holder:
-/// when the container has started).
+/// True when the sandbox's runner (or a forked start's process) is ready and waits for a job.
 fn is_ready(warm: &WarmSandbox) -> bool {
     warm.dir.out.join(layout::WARM_READY).exists()
 }
