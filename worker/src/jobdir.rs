@@ -123,8 +123,19 @@ impl JobDir {
     /// the caller's context, which a job can make cost seconds of CPU (10 million failed
     /// lookups: 6.75 s of system CPU at unmount). Never on an async runtime thread, and before
     /// the job's capacity is given back (`docs/threat-model.md`, Known gaps).
-    pub(crate) async fn remove(self) {
-        if let Err(e) = tokio::task::spawn_blocking(move || drop(self)).await {
+    ///
+    /// A helper still deleting the container (it writes the report, and the result is
+    /// published, before that) is waited for first, up to [`HELPER_EXIT_WAIT`]; the delete's
+    /// time and error are then logged from its final report.
+    pub(crate) async fn remove(mut self) {
+        let removed = tokio::task::spawn_blocking(move || {
+            if let Some(pidfd) = self.helper.get_mut().ok().and_then(Option::take) {
+                wait_for_exit(&pidfd, HELPER_EXIT_WAIT);
+                log_teardown(&self.report);
+            }
+            drop(self);
+        });
+        if let Err(e) = removed.await {
             tracing::warn!(error = %e, "the job dir's removal failed");
         }
     }
@@ -148,6 +159,24 @@ impl Drop for JobDir {
                 }
             }
         }
+    }
+}
+
+/// Logs how the container's delete went, from the helper's final report at `report` (read
+/// bounded; a report without the delete's is a helper that did not finish it).
+fn log_teardown(report: &Path) {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(report).and_then(|f| f.take(1 << 20).read_to_end(&mut bytes));
+    match read.ok().and_then(|_| serde_json::from_slice::<crate::sandbox::SandboxReport>(&bytes).ok()) {
+        Some(r) if !r.deleted => tracing::warn!("the helper did not finish the container's delete: the next startup cleanup removes it"),
+        Some(r) => match r.delete_error {
+            None => tracing::debug!(delete_us = r.delete_us, "container deleted"),
+            Some(error) => {
+                tracing::warn!(delete_us = r.delete_us, error, "the container's delete failed; the next startup cleanup retries")
+            }
+        },
+        None => tracing::warn!("the helper left no final report: the container may be left until the next startup cleanup"),
     }
 }
 

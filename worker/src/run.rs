@@ -313,8 +313,8 @@ pub(crate) struct Started {
     /// The attempt's live events, once the sandbox is a job's: the capture tasks copy text there.
     live: Arc<OnceLock<Live>>,
     warm: bool,
-    /// The CPUs the container is pinned to, held until it is gone; none for a warm sandbox
-    /// until its job is handed over ([`Started::pin`]).
+    /// The CPUs the container is pinned to, held until its program has ended; none for a warm
+    /// sandbox until its job is handed over ([`Started::pin`]).
     _cpus: Option<crate::sandbox::cpuset::CpuLease>,
     /// CPU time the sandbox used before its job was handed over (a warm sandbox's warm-up),
     /// ms: not the job's, taken off the report's usage (a warm job's `cpu_ms` would count the
@@ -519,39 +519,64 @@ impl Started {
             let line = format!("go {}\n", timeout.as_millis());
             self.control.write_all(line.as_bytes()).await.map_err(RunError::Helper)?;
         }
-        // `_cpus` stays held until the helper has reaped the container (end of this function).
-        let Started { container_id, mut child, mut control, stdout, stderr, _cpus, cpu_ms_before_job, .. } = self;
+        // The helper closes its copies of the program's streams once the sandbox's processes
+        // are gone and its report is written, then deletes the container: the end of both
+        // streams is the program's end, and the result does not wait for the delete (the job
+        // dir's removal does: `JobDir::remove`).
+        let Started { container_id, mut child, mut control, stdout, stderr, cpu_ms_before_job, .. } = self;
         let deadline = tokio::time::Instant::now() + timeout + HELPER_GRACE;
-        let exited = tokio::select! {
-            status = tokio::time::timeout_at(deadline, child.wait()) => Some(status),
-            () = stop => None,
+        let streams = async {
+            let stdout = stdout.await.unwrap_or_default();
+            (stdout, stderr.await.unwrap_or_default())
         };
-        let exited = match exited {
-            Some(exited) => exited,
-            None => {
-                // Cancelled or shutting down: the helper kills the container and reports `Killed`.
-                let _ = control.write_all(b"kill\n").await;
-                tokio::time::timeout_at(deadline, child.wait()).await
-            }
-        };
-        let status = match exited {
-            Ok(status) => {
-                dir.helper_exited();
-                status.map_err(RunError::Helper)?
-            }
-            Err(_) => {
-                let _ = child.kill().await;
-                dir.helper_exited();
-                delete_container(settings, &container_id).await;
-                return Err(RunError::HelperHung);
+        tokio::pin!(streams);
+        tokio::pin!(stop);
+        let mut stopped = false;
+        let ((stdout, stderr), status) = loop {
+            tokio::select! {
+                streams = &mut streams => break (streams, None),
+                status = child.wait() => {
+                    dir.helper_exited();
+                    let status = status.map_err(RunError::Helper)?;
+                    // Every writer of the pipes is gone with the helper and the container's pid
+                    // namespace; the bound only guards against a leaked writer.
+                    let streams = tokio::time::timeout(Duration::from_secs(5), &mut streams).await.unwrap_or_default();
+                    break (streams, Some(status));
+                }
+                () = &mut stop, if !stopped => {
+                    // Cancelled or shutting down: the helper kills the container and reports
+                    // `Killed`.
+                    stopped = true;
+                    let _ = control.write_all(b"kill\n").await;
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    let _ = child.kill().await;
+                    dir.helper_exited();
+                    delete_container(settings, &container_id).await;
+                    return Err(RunError::HelperHung);
+                }
             }
         };
         drop(control);
-        // Every writer of the pipes is gone with the container's pid namespace; the bound only
-        // guards against a leaked writer keeping a reader task alive.
-        let stdout = tokio::time::timeout(Duration::from_secs(5), stdout).await.ok().and_then(Result::ok).unwrap_or_default();
-        let stderr = tokio::time::timeout(Duration::from_secs(5), stderr).await.ok().and_then(Result::ok).unwrap_or_default();
-        let report = read_report(&dir.report).await.map_err(|source| RunError::NoReport { status: status.to_string(), source })?;
+        let report = match (read_report(&dir.report).await, status) {
+            (Ok(report), _) => report,
+            (Err(source), Some(status)) => return Err(RunError::NoReport { status: status.to_string(), source }),
+            // The streams ended without a report while the helper runs (it could not write
+            // one): its exit says why.
+            (Err(_), None) => {
+                let status = match tokio::time::timeout_at(deadline, child.wait()).await {
+                    Ok(status) => status.map_err(RunError::Helper)?,
+                    Err(_) => {
+                        let _ = child.kill().await;
+                        dir.helper_exited();
+                        delete_container(settings, &container_id).await;
+                        return Err(RunError::HelperHung);
+                    }
+                };
+                dir.helper_exited();
+                read_report(&dir.report).await.map_err(|source| RunError::NoReport { status: status.to_string(), source })?
+            }
+        };
         let mut report = report;
         report.stats.cpu_ms = report.stats.cpu_ms.saturating_sub(cpu_ms_before_job);
         Ok(RunOutput { report, stdout, stderr })

@@ -99,6 +99,21 @@ pub(crate) fn read_once(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> io::
     nix::unistd::read(fd.as_raw_fd(), buf).map_err(io::Error::from)
 }
 
+/// Points the calling process's stdout and stderr (fds 1 and 2) at `/dev/null`, closing its
+/// copies of whatever they were: the helper's last hold on the sandbox's output pipes, whose
+/// end-of-file tells the worker the report is written (`sandbox::helper`).
+///
+/// # Errors
+/// Opening `/dev/null`, or the kernel's error from `dup2`.
+pub(crate) fn detach_stdio() -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    for target in [1, 2] {
+        nix::unistd::dup2(null.as_raw_fd(), target).map_err(io::Error::from)?;
+    }
+    Ok(())
+}
+
 /// Grows the pipe behind `fd` to `bytes` (`F_SETPIPE_SZ`; the kernel rounds up to a power of
 /// two of pages). Returns the new size.
 ///

@@ -71,14 +71,7 @@ pub(super) async fn result(
         return Ok(result);
     }
     let r = &output.report;
-    info!(
-        create_us = r.create_us,
-        start_us = r.start_us,
-        fork_us = r.fork_us,
-        delete_us = r.delete_us,
-        wall_ms = r.wall_ms,
-        "container cycle"
-    );
+    info!(create_us = r.create_us, start_us = r.start_us, fork_us = r.fork_us, wall_ms = r.wall_ms, "container cycle");
     let notebook = job.spec.run_mode() == RunMode::Notebook;
     let cell = launch.cell;
     let baseline = Opened::baseline(&launch.restore, job, &launch.staged);

@@ -101,12 +101,21 @@ fn run_main() -> i32 {
         }
     };
     let report = run(&request, &control);
-    let written =
-        serde_json::to_vec(&report).map_err(io::Error::other).and_then(|bytes| File::create(&request.report_path)?.write_all(&bytes));
-    match written {
+    match write_report(&request.report_path, &report) {
         Ok(()) => 0,
         Err(_) => 4,
     }
+}
+
+/// Writes `report` to `path` whole or not at all (a temporary file renamed over it): the worker
+/// may read it while the helper is still deleting the container, and reads it again after.
+fn write_report(path: &Path, report: &SandboxReport) -> io::Result<()> {
+    let bytes = serde_json::to_vec(report).map_err(io::Error::other)?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    File::create(&partial)?.write_all(&bytes)?;
+    std::fs::rename(&partial, path)
 }
 
 /// Why the container's own user namespace could not be made ready ([`join_own_userns`]).
@@ -161,7 +170,9 @@ fn failed(step: &str, message: String) -> Exit {
 }
 
 /// Runs one container to completion and deletes it. Never panics on libcontainer errors: each
-/// becomes [`Exit::Failed`].
+/// becomes [`Exit::Failed`]. Once the program has ended, the report (without the delete's) is
+/// written and the helper's stdout and stderr detached before the delete (the protocol in
+/// [`super`]).
 pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
     let mut report = SandboxReport {
         exit: Exit::Killed,
@@ -172,6 +183,7 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
         delete_us: 0,
         fork_us: 0,
         delete_error: None,
+        deleted: false,
     };
     let stdin = match File::open(request.stdin_path.as_deref().unwrap_or(Path::new("/dev/null"))) {
         Ok(f) => f,
@@ -224,11 +236,19 @@ pub fn run(request: &SandboxRequest, control: &File) -> SandboxReport {
     let mut address = None;
     report.exit = supervise(&mut container, request, control, fork_stdio.as_ref(), &mut report, &mut address);
     report.stats = cgroup::read(&request.cgroups_path);
+    // The program's end is known and every process of the sandbox is gone: the report is
+    // written now and the output pipes closed, so that the worker publishes the result while
+    // the container is deleted; the report is written again, with the delete's, at the end.
+    drop(fork_stdio);
+    if write_report(&request.report_path, &report).is_ok() {
+        let _ = sys::detach_stdio();
+    }
     let t2 = Instant::now();
     if let Err(e) = container.delete(true) {
         report.delete_error = Some(chain(&e));
     }
     report.delete_us = t2.elapsed().as_micros() as u64;
+    report.deleted = true;
     // The veth pair went with the container's network namespace; the address is free again.
     if let Some(address) = address {
         network::release_address(address);

@@ -10,8 +10,11 @@
 //!   for a warm start, a line `go <timeout_ms>` starts the job's clock;
 //! - stdout / stderr: handed to the container as its own stdout / stderr (the helper writes
 //!   nothing to them);
-//! - the [`SandboxReport`] is written as JSON to `report_path`; exit code 0 when a report was
-//!   written.
+//! - the [`SandboxReport`] is written as JSON to `report_path` (replaced whole) as soon as the
+//!   program has ended and every process of the sandbox is gone; the helper then points its
+//!   stdout and stderr at `/dev/null`, so that the end of both pipes tells the worker the
+//!   report is there, deletes the container and writes the report again with the delete's
+//!   (`deleted`); exit code 0 when the final report was written.
 
 pub mod cgroup;
 pub mod cpuset;
@@ -115,4 +118,8 @@ pub struct SandboxReport {
     /// Error of `delete`, if it failed (the container may be left behind; startup cleanup
     /// retries).
     pub delete_error: Option<String>,
+    /// The report is the final one, written after the delete: the first, written as soon as
+    /// the program has ended and its processes are gone, has no delete's time or error yet.
+    #[serde(default)]
+    pub deleted: bool,
 }
