@@ -126,7 +126,9 @@ pub struct Client {
     /// A connection of its own for `BLPOP` (a blocking command would stall other commands on
     /// a shared multiplexed connection); made on first wait.
     blocking: Option<RedisConn>,
-    s3: aws_sdk_s3::Client,
+    /// Made on first use ([`Client::s3`]): building it reads the system's trust store, which a
+    /// job without files never needs.
+    s3: std::sync::OnceLock<aws_sdk_s3::Client>,
     /// What to do with a job whose SKU is unserved.
     unserved: Unserved,
     /// When each SKU was last seen with a consumer.
@@ -161,10 +163,12 @@ impl Client {
     /// service cannot be reached.
     pub async fn connect(config: ServiceConfig) -> Result<Self, ClientError> {
         let names = Names::new(config.namespace.clone());
-        let (connection, channel, broker_index) = open_broker(&config, &names, 0, true).await?;
         let redis_target = RedisTarget::from_config(&config.redis).map_err(results::ResultError::from)?;
-        let redis = redis_target.connect().await.map_err(results::ResultError::from)?;
-        let s3 = storage::client(&config.s3);
+        // The broker and Redis at once: each costs a few round trips.
+        let (broker, redis) = tokio::join!(open_broker(&config, &names, 0, true), redis_target.connect());
+        let (connection, channel, broker_index) = broker?;
+        let redis = redis.map_err(results::ResultError::from)?;
+        let s3 = std::sync::OnceLock::new();
         Ok(Client {
             config,
             names,
@@ -178,6 +182,11 @@ impl Client {
             unserved: Unserved::default(),
             served_at: std::collections::HashMap::new(),
         })
+    }
+
+    /// The S3 client, made on first use.
+    fn s3(&self) -> &aws_sdk_s3::Client {
+        self.s3.get_or_init(|| storage::client(&self.config.s3))
     }
 
     /// Sets what [`Client::submit`] does with a job whose SKU no worker serves right now
@@ -204,11 +213,11 @@ impl Client {
         // hold these bytes (any client may write under any digest), and is overwritten. One of
         // the same size but other bytes fails its job's digest check, and the worker then
         // removes it (test: a_poisoned_input_object_is_removed_and_uploaded_again).
-        if storage::object_size(&self.s3, &self.config.s3.bucket, &key).await? != Some(size) {
+        if storage::object_size(self.s3(), &self.config.s3.bucket, &key).await? != Some(size) {
             let file = tokio::fs::File::open(local)
                 .await
                 .map_err(|source| storage::TransferError::Local { path: local.display().to_string(), source })?;
-            storage::put_file(&self.s3, &self.config.s3.bucket, &key, file, &local.display().to_string(), "application/octet-stream")
+            storage::put_file(self.s3(), &self.config.s3.bucket, &key, file, &local.display().to_string(), "application/octet-stream")
                 .await?;
         }
         Ok(InputFile { key, path: sandbox_path.to_owned(), size, sha256 })
@@ -571,7 +580,7 @@ impl Client {
     /// [`ClientError::Transfer`].
     pub async fn fetch_log(&self, key: &str, log_bytes: u64) -> Result<Vec<u8>, ClientError> {
         let response = self
-            .s3
+            .s3()
             .get_object()
             .bucket(&self.config.s3.bucket)
             .key(key)
@@ -615,7 +624,7 @@ impl Client {
         let partial = dest.with_file_name(format!(".sandq-partial-{}", uuid::Uuid::new_v4().simple()));
         let mut file = tokio::fs::File::create(&partial).await.map_err(local)?;
         let fetched = storage::get_to_file(
-            &self.s3,
+            self.s3(),
             &self.config.s3.bucket,
             &artifact.key,
             &mut file,
@@ -638,7 +647,8 @@ impl Client {
     /// # Errors
     /// [`ClientError::Session`].
     pub async fn sessions(&mut self, max: usize) -> Result<Vec<sandq_core::sessions::Listed>, ClientError> {
-        Ok(sandq_core::sessions::list(&self.s3, &self.config.s3.bucket, &mut self.redis, &self.names, max).await?)
+        let s3 = self.s3().clone();
+        Ok(sandq_core::sessions::list(&s3, &self.config.s3.bucket, &mut self.redis, &self.names, max).await?)
     }
 
     /// Deletes a session's files now (waiting up to `wait` for a running job of it to end);
@@ -650,9 +660,9 @@ impl Client {
     pub async fn remove_session(&mut self, name: &str, wait: Duration) -> Result<usize, ClientError> {
         sandq_schemas::validate::check_session_name(name)?;
         let holder = format!("cli-{}", uuid::Uuid::new_v4());
-        let (s3, bucket, names) = (&self.s3, &self.config.s3.bucket, &self.names);
+        let (s3, bucket, names) = (self.s3().clone(), &self.config.s3.bucket, &self.names);
         sandq_core::sessions::lock(&mut self.redis, names, name, &holder, Duration::from_secs(60), wait).await?;
-        let deleted = sandq_core::sessions::delete(s3, bucket, &mut self.redis, names, name).await;
+        let deleted = sandq_core::sessions::delete(&s3, bucket, &mut self.redis, names, name).await;
         sandq_core::sessions::unlock(&mut self.redis, names, name, &holder).await?;
         Ok(deleted?)
     }
