@@ -565,7 +565,7 @@ fn templates_of(worker: u32) -> Vec<i32> {
 }
 
 #[tokio::test]
-async fn jobs_run_when_the_template_dies_and_forking_is_a_setting() {
+async fn jobs_run_when_the_template_dies_or_is_replaced_and_forking_is_a_setting() {
     let world = Isolated::new().await;
     let id = format!("{}-tpl", world.namespace);
     let worker = world.start_worker_ready(&id, &[("SANDQ__WARM__PER_SKU", "1")]);
@@ -573,8 +573,9 @@ async fn jobs_run_when_the_template_dies_and_forking_is_a_setting() {
     let job = || python_job("print(6 * 7)", Sku::S);
     let forked = run_forked(&mut client, job).await;
     assert_eq!(forked.stdout.text, "42\n");
-    // Its templates killed: the next jobs run (unforked or cold; the forked sandbox waiting in
-    // the pool cannot start one and is dropped), and a template is started again.
+    // Its templates killed: the next jobs run (in the forked sandboxes already made, whose
+    // processes outlive their template, then unforked or cold), and a template is started
+    // again.
     let templates = templates_of(worker.id());
     assert!(!templates.is_empty(), "no template of worker {}", worker.id());
     for pid in &templates {
@@ -589,6 +590,23 @@ async fn jobs_run_when_the_template_dies_and_forking_is_a_setting() {
     assert_eq!(again.stdout.text, "42\n");
     assert!(templates_of(worker.id()).iter().all(|pid| !templates.contains(pid)), "the killed templates are still there");
     stop(worker);
+    // warm.template_lifetime: a template is replaced by a new one once it has served that
+    // long, and the sandboxes forked from the old one still run their jobs.
+    let short = world.start_worker_ready(&format!("{id}-life"), &[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__TEMPLATE_LIFETIME", "4s")]);
+    run_forked(&mut client, job).await;
+    let first = templates_of(short.id());
+    assert!(!first.is_empty(), "no template of worker {}", short.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while templates_of(short.id()).iter().any(|pid| first.contains(pid)) || templates_of(short.id()).is_empty() {
+        assert!(Instant::now() < deadline, "the templates {first:?} were not replaced within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for pid in &first {
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the replaced template {pid} is still there");
+    }
+    let after = run_forked(&mut client, job).await;
+    assert_eq!(after.stdout.text, "42\n");
+    stop(short);
     // warm.forked = false: warm starts preload on their own.
     let unforked = world.start_worker_ready(&format!("{id}-off"), &[("SANDQ__WARM__PER_SKU", "1"), ("SANDQ__WARM__FORKED", "false")]);
     let warm = run_until(&mut client, job, true).await;

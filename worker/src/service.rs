@@ -68,7 +68,12 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     let grace = settings.shutdown_grace;
     let capacity = Arc::new(crate::capacity::Capacity::new(settings.capacity_cpus, settings.capacity_memory_bytes));
     info!(cpus = settings.capacity_cpus, memory_bytes = settings.capacity_memory_bytes, skus = ?settings.skus.keys().collect::<Vec<_>>(), "capacity");
-    let warm = Arc::new(crate::warm::Pool::new(settings.warm.per_sku, settings.total_slots(), settings.warm_ranges()));
+    let warm = Arc::new(crate::warm::Pool::new(
+        settings.warm.per_sku,
+        settings.warm.forked_per_sku,
+        settings.total_slots(),
+        settings.warm_ranges(),
+    ));
     crate::metrics::init(settings.capacity_cpus, settings.capacity_memory_bytes, settings.skus.keys().copied());
     let addr = settings.metrics_addr;
     let listener = crate::health::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?;

@@ -89,6 +89,43 @@ pub struct WarmSettings {
     /// Python warm sandboxes are forked from a pre-imported template per SKU
     /// (`warm.forked`, default true; [`crate::warm::template`]).
     pub forked: bool,
+    /// Forked Python warm sandboxes kept per SKU while its template is ready
+    /// (`warm.forked_per_sku`, default 2; at least `per_sku`).
+    pub forked_per_sku: usize,
+    /// How long a template serves before a new one replaces it (`warm.template_lifetime`,
+    /// default 1 h).
+    pub template_lifetime: Duration,
+}
+
+/// Memory set aside in the capacity for each forked warm sandbox, bytes: its holder and its
+/// forked process's own pages (the template's are shared copy-on-write and charged to the
+/// worker), measured at a 7 MiB peak for a job importing numpy, pandas and pyplot
+/// (docs/benchmarks.md "Forked sandboxes").
+pub const FORKED_WARM_MEMORY_BYTES: u64 = 32 << 20;
+
+impl WarmSettings {
+    /// Warm sandboxes of `runtime` kept per SKU at most (forked ones when the SKU's template
+    /// is ready).
+    pub fn kept(&self, runtime: sandq_schemas::Runtime) -> usize {
+        if runtime == sandq_schemas::Runtime::Python && self.forked {
+            self.per_sku.max(self.forked_per_sku)
+        } else {
+            self.per_sku
+        }
+    }
+
+    /// Memory set aside for the warm sandboxes of `runtime` of one SKU, bytes: `per_sku`
+    /// preloading sandboxes of `memory_bytes`, or, when more forked ones are kept, those of
+    /// [`FORKED_WARM_MEMORY_BYTES`] (a pool holds one kind or the other: see
+    /// [`crate::warm::refill`]).
+    pub fn reserve_bytes(&self, runtime: sandq_schemas::Runtime) -> u64 {
+        let unforked = self.per_sku as u64 * self.memory_bytes;
+        if runtime == sandq_schemas::Runtime::Python && self.forked {
+            unforked.max(self.forked_per_sku as u64 * FORKED_WARM_MEMORY_BYTES)
+        } else {
+            unforked
+        }
+    }
 }
 
 /// The outbound network mode (`worker.outbound_network`, `nameservers`, `blocked_ranges`).
@@ -292,9 +329,18 @@ impl RawConfig {
             }
         }
         // The warm pool's memory comes off the capacity jobs get.
-        let warm_sandboxes = self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
-        let warm_memory_bytes = self.warm.memory_bytes.unwrap_or(256 << 20);
-        let warm_reserve = warm_sandboxes as u64 * warm_memory_bytes;
+        let per_sku = self.warm.per_sku.unwrap_or(1);
+        let warm = WarmSettings {
+            per_sku,
+            memory_bytes: self.warm.memory_bytes.unwrap_or(256 << 20),
+            preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
+            runtimes: warm_runtimes,
+            forked: self.warm.forked.unwrap_or(true),
+            forked_per_sku: if per_sku == 0 { 0 } else { self.warm.forked_per_sku.unwrap_or(2).max(per_sku) },
+            template_lifetime: self.warm.template_lifetime.unwrap_or(Duration::from_secs(3600)),
+        };
+        let warm_sandboxes: usize = skus.len() * warm.runtimes.iter().map(|r| warm.kept(*r)).sum::<usize>();
+        let warm_reserve = skus.len() as u64 * warm.runtimes.iter().map(|r| warm.reserve_bytes(*r)).sum::<u64>();
         let capacity_memory_bytes = match capacity_memory_bytes.checked_sub(warm_reserve) {
             Some(left) if skus.values().all(|s| s.limits.memory_bytes <= left) => left,
             _ => {
@@ -312,8 +358,7 @@ impl RawConfig {
         if let Some(map) = id_map.as_mut() {
             // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
             // keeps its range while its job runs, and one is made meanwhile).
-            let slots: usize =
-                skus.values().map(|s| s.slots).sum::<usize>() + 2 * self.warm.per_sku.unwrap_or(1) * skus.len() * warm_runtimes.len();
+            let slots: usize = skus.values().map(|s| s.slots).sum::<usize>() + 2 * warm_sandboxes;
             let span = slots as u64 * u64::from(map.size);
             if let Some(dir) = &self.worker.userns_lease_dir {
                 if slots as u64 > USERNS_LEASE_RANGES {
@@ -393,13 +438,7 @@ impl RawConfig {
                 ),
                 max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
             },
-            warm: WarmSettings {
-                per_sku: self.warm.per_sku.unwrap_or(1),
-                memory_bytes: warm_memory_bytes,
-                preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
-                runtimes: warm_runtimes,
-                forked: self.warm.forked.unwrap_or(true),
-            },
+            warm,
             network: NetworkSettings { outbound: self.worker.outbound_network.unwrap_or(true), nameservers, blocked_ranges },
             max_attempts,
             limits,
@@ -439,7 +478,7 @@ impl Settings {
 
     /// User namespace ranges set aside for warm sandboxes.
     pub fn warm_ranges(&self) -> usize {
-        2 * self.warm.per_sku * self.skus.len() * self.warm.runtimes.len()
+        2 * self.skus.len() * self.warm.runtimes.iter().map(|r| self.warm.kept(*r)).sum::<usize>()
     }
 
     /// The host uid (and gid) that owns files the program in slot `slot` writes: the sandbox

@@ -11,7 +11,8 @@ use crate::jobdir::JobDir;
 use crate::layout;
 use crate::run::Started;
 
-/// Longest a job waits for a forked start's sandbox that is starting rather than start cold.
+/// Longest a job waits for a cheap warm sandbox that is starting (a forked one, or a Node.js
+/// one) rather than start cold.
 const FORKED_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// A sandbox started ahead of its job.
@@ -122,8 +123,10 @@ pub(crate) struct Pool {
     pub(super) ready: Mutex<HashMap<(Sku, Runtime), Vec<WarmSandbox>>>,
     /// User namespace range indexes not lent to a sandbox.
     pub(super) free: std::sync::Arc<Mutex<Vec<usize>>>,
-    /// Sandboxes kept per SKU and runtime.
+    /// Sandboxes kept per SKU and runtime (`warm.per_sku`).
     pub(super) per_sku: usize,
+    /// Python sandboxes kept per SKU while they are forked (`warm.forked_per_sku`).
+    pub(super) forked_per_sku: usize,
     /// The templates forked starts come from ([`super::template`]).
     pub(crate) templates: Templates,
     /// Wakes the refill when a sandbox is taken.
@@ -136,14 +139,15 @@ fn is_ready(warm: &WarmSandbox) -> bool {
 }
 
 impl Pool {
-    /// An empty pool keeping `per_sku` sandboxes per SKU, with the user namespace range indexes
-    /// `first_index..first_index + ranges` to hand out.
-    pub(crate) fn new(per_sku: usize, first_index: usize, ranges: usize) -> Self {
+    /// An empty pool keeping `per_sku` sandboxes per SKU (`forked_per_sku` forked ones), with
+    /// the user namespace range indexes `first_index..first_index + ranges` to hand out.
+    pub(crate) fn new(per_sku: usize, forked_per_sku: usize, first_index: usize, ranges: usize) -> Self {
         Pool {
             closed: std::sync::atomic::AtomicBool::new(false),
             ready: Mutex::new(HashMap::new()),
             free: std::sync::Arc::new(Mutex::new((first_index..first_index + ranges).rev().collect())),
             per_sku,
+            forked_per_sku,
             templates: Templates::default(),
             taken: tokio::sync::Notify::new(),
         }
@@ -155,9 +159,8 @@ impl Pool {
         let mut ready = self.ready.lock().ok()?;
         let list = ready.get_mut(&(sku, runtime))?;
         let mut taken = None;
-        // A forked sandbox whose template is gone or failed cannot start its job: dropped.
-        let usable = self.templates.socket(sku).is_some();
-        list.retain(|w| !w.forked || usable);
+        // A forked sandbox's process was forked when it was made: it runs its job whatever its
+        // template has become since (ended, restarted, failed another fork).
         while let Some(index) = list.iter().position(is_ready) {
             let mut warm = list.swap_remove(index);
             if warm.started.alive() {
@@ -174,8 +177,9 @@ impl Pool {
         taken
     }
 
-    /// [`Pool::take`], or, when none is ready but a forked start's sandbox is starting (its
-    /// container is being made: ~0.1 s, against ~0.5 s for a cold start), that one once it is
+    /// [`Pool::take`], or, when none is ready but a cheap one is starting (a forked start's,
+    /// whose container is being made: ~0.1 s, against ~0.5 s for a cold start; or a Node.js
+    /// one, whose interpreter starts: ~0.1 s, against ~0.17 s cold), that one once it is
     /// ready, waiting at most [`FORKED_WAIT`].
     pub(crate) async fn take_or_wait(&self, sku: Sku, runtime: Runtime) -> Option<WarmSandbox> {
         let deadline = tokio::time::Instant::now() + FORKED_WAIT;
@@ -183,7 +187,8 @@ impl Pool {
             if let Some(warm) = self.take(sku, runtime) {
                 return Some(warm);
             }
-            let starting = self.ready.lock().ok().is_some_and(|r| r.get(&(sku, runtime)).is_some_and(|l| l.iter().any(|w| w.forked)));
+            let cheap = |w: &WarmSandbox| w.forked || runtime == Runtime::Node;
+            let starting = self.ready.lock().ok().is_some_and(|r| r.get(&(sku, runtime)).is_some_and(|l| l.iter().any(cheap)));
             if !starting || tokio::time::Instant::now() >= deadline {
                 return None;
             }
@@ -200,9 +205,22 @@ impl Pool {
             .unwrap_or(0)
     }
 
-    /// Sandboxes of `sku` and `runtime`, ready or warming up.
-    pub(super) fn count(&self, sku: Sku, runtime: Runtime) -> usize {
-        self.ready.lock().map(|r| r.get(&(sku, runtime)).map_or(0, Vec::len)).unwrap_or(0)
+    /// Sandboxes of `sku` and `runtime`, ready or warming up, and how many of them are not
+    /// forked.
+    pub(super) fn count(&self, sku: Sku, runtime: Runtime) -> (usize, usize) {
+        self.ready
+            .lock()
+            .map(|r| r.get(&(sku, runtime)).map_or((0, 0), |l| (l.len(), l.iter().filter(|w| !w.forked).count())))
+            .unwrap_or((0, 0))
+    }
+
+    /// Whether another sandbox of `sku` and `runtime` may be made, `forked` or not: up to
+    /// `forked_per_sku` while all are forked, else `per_sku` (the memory set aside covers
+    /// either: [`crate::settings::WarmSettings::reserve_bytes`]).
+    pub(super) fn wants(&self, sku: Sku, runtime: Runtime, forked: bool) -> bool {
+        let (all, unforked) = self.count(sku, runtime);
+        let kept = if forked && unforked == 0 { self.forked_per_sku.max(self.per_sku) } else { self.per_sku };
+        all < kept
     }
 
     /// Removes every warm sandbox, waiting for each helper to kill and delete its container.

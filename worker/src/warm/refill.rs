@@ -1,5 +1,6 @@
 //! The refill: while the worker is idle, starts warm sandboxes until the pool holds
-//! `warm.per_sku` of each SKU and runtime, at the lowest CPU weight.
+//! `warm.per_sku` of each SKU and runtime (`warm.forked_per_sku` forked ones), at the lowest
+//! CPU weight.
 
 use std::time::{Duration, Instant};
 
@@ -119,14 +120,17 @@ pub(crate) async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Recei
             crate::metrics::warm_ready(sku, pool.ready_count(sku));
             // Only into idle capacity, never beside a running job: except a forked start's
             // sandbox, which preloads nothing (a container with a holder: ~0.1 s of the
-            // helper's CPU, at the lowest weight), so that under load jobs still find one.
+            // helper's CPU, at the lowest weight), and a Node.js one, whose warm-up is the
+            // interpreter's start (~0.1 s of CPU, against ~0.6 s for a preloading Python
+            // runner), so that under load jobs still find one.
             let forked = runtime == Runtime::Python && ctx.warm.templates.socket(sku).is_some();
+            let cheap = forked || runtime == Runtime::Node;
             // While a SKU's template starts, its Python sandboxes wait for it rather than each
             // preload on its own (the same CPU spent twice).
             if runtime == Runtime::Python && !forked && ctx.warm.templates.starting(sku) {
                 continue;
             }
-            if (!forked && !ctx.capacity.is_idle()) || pool.count(sku, runtime) >= pool.per_sku {
+            if (!cheap && !ctx.capacity.is_idle()) || !pool.wants(sku, runtime, forked) {
                 continue;
             }
             let Some(index) = pool.free.lock().ok().and_then(|mut f| f.pop()) else { continue };

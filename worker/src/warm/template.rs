@@ -7,7 +7,10 @@
 //!
 //! A template is ready once it has preloaded and says so; if it exits it is started again
 //! after [`RESTART_DELAY`], and meanwhile warm sandboxes are made the unforked way
-//! ([`super::refill`]). Templates end with the worker: their stdin is a pipe from it.
+//! ([`super::refill`]). After `warm.template_lifetime` it is replaced by a new one (the jobs
+//! forked from one template share its address-space layout and hash secret): its stdin is
+//! closed, which ends it (the sandboxes already forked from it keep their processes), and a
+//! new one is started at once. Templates end with the worker: their stdin is a pipe from it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -100,8 +103,10 @@ async fn keep(ctx: Context, sku: Sku, dir: PathBuf, mut shutdown: tokio::sync::w
         };
         let t0 = std::time::Instant::now();
         // Held open for the template's life: closing it ends the template.
-        let _stdin = child.stdin.take();
+        let stdin = child.stdin.take();
         let mut lines = child.stdout.take().map(|s| tokio::io::BufReader::new(s).lines());
+        // Set once it is ready: when it is replaced.
+        let mut retire_at = None;
         let ended = loop {
             tokio::select! {
                 line = async { match lines.as_mut() { Some(l) => l.next_line().await, None => std::future::pending().await } } => {
@@ -110,27 +115,52 @@ async fn keep(ctx: Context, sku: Sku, dir: PathBuf, mut shutdown: tokio::sync::w
                             info!(%sku, ms = t0.elapsed().as_millis() as u64, pid = child.id(), "template ready");
                             ctx.warm.templates.set(sku, Some(socket.clone()));
                             ctx.warm.templates.set_starting(sku, false);
+                            retire_at = Some(tokio::time::Instant::now() + settings.warm.template_lifetime);
                         }
                         Ok(Some(_)) => {}
                         _ => lines = None,
                     }
                 }
-                status = child.wait() => break Some(status),
-                _ = shutdown.changed() => break None,
+                status = child.wait() => break Ended::Exited(status),
+                () = async { match retire_at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => break Ended::Retired,
+                _ = shutdown.changed() => break Ended::Shutdown,
             }
         };
         ctx.warm.templates.set(sku, None);
         // A template that ended (or never started) is no longer waited for.
         ctx.warm.templates.set_starting(sku, false);
         match ended {
-            None => {
+            Ended::Shutdown => {
                 let _ = child.kill().await;
                 return;
             }
-            Some(status) => {
+            Ended::Exited(status) => {
                 warn!(%sku, status = ?status.ok(), "the template exited; starting it again");
                 tokio::time::sleep(RESTART_DELAY).await;
+            }
+            Ended::Retired => {
+                // Its stdin closed, it ends (after the fork it may be serving); the next one
+                // starts now, and the SKU's Python warm sandboxes wait for it meanwhile.
+                drop(stdin);
+                if tokio::time::timeout(RETIRE_WAIT, child.wait()).await.is_err() {
+                    let _ = child.kill().await;
+                }
+                info!(%sku, "template replaced after warm.template_lifetime");
+                ctx.warm.templates.set_starting(sku, true);
             }
         }
     }
 }
+
+/// How a template's run ended.
+enum Ended {
+    /// The worker shuts down.
+    Shutdown,
+    /// It exited (or could not be waited for).
+    Exited(std::io::Result<std::process::ExitStatus>),
+    /// It served `warm.template_lifetime`.
+    Retired,
+}
+
+/// Longest a retired template is given to end before it is killed.
+const RETIRE_WAIT: Duration = Duration::from_secs(5);
