@@ -27,13 +27,9 @@ cache=${SANDQ_CACHE:-/var/cache/sandq}
 config=${SANDQ_CONFIG:-/etc/sandq/sandq.toml}
 mkdir -p "$out"
 
-missing=()
-command -v hyperfine >/dev/null || missing+=(hyperfine)
-command -v runc >/dev/null || missing+=(runc)
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
-fi
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
+bench_tools
 cargo build --release --bins -q
 bin=${CARGO_TARGET_DIR:-target}/release
 rootfs=$(sed -n 's/^rootfs = "\(.*\)"$/\1/p' "$config")
@@ -73,36 +69,10 @@ trap cleanup EXIT
 mkdir -p "$work/job"
 cp examples/macrodata.csv examples/macro_summary.py "$work/job/"
 chmod -R a+rwX "$work/job"
-env_list=(PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8 MPLBACKEND=Agg MPLCONFIGDIR=/tmp/matplotlib PYTHONDONTWRITEBYTECODE=1)
 
 # (a) runc bundles: the default spec, the rootfs read-only, /tmp a tmpfs, the job dir at /work.
-for name in trivial main; do
-  b=$work/runc-$name
-  mkdir -p "$b"
-  runc spec --bundle "$b"
-  python3 - "$b/config.json" "$rootfs" "$work/job" "$name" "${env_list[@]}" <<'EOF'
-import json, sys
-path, rootfs, job, name, *env = sys.argv[1:]
-spec = json.load(open(path))
-spec["root"] = {"path": rootfs, "readonly": True}
-p = spec["process"]
-p["terminal"] = False
-p["env"] = env
-p["user"] = {"uid": 0, "gid": 0}
-if name == "trivial":
-    p["args"], p["cwd"] = ["python3", "-c", "pass"], "/"
-else:
-    p["args"], p["cwd"] = ["python3", "macro_summary.py"], "/work"
-spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]})
-spec["mounts"].append({"destination": "/work", "type": "bind", "source": job, "options": ["rbind", "rw"]})
-json.dump(spec, open(path, "w"))
-EOF
-done
-
-# (b) chroot in a private mount namespace.
-chroot_cmd() {  # $1: the command run in /mnt
-  echo "unshare -m sh -c 'mount -t tmpfs tmpfs $rootfs/tmp && mount --bind $work/job $rootfs/mnt && exec chroot $rootfs env -i ${env_list[*]} sh -c \"cd /mnt && exec $1\"'"
-}
+BENCH_WORK=$work/job runc_bundle "$work/runc-trivial" "$rootfs" / python3 -c pass
+BENCH_WORK=$work/job runc_bundle "$work/runc-main" "$rootfs" /work python3 macro_summary.py
 
 # Two workers of the release build: warm pool 1 per SKU, and none.
 start_worker() {  # $1: warm|cold, $2: per_sku, $3: fd, $4: user namespace base
@@ -146,7 +116,7 @@ hyperfine --runs "$runs" --warmup 1 -N --style basic \
   -n 'sandq warm' "$(sandq warm "$trivial_args")" \
   -n 'sandq cold' "$(sandq cold "$trivial_args")" \
   -n 'runc run' "runc run --bundle $work/runc-trivial bench-$$-t" \
-  -n 'chroot python3' "$(chroot_cmd 'python3 -c pass')" 2>&1 | tee "$out/trivial.txt"
+  -n 'chroot python3' "$(chroot_cmd "$rootfs" "$work/job" 'python3 -c pass')" 2>&1 | tee "$out/trivial.txt"
 
 hyperfine --runs "$(( (runs + 1) / 2 ))" --warmup 1 -N --style basic \
   --prepare "python3 $work/ready.py M" --prepare 'sleep 1' --prepare 'sleep 1' --prepare 'sleep 1' \
@@ -154,11 +124,11 @@ hyperfine --runs "$(( (runs + 1) / 2 ))" --warmup 1 -N --style basic \
   -n 'sandq warm' "$(sandq warm "$main_args")" \
   -n 'sandq cold' "$(sandq cold "$main_args")" \
   -n 'runc run' "runc run --bundle $work/runc-main bench-$$-m" \
-  -n 'chroot python3' "$(chroot_cmd 'python3 macro_summary.py')" 2>&1 | tee "$out/main.txt"
+  -n 'chroot python3' "$(chroot_cmd "$rootfs" "$work/job" 'python3 macro_summary.py')" 2>&1 | tee "$out/main.txt"
 
 # (c) the warm kernel, in the same rootfs, with ipykernel's packages at /media.
 unshare -m sh -c "mount -t tmpfs tmpfs $rootfs/tmp && mount --bind $work/job $rootfs/mnt && mount --bind $kernel_dir $rootfs/media \
   && mkdir -p $rootfs/tmp/bench && cp scripts/bench_kernel.py $rootfs/tmp/bench/ \
-  && exec chroot $rootfs env -i ${env_list[*]} PYTHONPATH=/media JUPYTER_RUNTIME_DIR=/tmp/jr IPYTHONDIR=/tmp/ipy \
+  && exec chroot $rootfs env -i ${bench_env[*]} PYTHONPATH=/media JUPYTER_RUNTIME_DIR=/tmp/jr IPYTHONDIR=/tmp/ipy \
      python3 /tmp/bench/bench_kernel.py --runs $runs --main /mnt/macro_summary.py --cwd /mnt" | tee "$out/kernel.json"
 echo "results in $out" >&2

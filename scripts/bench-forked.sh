@@ -12,7 +12,7 @@
 # Needs root and the services (scripts/services.sh); installs hyperfine and runc (Debian) when
 # missing. Usage: scripts/bench-forked.sh [RUNS=30] [JOBS=300]. Writes hyperfine's JSON and
 # markdown and the other numbers to $OUT (default /tmp/sandq-bench-forked). PARTS (default
-# "1 2 3 4 5") picks the parts below to run.
+# "1 2 3 4 5 6") picks the parts below to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-30}
@@ -20,16 +20,12 @@ jobs=${2:-300}
 out=${OUT:-/tmp/sandq-bench-forked}
 config=${SANDQ_CONFIG:-/etc/sandq/sandq.toml}
 mkdir -p "$out"
-parts=" ${PARTS:-1 2 3 4 5} "
+parts=" ${PARTS:-1 2 3 4 5 6} "
 want() { [[ "$parts" == *" $1 "* ]]; }
 
-missing=()
-command -v hyperfine >/dev/null || missing+=(hyperfine)
-command -v runc >/dev/null || missing+=(runc)
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
-fi
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
+bench_tools
 cargo build --release --bins -q
 bin=${CARGO_TARGET_DIR:-target}/release
 rootfs=$(sed -n 's/^rootfs = "\(.*\)"$/\1/p' "$config")
@@ -53,29 +49,10 @@ trap cleanup EXIT
 mkdir -p "$work/job"
 cp examples/macrodata.csv examples/macro_summary.py "$work/job/"
 chmod -R a+rwX "$work/job"
-env_list=(PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8 MPLBACKEND=Agg MPLCONFIGDIR=/tmp/matplotlib PYTHONDONTWRITEBYTECODE=1)
 
 # (a) the runc bundle: the default spec, the rootfs read-only, /tmp a tmpfs.
 b=$work/runc
-mkdir -p "$b"
-runc spec --bundle "$b"
-python3 - "$b/config.json" "$rootfs" "${env_list[@]}" <<'EOF'
-import json, sys
-path, rootfs, *env = sys.argv[1:]
-spec = json.load(open(path))
-spec["root"] = {"path": rootfs, "readonly": True}
-p = spec["process"]
-p["terminal"] = False
-p["env"] = env
-p["user"] = {"uid": 0, "gid": 0}
-p["args"], p["cwd"] = ["python3", "-c", "pass"], "/"
-spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]})
-json.dump(spec, open(path, "w"))
-EOF
-# (b) chroot in a private mount namespace.
-chroot_cmd() {  # $1: the command run in /mnt
-  echo "unshare -m sh -c 'mount -t tmpfs tmpfs $rootfs/tmp && mount --bind $work/job $rootfs/mnt && exec chroot $rootfs env -i ${env_list[*]} sh -c \"cd /mnt && exec $1\"'"
-}
+runc_bundle "$b" "$rootfs" / python3 -c pass
 
 # Three release-build workers, Python warm sandboxes only, each in a namespace of its own.
 start_worker() {  # $1: name, $2: fd, $3: user namespace base, $4...: settings
@@ -102,6 +79,7 @@ sandq() {  # $1: worker, then the CLI's arguments
   echo "env SANDQ__NAMESPACE=$ns-$w $bin/sandq run --wait 120s --out $work/out $*"
 }
 trivial_args="--sku S --mode notebook -c pass"
+script_args="--sku S --mode script -c pass"
 main_args="--sku M --upload $work/job/macrodata.csv $work/job/macro_summary.py"
 for w in forked unforked cold; do
   eval "$(sandq $w "$trivial_args")" >/dev/null
@@ -115,6 +93,8 @@ hyperfine --runs "$runs" --warmup 3 -N --style basic \
   -n 'sandq forked' "$(sandq forked "$trivial_args")" \
   -n 'sandq warm unforked' "$(sandq unforked "$trivial_args")" \
   -n 'sandq cold' "$(sandq cold "$trivial_args")" \
+  -n 'sandq script warm' "$(sandq forked "$script_args")" \
+  -n 'sandq script cold' "$(sandq cold "$script_args")" \
   -n 'runc run' "runc run --bundle $b bench-$$-t" 2>&1 | tee "$out/trivial.txt"
 fi
 
@@ -124,7 +104,7 @@ hyperfine --runs "$(( (runs + 2) / 3 ))" --warmup 1 -N --style basic \
   --export-json "$out/main.json" --export-markdown "$out/main.md" \
   -n 'sandq forked' "$(sandq forked "$main_args")" \
   -n 'sandq cold' "$(sandq cold "$main_args")" \
-  -n 'chroot python3' "$(chroot_cmd 'python3 macro_summary.py')" 2>&1 | tee "$out/main.txt"
+  -n 'chroot python3' "$(chroot_cmd "$rootfs" "$work/job" 'python3 macro_summary.py')" 2>&1 | tee "$out/main.txt"
 fi
 
 if want 3; then
@@ -196,12 +176,16 @@ fi
 
 if want 5; then
 # 5. Sustained throughput, one worker each (sandq-loadtest starts it): JOBS jobs of `pass`,
-# notebook and script, 4 in flight; against runc run two at a time.
+# notebook and script, 4 in flight; against runc run two at a time. ("forked" is each mode's
+# default warm path, "unforked" its other: preloading warm sandboxes, or script jobs cold.)
 font=${SANDQ_PLOT_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf}
 for mode in notebook script; do
+  # Notebook: forked (the default) or each warm sandbox preloading on its own; script: a warm
+  # sandbox whose waiter execs the job (the default) or every job cold.
   for variant in forked unforked; do
     extra=()
-    [ "$variant" = unforked ] && extra=(--worker-env SANDQ__WARM__FORKED=false)
+    [ "$mode/$variant" = notebook/unforked ] && extra=(--worker-env SANDQ__WARM__FORKED=false)
+    [ "$mode/$variant" = script/unforked ] && extra=(--worker-env SANDQ__WARM__SCRIPT=false)
     "$bin"/sandq-loadtest throughput --font "$font" --jobs "$jobs" --concurrency 4 --mode "$mode" \
       --worker-env SANDQ__WARM__RUNTIMES=python "${extra[@]}" --report "$out/tput-$mode-$variant" --json > "$out/tput-$mode-$variant.json"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[3])); print("sandq %s %s: %.1f jobs/s" % (sys.argv[1], sys.argv[2], r["jobs_per_second"]))' \
@@ -213,6 +197,31 @@ seq 1 "$jobs" | xargs -P 2 -I{} runc run --bundle "$b" "bench-$$-{}" >/dev/null
 end=$(date +%s%N)
 python3 -c 'import sys; n, ns = int(sys.argv[1]), int(sys.argv[2]); print("runc run two at a time: %.1f runs/s" % (n / (ns / 1e9)))' \
   "$jobs" $((end - start)) | tee -a "$out/throughput.txt"
+fi
+
+if want 6; then
+# 6. The trivial cell back to back from a client that stays connected (the Python SDK, one
+# connection for every cell: no process start, AMQP handshake or topology per cell), against
+# part 1's runc run.
+sdk_key=$( (cat clients/python/pyproject.toml; python3 -c 'import sys; print(sys.executable, sys.version)') | sha256sum | cut -c1-16)
+sdk_venv=${SANDQ_CACHE:-/var/cache/sandq}/python-sdk-$sdk_key
+[ -x "$sdk_venv/bin/python3" ] || { echo "part 6 needs the SDK's virtualenv, which scripts/test.sh makes: $sdk_venv" >&2; exit 1; }
+SANDQ__NAMESPACE=$ns-forked PYTHONPATH=clients/python "$sdk_venv/bin/python3" - "$runs" <<'EOF' | tee "$out/connected.txt"
+import statistics, sys, time
+import sandq
+runs = int(sys.argv[1])
+with sandq.Client() as client:
+    for _ in range(3):
+        client.run("pass", sku="S", mode="notebook")
+    times, forked = [], 0
+    for _ in range(runs):
+        t = time.perf_counter()
+        result = client.run("pass", sku="S", mode="notebook")
+        times.append((time.perf_counter() - t) * 1000)
+        forked += bool(result.sandbox and result.sandbox.forked)
+print("connected client (Python SDK), trivial notebook cell back to back: mean %.1f ms, median %.1f, sd %.1f, %d runs (%d forked)"
+      % (statistics.mean(times), statistics.median(times), statistics.stdev(times), runs, forked))
+EOF
 fi
 
 echo "results in $out" >&2

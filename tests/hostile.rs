@@ -27,28 +27,92 @@ async fn run_case(client: &mut Client, name: &str, timeout: &str, stdin: Option<
 /// Runs `code` (called `name` in failure messages) as [`run_case`] runs a case: then checks
 /// that nothing of the job is left, that the worker lives and that an ordinary job runs.
 async fn run_program(client: &mut Client, name: &str, code: &str, timeout: &str, stdin: Option<&[u8]>) -> JobResult {
-    // Through the forked path (the default for notebook jobs): a case that found no warm
-    // sandbox ready (its refill still starting) runs again, a few times.
-    let mut attempts = 0;
-    let (spec, result) = loop {
+    // Through the forked path (the default for notebook jobs).
+    let make = || {
         let mut spec = python_job(code, Sku::S);
         spec.timeout = Some(timeout.to_owned());
         spec.stdin = stdin.map(<[u8]>::to_vec);
+        spec
+    };
+    let result = run_through(client, name, make, |s| s.forked, "forked").await;
+    let next = run(client, &python_job("print(sum(range(10)))", Sku::S)).await;
+    assert_eq!(next.status, JobStatus::Succeeded, "the job after {name} failed: {next:?}");
+    assert_eq!(next.stdout.text, "45\n");
+    result
+}
+
+/// [`run_program`] in script mode, through a warm sandbox for scripts (its init `exec`s the
+/// program at the handover).
+async fn run_script_warm(client: &mut Client, name: &str, timeout: &str) -> JobResult {
+    let make = || {
+        let mut spec = python_job(&case(name), Sku::S);
+        spec.mode = Some(sandq_schemas::RunMode::Script);
+        spec.timeout = Some(timeout.to_owned());
+        spec
+    };
+    run_through(client, name, make, |s| s.warm && !s.forked, "in a warm script sandbox").await
+}
+
+/// Runs `make`'s job until its sandbox is one `taken` accepts (`path` in the message): a case
+/// that found no warm sandbox ready (its refill still starting) runs again, at most 5 times,
+/// each checked to leave nothing behind; then that the worker lives.
+async fn run_through(
+    client: &mut Client,
+    name: &str,
+    make: impl Fn() -> sandq_schemas::JobSpec,
+    taken: impl Fn(&sandq_schemas::SandboxStart) -> bool,
+    path: &str,
+) -> JobResult {
+    let mut attempts = 0;
+    let (spec, result) = loop {
+        let spec = make();
         let result = run(client, &spec).await;
         attempts += 1;
-        if result.sandbox.is_some_and(|s| s.forked) || attempts == 5 {
+        if result.sandbox.as_ref().is_some_and(&taken) || attempts == 5 {
             break (spec, result);
         }
         assert_no_leftovers(&spec.job_id);
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     };
-    assert!(result.sandbox.is_some_and(|s| s.forked), "{name} did not run forked in 5 tries: {:?}", result.sandbox);
+    assert!(result.sandbox.as_ref().is_some_and(&taken), "{name} did not run {path} in 5 tries: {:?}", result.sandbox);
     assert_no_leftovers(&spec.job_id);
     assert!(worker_alive(), "the worker died during {name}");
-    let next = run(client, &python_job("print(sum(range(10)))", Sku::S)).await;
-    assert_eq!(next.status, JobStatus::Succeeded, "the job after {name} failed: {next:?}");
-    assert_eq!(next.stdout.text, "45\n");
     result
+}
+
+/// The cases about the sandbox's own walls, as scripts in warm sandboxes (the program exec'd
+/// by the sandbox's waiter): the same outcomes as above, and the program is the sandbox's only
+/// process.
+#[tokio::test]
+async fn the_sandbox_holds_for_a_script_in_a_warm_sandbox() {
+    let _serial = SERIAL.lock().await;
+    let mut client = client().await;
+    let view = run_script_warm(&mut client, "proc_view.py", "30s").await;
+    let out = &view.stdout.text;
+    assert!(out.starts_with("pids: ['1']\n"), "other processes are visible:\n{out}");
+    for line in ["Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000"] {
+        assert!(out.contains(line), "no {line:?}:\n{out}");
+    }
+    let privileged = run_script_warm(&mut client, "privileged_ops.py", "30s").await;
+    let lines: Vec<&str> = privileged.stdout.text.lines().collect();
+    assert_eq!(lines.len(), 16, "{}", privileged.stdout.text);
+    assert!(lines.iter().all(|l| !l.contains("RETURNED") && !l.ends_with("-> 0")), "{}", privileged.stdout.text);
+    let kill = run_script_warm(&mut client, "kill_everything.py", "30s").await;
+    assert_eq!(kill.status, JobStatus::Failed);
+    assert!(kill.stderr.text.contains("ProcessLookupError"), "{}", kill.stderr.text);
+    let env = run_script_warm(&mut client, "env_leak.py", "30s").await;
+    let config = service_config();
+    for secret in [&config.s3.access_key_id, &config.s3.secret_access_key, &config.amqp.url, &config.redis.url] {
+        assert!(!env.stdout.text.contains(secret.as_str()), "the sandbox sees {secret:?}");
+    }
+    let hog = run_script_warm(&mut client, "memory_hog.py", "60s").await;
+    assert_eq!(hog.status, JobStatus::OomKilled, "{hog:?}");
+    let daemon = run_script_warm(&mut client, "orphan_daemon.py", "60s").await;
+    assert_eq!(daemon.stdout.text, "main done\n");
+    let spin = run_script_warm(&mut client, "cpu_spin.py", "3s").await;
+    assert_eq!((spin.status, spin.stdout.text.as_str()), (JobStatus::TimedOut, "starting\n"));
+    let next = run(&mut client, &python_job("print(sum(range(10)))", Sku::S)).await;
+    assert_eq!(next.stdout.text, "45\n");
 }
 
 fn entries_naming(dir: &Path, job_id: &str) -> Vec<String> {

@@ -270,10 +270,17 @@ async fn readiness_follows_s3() {
 async fn warm_sandboxes_are_counted_ready_taken_and_refilled() {
     let _serial = SERIAL.lock().await;
     let world = Isolated::new().await;
-    // One core: only S (1 core) fits, so only S keeps a warm sandbox (Python only here).
+    // One core: only S (1 core) fits, so only S keeps a warm sandbox (one: Python notebook
+    // jobs only here, one forked sandbox).
     let (mut worker, port) = start_worker(
         &world,
-        &[("SANDQ__WORKER__CAPACITY_CPUS", "1"), ("SANDQ__WARM__RUNTIMES", "python"), ("SANDQ__WARM__MEMORY_BYTES", "300000000")],
+        &[
+            ("SANDQ__WORKER__CAPACITY_CPUS", "1"),
+            ("SANDQ__WARM__RUNTIMES", "python"),
+            ("SANDQ__WARM__SCRIPT", "false"),
+            ("SANDQ__WARM__FORKED_PER_SKU", "1"),
+            ("SANDQ__WARM__MEMORY_BYTES", "300000000"),
+        ],
     );
     let ready = [("sku", "S")];
     let before = scrape_until(port, Duration::from_secs(120), |s| s.value("sandq_warm_sandboxes_ready", &ready) == 1.0).await;

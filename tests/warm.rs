@@ -62,6 +62,10 @@ info["flags"] = [sys.flags.optimize, sys.flags.dont_write_bytecode, sys.flags.no
 info["in_init_namespaces"] = {n: os.readlink("/proc/self/ns/" + n) == os.readlink("/proc/1/ns/" + n)
                               for n in sorted(os.listdir("/proc/self/ns"))}
 info["init"] = "self" if os.getpid() == 1 else open("/proc/1/cmdline").read().replace("\0", " ").strip()
+# What only an exec'd program matches (a script job's warm start): its command line, pid and
+# signal mask and dispositions as the kernel shows them.
+info["proc"] = {"cmdline": open("/proc/self/cmdline").read().split("\0"), "pid": os.getpid(),
+                "signals": {k: status[k].strip() for k in ["SigBlk", "SigIgn"]}}
 
 import ctypes, struct, time
 sysinfo = ctypes.create_string_buffer(256)
@@ -86,6 +90,19 @@ fn figure_job() -> JobSpec {
 
 fn probe_job() -> JobSpec {
     let mut spec = python_job(PROBE, Sku::S);
+    spec.args = vec!["one".into(), "two words".into()];
+    spec.env.insert("USER_VAR".into(), "x=y".into());
+    spec.stdin = Some(b"from stdin\n".to_vec());
+    spec
+}
+
+/// [`probe_job`] in script mode (`python3 /sandq/main.py one "two words"`), with a variable
+/// the interpreter reads at start-up (a script's warm start honours it: its program starts at
+/// the handover).
+fn script_probe_job() -> JobSpec {
+    let mut spec = python_job(PROBE, Sku::S);
+    spec.mode = Some(sandq_schemas::RunMode::Script);
+    spec.env.insert("PYTHONHASHSEED".into(), "7".into());
     spec.args = vec!["one".into(), "two words".into()];
     spec.env.insert("USER_VAR".into(), "x=y".into());
     spec.stdin = Some(b"from stdin\n".to_vec());
@@ -141,12 +158,35 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
     let mut client = world.client().await;
     let warm = run_forked(&mut client, probe_job).await;
     let warm_figure = run_until(&mut client, figure_job, true).await;
+    let warm_script = run_until(&mut client, script_probe_job, true).await;
     stop(warm_worker);
     let cold_worker_started = sandq_core::time::now_ms() / 1000;
     let cold_worker = world.start_worker_ready(&cold_id, &[("SANDQ__WARM__PER_SKU", "0")]);
     let cold = run_until(&mut client, probe_job, false).await;
     let cold_figure = run_until(&mut client, figure_job, false).await;
+    let cold_script = run_until(&mut client, script_probe_job, false).await;
     stop(cold_worker);
+    // A script job's warm start: its program is exec'd at the handover, so it is what a cold
+    // start's is in every respect the probe sees, its command line, pid and signals included.
+    assert_eq!(warm_script.status, JobStatus::Succeeded, "{}", warm_script.stderr.text);
+    assert_eq!(cold_script.status, JobStatus::Succeeded, "{}", cold_script.stderr.text);
+    let (mut ws, mut cs): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&warm_script.stdout.text).expect("warm script probe"),
+        serde_json::from_str(&cold_script.stdout.text).expect("cold script probe"),
+    );
+    for probe in [&mut ws, &mut cs] {
+        probe.as_object_mut().expect("probe").remove("clocks");
+    }
+    assert_eq!(ws, cs, "a warm script sandbox looks different from a cold one");
+    // Values computed here, not by the code under test.
+    assert_eq!(ws["proc"]["cmdline"], serde_json::json!(["python3", "/sandq/main.py", "one", "two words", ""]));
+    assert_eq!(ws["proc"]["pid"], 1);
+    assert_eq!(ws["init"], "self");
+    assert_eq!(ws["env"]["PYTHONHASHSEED"], "7");
+    assert_eq!(ws["argv"], serde_json::json!(["/sandq/main.py", "one", "two words"]));
+    assert_eq!(ws["stdin"], "from stdin\n");
+    assert_eq!(ws["status"]["NoNewPrivs"], "1");
+    assert_eq!(ws["status"]["CapEff"], "0000000000000000");
     // Rich outputs in the same order: a figure shown with plt.show() comes back where it was
     // shown, also when matplotlib was preloaded (it must have the sandq backend).
     let kinds = |r: &JobResult| r.outputs.iter().map(|o| (o.output_type, o.data.contains_key("image/png"))).collect::<Vec<_>>();
@@ -189,8 +229,11 @@ async fn a_warm_start_gives_the_same_result_and_sandbox_as_a_cold_one() {
     // or unforked warm start's is its init. Everything else is the same.
     assert_eq!(w["init"], "/bin/sleep infinity", "the warm start was not forked: {w}");
     assert_eq!(c["init"], "self");
+    // A notebook job's process is its runner's (forked, or started before the job): its
+    // command line is the runner's, not the job's (docs/protocol.md, Warm starts).
     for probe in [&mut w, &mut c] {
         probe.as_object_mut().expect("probe").remove("init");
+        probe.as_object_mut().expect("probe").remove("proc");
     }
     assert_eq!(w, c, "a warm sandbox looks different from a cold one");
     // Values computed here: no capability, no_new_privs, seccomp filtering with one filter.

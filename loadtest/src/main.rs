@@ -115,6 +115,8 @@ struct Report {
     broker_restarts: usize,
     redis_restarts: usize,
     seconds: f64,
+    /// The jobs that did not succeed: `<job id> <status> attempt <n>: <reason>`.
+    failures: Vec<String>,
 }
 
 struct OwnRedis {
@@ -173,7 +175,8 @@ impl Drop for OwnRedis {
 }
 
 fn spawn_worker(bin_dir: &std::path::Path, config: &ServiceConfig, id: &str) -> anyhow::Result<Child> {
-    let log = std::fs::File::create(std::env::temp_dir().join(format!("{id}.log")))?;
+    // Appended to: a worker restarted under the same id keeps its earlier runs' lines.
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(std::env::temp_dir().join(format!("{id}.log")))?;
     Command::new(bin_dir.join("sandq-worker"))
         .arg("--exit-on-stdin-eof")
         .env("SANDQ__NAMESPACE", &config.namespace)
@@ -333,6 +336,10 @@ async fn chaos(args: Args) -> anyhow::Result<()> {
                 if result.attempt > 1 {
                     report.ran_more_than_once += 1;
                 }
+                if result.status != JobStatus::Succeeded {
+                    let reason = result.reason.as_deref().unwrap_or("");
+                    report.failures.push(format!("{id} {} attempt {}: {reason}", result.status, result.attempt));
+                }
                 if result.status == JobStatus::Succeeded {
                     report.succeeded += 1;
                     let n = id.rsplit('-').next().unwrap_or_default();
@@ -373,6 +380,9 @@ async fn chaos(args: Args) -> anyhow::Result<()> {
             report.redis_restarts,
             report.seconds
         );
+        for failure in &report.failures {
+            println!("  not succeeded: {failure}");
+        }
     }
     if report.lost > 0 || report.wrong_output > 0 {
         std::process::exit(1);

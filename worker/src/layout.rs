@@ -102,6 +102,11 @@ pub(crate) const NODE_STDIO_JS: &str = include_str!("../../oci-bundles/runner/sa
 /// modes): blocking writes to stdout and stderr, so that `process.exit` loses nothing.
 pub(crate) const NODE_STDIO: &str = "sandq_stdio.js";
 
+/// The waiter of a warm sandbox for script jobs, run as `python3 -I -S -c <it>` (no file in
+/// `/sandq`, where a cold script job has none): it waits for the handover, then `execvpe`s
+/// the job's argv with its environment ([`crate::warm`]).
+pub(crate) const EXEC_WAITER: &str = include_str!("../../oci-bundles/runner/sandq_exec.py");
+
 /// The notebook runner's files for a runtime: the first is the one the interpreter runs
 /// ([`crate::run::command`]).
 pub(crate) fn runner_files(runtime: sandq_schemas::Runtime) -> &'static [(&'static str, &'static str)] {

@@ -330,6 +330,10 @@ pub(crate) struct Handover {
     pub env: std::collections::BTreeMap<String, String>,
     /// Arguments after the script.
     pub args: Vec<String>,
+    /// A script job's whole argv ([`command`]): its warm sandbox's waiter `exec`s it with
+    /// `env` (none for a notebook job, whose runner is already running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
 }
 
 /// Whether sandboxes get a time namespace of their own: the kernel has them; without, the

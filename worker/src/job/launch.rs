@@ -77,7 +77,8 @@ pub(super) async fn launch(
     let outbound = job.spec.network == NetworkMode::Outbound;
     let resolv_conf = outbound.then(|| settings.resolv_conf());
     // A warm sandbox when one fits the job and is ready; else a cold start.
-    let warm = if crate::warm::eligible(job) { ctx.warm.take_or_wait(job.spec.sku, job.spec.runtime).await } else { None };
+    let warm =
+        if crate::warm::eligible(job) { ctx.warm.take_or_wait(job.spec.sku, job.spec.runtime, job.spec.run_mode()).await } else { None };
     let warm_id = warm.as_ref().map(|w| w.container_id.clone());
     let (container_id, sandbox_uid) = match (&warm_id, &warm) {
         (Some(id), Some(w)) => (id.as_str(), w.sandbox_uid),
@@ -114,15 +115,17 @@ pub(super) async fn launch(
             let (dir, mut started, lease) = w.into_parts();
             started.pin(sku.limits.cpus).map_err(InfraError::PinWarm)?;
             // The warm-up's memory, on top of the SKU's, when the worker has it free (else the
-            // job runs with the warm-up charged to its SKU's memory).
-            let held = started.warmup_memory(settings.warm.memory_bytes);
+            // job runs with the warm-up charged to its SKU's memory). A script job's waiter
+            // frees its own when it becomes the job's program: none.
+            let held = if notebook { started.warmup_memory(settings.warm.memory_bytes) } else { 0 };
             let extra = if reserved.try_grow_memory(held) { held } else { 0 };
             started.hand_over_resources(sku.limits.memory_bytes, extra).map_err(InfraError::WarmMemory)?;
             let staged = stage::fill(job, &dir, &place, &ctx.s3, bucket).await?;
             // Staging can take a while: a cancel that landed meanwhile stops the job here.
             recheck(ctx, job, CANCELLED_BEFORE_PROGRAM).await?;
             let env = env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-            (dir, staged, started, Some((Handover { env, args: job.spec.args.clone() }, lease)))
+            let argv = (!notebook).then(|| run::command(job));
+            (dir, staged, started, Some((Handover { env, args: job.spec.args.clone(), argv }, lease)))
         }
         None => {
             let (dir, staged) = stage::stage(job, &place, &ctx.s3, bucket).await?;

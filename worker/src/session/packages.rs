@@ -148,7 +148,7 @@ fn too_slow(action: &'static str) -> PackArchiveError {
 /// (a new file the worker owns), running `tar` as `uid` (the host uid of the sandbox user:
 /// everything there was written by the sandbox, and tar as that uid reads only what the
 /// sandbox could), without following symlinks, sorted by name so that unchanged packages give
-/// the same bytes. Returns `false` (and writes nothing) when there is no packages directory;
+/// the same bytes (owners recorded as 0). Returns `false` (and writes nothing) when there is no packages directory;
 /// at most `max_bytes` are written. `tar` runs in a cgroup limited to the job's `cpus` cores
 /// ([`limited_tar`]).
 ///
@@ -166,7 +166,10 @@ pub(crate) async fn pack(disk: &Path, archive: &Path, uid: u32, max_bytes: u64, 
     }
     let tar_error = |message: String| PackArchiveError::Tar { action: "create", message };
     let side = tar_cgroup(cpus);
-    let mut child = limited_tar(&["--create", "--file=-", "--sort=name", "--one-file-system", "--format=gnu"], disk, uid, side.as_ref())
+    // Owners recorded as 0 (extraction never restores them): the same packages archive to the
+    // same bytes whichever host id range the sandbox had (a consumer slot's or a warm one's).
+    let args = ["--create", "--file=-", "--sort=name", "--one-file-system", "--format=gnu", "--owner=0", "--group=0", "--numeric-owner"];
+    let mut child = limited_tar(&args, disk, uid, side.as_ref())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

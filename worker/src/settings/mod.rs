@@ -95,33 +95,48 @@ pub struct WarmSettings {
     /// How long a template serves before a new one replaces it (`warm.template_lifetime`,
     /// default 1 h).
     pub template_lifetime: Duration,
+    /// Script jobs get warm sandboxes too (`warm.script`, default true).
+    pub script: bool,
 }
 
-/// Memory set aside in the capacity for each forked warm sandbox, bytes: its holder and its
-/// forked process's own pages (the template's are shared copy-on-write and charged to the
-/// worker), measured at a 7 MiB peak for a job importing numpy, pandas and pyplot
-/// (docs/benchmarks.md "Forked sandboxes").
-pub const FORKED_WARM_MEMORY_BYTES: u64 = 32 << 20;
+/// Memory set aside in the capacity for each light warm sandbox, bytes: a forked one (its
+/// holder and its forked process's own pages; the template's are shared copy-on-write and
+/// charged to the worker), measured at a 7 MiB peak for a job importing numpy, pandas and
+/// pyplot (docs/benchmarks.md "Forked sandboxes"), or a script one (its waiter, an interpreter
+/// without `site`: ~6 MiB).
+pub const LIGHT_WARM_MEMORY_BYTES: u64 = 32 << 20;
 
 impl WarmSettings {
-    /// Warm sandboxes of `runtime` kept per SKU at most (forked ones when the SKU's template
-    /// is ready).
-    pub fn kept(&self, runtime: sandq_schemas::Runtime) -> usize {
-        if runtime == sandq_schemas::Runtime::Python && self.forked {
+    /// The kinds of warm sandboxes (runtime, mode) kept for each SKU.
+    pub fn kinds(&self) -> Vec<(sandq_schemas::Runtime, sandq_schemas::RunMode)> {
+        let modes: &[sandq_schemas::RunMode] = if self.script {
+            &[sandq_schemas::RunMode::Notebook, sandq_schemas::RunMode::Script]
+        } else {
+            &[sandq_schemas::RunMode::Notebook]
+        };
+        self.runtimes.iter().flat_map(|r| modes.iter().map(move |m| (*r, *m))).collect()
+    }
+
+    /// Warm sandboxes of `runtime` and `mode` kept per SKU at most (forked ones when the SKU's
+    /// template is ready).
+    pub fn kept(&self, runtime: sandq_schemas::Runtime, mode: sandq_schemas::RunMode) -> usize {
+        if runtime == sandq_schemas::Runtime::Python && mode == sandq_schemas::RunMode::Notebook && self.forked {
             self.per_sku.max(self.forked_per_sku)
         } else {
             self.per_sku
         }
     }
 
-    /// Memory set aside for the warm sandboxes of `runtime` of one SKU, bytes: `per_sku`
-    /// preloading sandboxes of `memory_bytes`, or, when more forked ones are kept, those of
-    /// [`FORKED_WARM_MEMORY_BYTES`] (a pool holds one kind or the other: see
-    /// [`crate::warm::refill`]).
-    pub fn reserve_bytes(&self, runtime: sandq_schemas::Runtime) -> u64 {
+    /// Memory set aside for the warm sandboxes of `runtime` and `mode` of one SKU, bytes:
+    /// `per_sku` preloading sandboxes of `memory_bytes`, or, when more forked ones are kept,
+    /// those of [`LIGHT_WARM_MEMORY_BYTES`] (a pool holds one kind or the other: see
+    /// [`crate::warm::refill`]); script ones [`LIGHT_WARM_MEMORY_BYTES`] each.
+    pub fn reserve_bytes(&self, runtime: sandq_schemas::Runtime, mode: sandq_schemas::RunMode) -> u64 {
         let unforked = self.per_sku as u64 * self.memory_bytes;
-        if runtime == sandq_schemas::Runtime::Python && self.forked {
-            unforked.max(self.forked_per_sku as u64 * FORKED_WARM_MEMORY_BYTES)
+        if mode == sandq_schemas::RunMode::Script {
+            self.per_sku as u64 * LIGHT_WARM_MEMORY_BYTES
+        } else if runtime == sandq_schemas::Runtime::Python && self.forked {
+            unforked.max(self.forked_per_sku as u64 * LIGHT_WARM_MEMORY_BYTES)
         } else {
             unforked
         }
@@ -338,9 +353,10 @@ impl RawConfig {
             forked: self.warm.forked.unwrap_or(true),
             forked_per_sku: if per_sku == 0 { 0 } else { self.warm.forked_per_sku.unwrap_or(2).max(per_sku) },
             template_lifetime: self.warm.template_lifetime.unwrap_or(Duration::from_secs(3600)),
+            script: self.warm.script.unwrap_or(true),
         };
-        let warm_sandboxes: usize = skus.len() * warm.runtimes.iter().map(|r| warm.kept(*r)).sum::<usize>();
-        let warm_reserve = skus.len() as u64 * warm.runtimes.iter().map(|r| warm.reserve_bytes(*r)).sum::<u64>();
+        let warm_sandboxes: usize = skus.len() * warm.kinds().iter().map(|(r, m)| warm.kept(*r, *m)).sum::<usize>();
+        let warm_reserve = skus.len() as u64 * warm.kinds().iter().map(|(r, m)| warm.reserve_bytes(*r, *m)).sum::<u64>();
         let capacity_memory_bytes = match capacity_memory_bytes.checked_sub(warm_reserve) {
             Some(left) if skus.values().all(|s| s.limits.memory_bytes <= left) => left,
             _ => {
@@ -478,7 +494,7 @@ impl Settings {
 
     /// User namespace ranges set aside for warm sandboxes.
     pub fn warm_ranges(&self) -> usize {
-        2 * self.skus.len() * self.warm.runtimes.iter().map(|r| self.warm.kept(*r)).sum::<usize>()
+        2 * self.skus.len() * self.warm.kinds().iter().map(|(r, m)| self.warm.kept(*r, *m)).sum::<usize>()
     }
 
     /// The host uid (and gid) that owns files the program in slot `slot` writes: the sandbox

@@ -79,6 +79,10 @@ pub struct RawWarm {
     /// hash secret (docs/threat-model.md, "Forked sandboxes"): a new template draws new ones.
     #[serde(default, with = "humantime_serde")]
     pub template_lifetime: Option<Duration>,
+    /// Script jobs get warm sandboxes too (`per_sku` per SKU and runtime): a started container
+    /// whose init waits for its job and then `exec`s the job's program, which is then what a
+    /// cold start's is (the sandbox's init, with its argv and environment); default `true`.
+    pub script: Option<bool>,
     /// Runtimes that get warm sandboxes, comma-separated (`python`, `node`); default both.
     /// Each costs `per_sku` sandboxes per SKU (and `memory_bytes` each off the capacity).
     pub runtimes: Option<String>,

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use sandq_schemas::{Runtime, Sku};
+use sandq_schemas::{RunMode, Runtime, Sku};
 use tracing::warn;
 
 use crate::jobdir::JobDir;
@@ -120,7 +120,7 @@ pub(crate) struct Pool {
     /// Set by [`Pool::drain`]: no sandbox is added any more.
     pub(super) closed: std::sync::atomic::AtomicBool,
     /// Sandboxes by SKU and runtime, waiting for a job or still warming up.
-    pub(super) ready: Mutex<HashMap<(Sku, Runtime), Vec<WarmSandbox>>>,
+    pub(super) ready: Mutex<HashMap<(Sku, Runtime, RunMode), Vec<WarmSandbox>>>,
     /// User namespace range indexes not lent to a sandbox.
     pub(super) free: std::sync::Arc<Mutex<Vec<usize>>>,
     /// Sandboxes kept per SKU and runtime (`warm.per_sku`).
@@ -131,6 +131,13 @@ pub(crate) struct Pool {
     pub(crate) templates: Templates,
     /// Wakes the refill when a sandbox is taken.
     pub(super) taken: tokio::sync::Notify,
+}
+
+/// True for a warm sandbox cheap enough to make while jobs run, and to wait for: a forked one
+/// (a container and a fork, no preload), a Node.js notebook one (the interpreter's start) and
+/// a script one (a container whose waiter is an interpreter without its site: ~10 ms of CPU).
+pub(super) fn cheap(runtime: Runtime, mode: RunMode, forked: bool) -> bool {
+    forked || runtime == Runtime::Node || mode == RunMode::Script
 }
 
 /// True when the sandbox's runner (or a forked start's process) is ready and waits for a job.
@@ -153,11 +160,11 @@ impl Pool {
         }
     }
 
-    /// Takes a ready warm sandbox of `sku` and `runtime` (its runner waiting for a job), if
-    /// there is one. Sandboxes found dead on the way are dropped (their dirs removed).
-    pub(crate) fn take(&self, sku: Sku, runtime: Runtime) -> Option<WarmSandbox> {
+    /// Takes a ready warm sandbox of `sku`, `runtime` and `mode` (its runner waiting for a
+    /// job), if there is one. Sandboxes found dead on the way are dropped (their dirs removed).
+    pub(crate) fn take(&self, sku: Sku, runtime: Runtime, mode: RunMode) -> Option<WarmSandbox> {
         let mut ready = self.ready.lock().ok()?;
-        let list = ready.get_mut(&(sku, runtime))?;
+        let list = ready.get_mut(&(sku, runtime, mode))?;
         let mut taken = None;
         // A forked sandbox's process was forked when it was made: it runs its job whatever its
         // template has become since (ended, restarted, failed another fork).
@@ -181,14 +188,14 @@ impl Pool {
     /// whose container is being made: ~0.1 s, against ~0.5 s for a cold start; or a Node.js
     /// one, whose interpreter starts: ~0.1 s, against ~0.17 s cold), that one once it is
     /// ready, waiting at most [`FORKED_WAIT`].
-    pub(crate) async fn take_or_wait(&self, sku: Sku, runtime: Runtime) -> Option<WarmSandbox> {
+    pub(crate) async fn take_or_wait(&self, sku: Sku, runtime: Runtime, mode: RunMode) -> Option<WarmSandbox> {
         let deadline = tokio::time::Instant::now() + FORKED_WAIT;
         loop {
-            if let Some(warm) = self.take(sku, runtime) {
+            if let Some(warm) = self.take(sku, runtime, mode) {
                 return Some(warm);
             }
-            let cheap = |w: &WarmSandbox| w.forked || runtime == Runtime::Node;
-            let starting = self.ready.lock().ok().is_some_and(|r| r.get(&(sku, runtime)).is_some_and(|l| l.iter().any(cheap)));
+            let cheap = |w: &WarmSandbox| cheap(runtime, mode, w.forked);
+            let starting = self.ready.lock().ok().is_some_and(|r| r.get(&(sku, runtime, mode)).is_some_and(|l| l.iter().any(cheap)));
             if !starting || tokio::time::Instant::now() >= deadline {
                 return None;
             }
@@ -201,24 +208,21 @@ impl Pool {
     pub(super) fn ready_count(&self, sku: Sku) -> usize {
         self.ready
             .lock()
-            .map(|r| r.iter().filter(|((s, _), _)| *s == sku).map(|(_, l)| l.iter().filter(|w| is_ready(w)).count()).sum())
+            .map(|r| r.iter().filter(|((s, _, _), _)| *s == sku).map(|(_, l)| l.iter().filter(|w| is_ready(w)).count()).sum())
             .unwrap_or(0)
     }
 
-    /// Sandboxes of `sku` and `runtime`, ready or warming up, and how many of them are not
-    /// forked.
-    pub(super) fn count(&self, sku: Sku, runtime: Runtime) -> (usize, usize) {
-        self.ready
-            .lock()
-            .map(|r| r.get(&(sku, runtime)).map_or((0, 0), |l| (l.len(), l.iter().filter(|w| !w.forked).count())))
-            .unwrap_or((0, 0))
+    /// Sandboxes of `kind` (SKU, runtime, mode), ready or warming up, and how many of them are
+    /// not forked.
+    pub(super) fn count(&self, kind: (Sku, Runtime, RunMode)) -> (usize, usize) {
+        self.ready.lock().map(|r| r.get(&kind).map_or((0, 0), |l| (l.len(), l.iter().filter(|w| !w.forked).count()))).unwrap_or((0, 0))
     }
 
     /// Whether another sandbox of `sku` and `runtime` may be made, `forked` or not: up to
     /// `forked_per_sku` while all are forked, else `per_sku` (the memory set aside covers
     /// either: [`crate::settings::WarmSettings::reserve_bytes`]).
-    pub(super) fn wants(&self, sku: Sku, runtime: Runtime, forked: bool) -> bool {
-        let (all, unforked) = self.count(sku, runtime);
+    pub(super) fn wants(&self, kind: (Sku, Runtime, RunMode), forked: bool) -> bool {
+        let (all, unforked) = self.count(kind);
         let kept = if forked && unforked == 0 { self.forked_per_sku.max(self.per_sku) } else { self.per_sku };
         all < kept
     }
@@ -228,7 +232,7 @@ impl Pool {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let all: Vec<WarmSandbox> = match self.ready.lock() {
             Ok(mut ready) => {
-                for (sku, _) in ready.keys() {
+                for (sku, _, _) in ready.keys() {
                     crate::metrics::warm_ready(*sku, 0);
                 }
                 std::mem::take(&mut *ready).into_values().flatten().collect()

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use sandq_schemas::{Runtime, Sku};
+use sandq_schemas::{RunMode, Runtime, Sku};
 use tracing::{info, warn};
 
 use super::pool::{IndexLease, WarmSandbox};
@@ -31,16 +31,19 @@ enum WarmError {
     Run(#[from] RunError),
 }
 
-/// Starts one warm sandbox of `sku` for `runtime`.
-async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> Result<WarmSandbox, WarmError> {
+/// Starts one warm sandbox of `sku` for `runtime`'s jobs in `mode`.
+async fn make(ctx: &Context, (sku, runtime, mode): (Sku, Runtime, RunMode), index: IndexLease) -> Result<WarmSandbox, WarmError> {
     let settings = &ctx.settings;
     let sku_settings = settings.skus.get(&sku).copied().ok_or(WarmError::NotServed)?;
     let container_id = format!("j-{:032x}", rand::random::<u128>());
     let id_map = settings.id_map_for(index.index);
     let sandbox_uid = id_map.map_or(settings.sandbox_uid, |m| m.host_base + settings.sandbox_uid);
-    // The outputs tmpfs a cold job of the runtime gets: Python notebook jobs have room for a
-    // session state (crate::job::launch), Node.js jobs do not.
-    let state_bytes = if runtime == Runtime::Python { settings.sessions.max_state_bytes } else { 0 };
+    let notebook = mode == RunMode::Notebook;
+    // The outputs tmpfs a cold job of the runtime and mode gets: Python notebook jobs have room
+    // for a session state (crate::job::launch), others do not.
+    let state_bytes = if notebook && runtime == Runtime::Python { settings.sessions.max_state_bytes } else { 0 };
+    // A Node.js script gets the stdio preload alone, as a cold one (crate::stage::stage).
+    let node_script = !notebook && runtime == Runtime::Node;
     let shape = Shape {
         jobs_dir: &settings.jobs_dir,
         container_id: &container_id,
@@ -49,11 +52,14 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         disk_bytes: if sku_settings.disk_bytes == 0 { 0 } else { sku_settings.disk_bytes + state_bytes },
         python_site: &settings.packages.python_site,
         out_bytes: settings.outputs.max_outputs_bytes + state_bytes,
-        src_bytes: src_bytes(settings),
-        runner: Some(runtime),
+        src_bytes: src_bytes(settings) + if node_script { layout::NODE_STDIO_JS.len() } else { 0 },
+        runner: notebook.then_some(runtime),
         warm: true,
     };
     let dir = jobdir::prepare(&shape).await?;
+    if node_script {
+        jobdir::write_new(&dir.src.join(layout::NODE_STDIO), layout::NODE_STDIO_JS.as_bytes(), 0o644)?;
+    }
     let mut env = run::sandbox_environment(&settings.packages, sku, &sku_settings.limits, Some(settings.outputs.max_outputs_bytes));
     let runner = layout::runner_files(runtime).first().map_or("", |(name, _)| name);
     let interpreter = match runtime {
@@ -66,7 +72,7 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
     // A forked start when the SKU's template is ready: the container holds only a holder (its
     // init, pid 1, as `sleep` never exits on its own), and the job's process is forked into it
     // once it has started. Else as run::command starts a cold job of the runtime, with `--warm`.
-    let fork = if runtime == Runtime::Python && settings.warm.forked { ctx.warm.templates.socket(sku) } else { None };
+    let fork = if notebook && runtime == Runtime::Python && settings.warm.forked { ctx.warm.templates.socket(sku) } else { None };
     let mut args = vec![interpreter.to_owned()];
     if runtime == Runtime::Node {
         args.extend(["--require".to_owned(), format!("/sandq/{}", layout::NODE_STDIO)]);
@@ -76,6 +82,13 @@ async fn make(ctx: &Context, sku: Sku, runtime: Runtime, index: IndexLease) -> R
         // Only holds the sandbox: the job's process, forked into it once it has started, says
         // it is ready and waits for its job as a warm runner does.
         args = vec!["/bin/sleep".to_owned(), "infinity".to_owned()];
+    }
+    if !notebook {
+        // A script job's waiter: at the handover it becomes the job's program (`execvpe`), so
+        // that the program is the sandbox's init with the job's argv and environment, exactly
+        // as a cold start's. Isolated (`-I`: no environment variable, no user site) and without
+        // `site` (`-S`): nothing of the sandbox changes before the job.
+        args = ["python3", "-I", "-S", "-c", layout::EXEC_WAITER].map(str::to_owned).to_vec();
     }
     let launch = Launch {
         container_id: &container_id,
@@ -114,38 +127,39 @@ pub(crate) async fn refill(ctx: Context, mut shutdown: tokio::sync::watch::Recei
         if *shutdown.borrow() {
             return;
         }
-        let kinds: Vec<(Sku, Runtime)> =
-            ctx.settings.skus.keys().flat_map(|sku| ctx.settings.warm.runtimes.iter().map(move |r| (*sku, *r))).collect();
-        for (sku, runtime) in kinds {
+        let kinds: Vec<(Sku, Runtime, RunMode)> =
+            ctx.settings.skus.keys().flat_map(|sku| ctx.settings.warm.kinds().into_iter().map(move |(r, m)| (*sku, r, m))).collect();
+        for kind in kinds {
+            let (sku, runtime, mode) = kind;
             crate::metrics::warm_ready(sku, pool.ready_count(sku));
-            // Only into idle capacity, never beside a running job: except a forked start's
-            // sandbox, which preloads nothing (a container with a holder: ~0.1 s of the
-            // helper's CPU, at the lowest weight), and a Node.js one, whose warm-up is the
-            // interpreter's start (~0.1 s of CPU, against ~0.6 s for a preloading Python
-            // runner), so that under load jobs still find one.
-            let forked = runtime == Runtime::Python && ctx.warm.templates.socket(sku).is_some();
-            let cheap = forked || runtime == Runtime::Node;
+            // Only into idle capacity, never beside a running job: except the cheap kinds
+            // (super::pool::cheap: a forked start's sandbox, which preloads nothing, a container
+            // with a holder: ~0.1 s of the helper's CPU, at the lowest weight; a Node.js one,
+            // whose warm-up is the interpreter's start; a script one, whose waiter is a bare
+            // interpreter), so that under load jobs still find one.
+            let python_notebook = runtime == Runtime::Python && mode == RunMode::Notebook;
+            let forked = python_notebook && ctx.warm.templates.socket(sku).is_some();
             // While a SKU's template starts, its Python sandboxes wait for it rather than each
             // preload on its own (the same CPU spent twice).
-            if runtime == Runtime::Python && !forked && ctx.warm.templates.starting(sku) {
+            if python_notebook && !forked && ctx.warm.templates.starting(sku) {
                 continue;
             }
-            if (!cheap && !ctx.capacity.is_idle()) || !pool.wants(sku, runtime, forked) {
+            if (!super::pool::cheap(runtime, mode, forked) && !ctx.capacity.is_idle()) || !pool.wants(kind, forked) {
                 continue;
             }
             let Some(index) = pool.free.lock().ok().and_then(|mut f| f.pop()) else { continue };
             let lease = IndexLease { index, free: pool.free.clone() };
             let t0 = Instant::now();
-            match make(&ctx, sku, runtime, lease).await {
+            match make(&ctx, kind, lease).await {
                 Ok(warm) => {
                     made = true;
-                    info!(%sku, ?runtime, container_id = warm.container_id, forked = warm.forked, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
+                    info!(%sku, ?runtime, ?mode, container_id = warm.container_id, forked = warm.forked, ms = t0.elapsed().as_millis() as u64, "warm sandbox started");
                     let mut warm = Some(warm);
                     if let Ok(mut ready) = pool.ready.lock() {
                         // Checked under the lock drain() takes: a sandbox made while the
                         // worker shuts down is never left in the pool.
                         if !pool.closed.load(std::sync::atomic::Ordering::SeqCst) {
-                            ready.entry((sku, runtime)).or_default().extend(warm.take());
+                            ready.entry(kind).or_default().extend(warm.take());
                         }
                     }
                     if let Some(late) = warm {
