@@ -12,7 +12,7 @@
 # Needs root and the services (scripts/services.sh); installs hyperfine and runc (Debian) when
 # missing. Usage: scripts/bench-forked.sh [RUNS=30] [JOBS=300]. Writes hyperfine's JSON and
 # markdown and the other numbers to $OUT (default /tmp/sandq-bench-forked). PARTS (default
-# "1 2 3 4 5 6") picks the parts below to run.
+# "1 2 3 4 5 6 7") picks the parts below to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-30}
@@ -20,7 +20,7 @@ jobs=${2:-300}
 out=${OUT:-/tmp/sandq-bench-forked}
 config=${SANDQ_CONFIG:-/etc/sandq/sandq.toml}
 mkdir -p "$out"
-parts=" ${PARTS:-1 2 3 4 5 6} "
+parts=" ${PARTS:-1 2 3 4 5 6 7} "
 want() { [[ "$parts" == *" $1 "* ]]; }
 
 # shellcheck source=scripts/bench-lib.sh
@@ -36,9 +36,9 @@ chmod 755 "$work"
 ns=sandq-bench-$$
 cleanup() {
   set +e
-  exec 3>&- 4>&- 5>&-
+  exec 3>&- 4>&- 5>&- 6>&-
   sleep 1
-  for w in forked unforked cold; do
+  for w in forked unforked cold node; do
     for q in S M L XL; do rabbitmqctl -q delete_queue "$ns-$w.jobs.$q" >/dev/null 2>&1; done
     rabbitmqctl -q delete_queue "$ns-$w.dead" >/dev/null 2>&1
   done
@@ -155,7 +155,11 @@ fi
 
 if want 4; then
 # 4. Memory: each idle template (RSS, PSS, private), and a running job's peak (its cgroup).
+# The templates only: the worker's children (the processes forked from them, waiting in their
+# sandboxes, run the same command line).
 for pid in $(pgrep -f 'sandq_runner.py --template'); do
+  parent=$(awk '{ print $4 }' "/proc/$pid/stat")
+  tr '\0' ' ' < "/proc/$parent/cmdline" | grep -q sandq-worker || continue
   python3 - "$pid" <<'EOF' | tee -a "$out/memory.txt"
 import sys
 pid = sys.argv[1]
@@ -203,9 +207,8 @@ if want 6; then
 # 6. The trivial cell back to back from a client that stays connected (the Python SDK, one
 # connection for every cell: no process start, AMQP handshake or topology per cell), against
 # part 1's runc run.
-sdk_key=$( (cat clients/python/pyproject.toml; python3 -c 'import sys; print(sys.executable, sys.version)') | sha256sum | cut -c1-16)
-sdk_venv=${SANDQ_CACHE:-/var/cache/sandq}/python-sdk-$sdk_key
-[ -x "$sdk_venv/bin/python3" ] || { echo "part 6 needs the SDK's virtualenv, which scripts/test.sh makes: $sdk_venv" >&2; exit 1; }
+sdk_venv=$(find "${SANDQ_CACHE:-/var/cache/sandq}" -maxdepth 2 -path '*/python-sdk-*/.complete' -printf '%T@ %h\n' | sort -rn | head -1 | cut -d' ' -f2)
+[ -x "$sdk_venv/bin/python3" ] || { echo "part 6 needs the SDK's virtualenv, which scripts/test.sh makes (python-sdk-* under the cache)" >&2; exit 1; }
 SANDQ__NAMESPACE=$ns-forked PYTHONPATH=clients/python "$sdk_venv/bin/python3" - "$runs" <<'EOF' | tee "$out/connected.txt"
 import statistics, sys, time
 import sandq
@@ -222,6 +225,21 @@ with sandq.Client() as client:
 print("connected client (Python SDK), trivial notebook cell back to back: mean %.1f ms, median %.1f, sd %.1f, %d runs (%d forked)"
       % (statistics.mean(times), statistics.median(times), statistics.stdev(times), runs, forked))
 EOF
+fi
+
+if want 7; then
+# 7. Node.js: a trivial notebook cell back to back on a worker keeping Node.js warm sandboxes
+# (a started runner each, refilled while jobs run; no template: see docs/benchmarks.md) and on
+# the cold worker, against `runc run` of `node -e 0` on the same rootfs.
+start_worker node 6 1898708992 SANDQ__WARM__PER_SKU=1 SANDQ__WARM__RUNTIMES=node SANDQ__WARM__SCRIPT=false
+runc_bundle "$work/runc-node" "$rootfs" / node -e 0
+node_args="--sku S --runtime node --mode notebook -c 1"
+for w in node cold; do eval "$(sandq $w "$node_args")" >/dev/null; done
+hyperfine --runs "$runs" --warmup 3 -N --style basic \
+  --export-json "$out/node.json" --export-markdown "$out/node.md" \
+  -n 'sandq node warm' "$(sandq node "$node_args")" \
+  -n 'sandq node cold' "$(sandq cold "$node_args")" \
+  -n 'runc run node' "runc run --bundle $work/runc-node bench-$$-n" 2>&1 | tee "$out/node.txt"
 fi
 
 echo "results in $out" >&2

@@ -642,7 +642,11 @@ for d, n in (('a', 260000), ('b', 249600)):
     );
     let baseline_cpu = baseline_after - baseline_before;
     eprintln!("worker CPU: deep and long-named links {cpu:.2} s, baseline of short-named links {baseline_cpu:.2} s");
-    assert!(cpu < 2.0 * baseline_cpu + 1.0, "the worker used {cpu:.2} s of CPU on the links, {baseline_cpu:.2} s on the baseline");
+    // The same number of entries walked, but 200-byte names against 7-byte ones: each costs
+    // the kernel's lookup and the walk's name check more, and their dentries more to free at
+    // unmount (a debug build, measured: 4.4 s against 1.6 s). What this guards against, the
+    // walk following the deep tree or keeping its paths, cost an order of magnitude more.
+    assert!(cpu < 3.0 * baseline_cpu + 1.0, "the worker used {cpu:.2} s of CPU on the links, {baseline_cpu:.2} s on the baseline");
 }
 
 /// A sandbox that exhausts every per-user counter it can reach (inotify, queued signals, message

@@ -278,7 +278,7 @@ async fn warm_sandboxes_are_counted_ready_taken_and_refilled() {
             ("SANDQ__WORKER__CAPACITY_CPUS", "1"),
             ("SANDQ__WARM__RUNTIMES", "python"),
             ("SANDQ__WARM__SCRIPT", "false"),
-            ("SANDQ__WARM__FORKED_PER_SKU", "1"),
+            ("SANDQ__WARM__LIGHT_PER_SKU", "1"),
             ("SANDQ__WARM__MEMORY_BYTES", "300000000"),
         ],
     );

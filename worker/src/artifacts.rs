@@ -194,7 +194,11 @@ fn walk(work: &Path, baseline: &BTreeSet<String>, links_ok: bool, max_new: usize
             walked.skipped.skip(&format!("{rel}/{}", name.to_string_lossy()), "unreadable");
             continue;
         };
-        if name_str.chars().any(unprintable) {
+        // Most names are printable ASCII: checked a byte at a time (`is_ascii` is std's, fast
+        // in any build) before the per-character check.
+        let bytes = name.to_bytes();
+        let plain = bytes.is_ascii() && !bytes.iter().any(u8::is_ascii_control);
+        if !plain && name_str.chars().any(unprintable) {
             // A name with control or bidi-override characters: it would reach a terminal
             // (`sandq run` prints artifact paths) and S3 listings (whose XML cannot carry
             // control characters: a dropped attempt's objects were left behind) as it is.

@@ -70,7 +70,7 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     info!(cpus = settings.capacity_cpus, memory_bytes = settings.capacity_memory_bytes, skus = ?settings.skus.keys().collect::<Vec<_>>(), "capacity");
     let warm = Arc::new(crate::warm::Pool::new(
         settings.warm.per_sku,
-        settings.warm.forked_per_sku,
+        settings.warm.light_per_sku,
         settings.total_slots(),
         settings.warm_ranges(),
     ));

@@ -89,9 +89,10 @@ pub struct WarmSettings {
     /// Python warm sandboxes are forked from a pre-imported template per SKU
     /// (`warm.forked`, default true; [`crate::warm::template`]).
     pub forked: bool,
-    /// Forked Python warm sandboxes kept per SKU while its template is ready
-    /// (`warm.forked_per_sku`, default 2; at least `per_sku`).
-    pub forked_per_sku: usize,
+    /// Light warm sandboxes kept per SKU: forked Python notebook ones (while its template is
+    /// ready) and script ones of each runtime (`warm.light_per_sku`, default 2; at least
+    /// `per_sku`).
+    pub light_per_sku: usize,
     /// How long a template serves before a new one replaces it (`warm.template_lifetime`,
     /// default 1 h).
     pub template_lifetime: Duration,
@@ -120,25 +121,32 @@ impl WarmSettings {
     /// Warm sandboxes of `runtime` and `mode` kept per SKU at most (forked ones when the SKU's
     /// template is ready).
     pub fn kept(&self, runtime: sandq_schemas::Runtime, mode: sandq_schemas::RunMode) -> usize {
-        if runtime == sandq_schemas::Runtime::Python && mode == sandq_schemas::RunMode::Notebook && self.forked {
-            self.per_sku.max(self.forked_per_sku)
+        if self.light(runtime, mode) {
+            self.per_sku.max(self.light_per_sku)
         } else {
             self.per_sku
         }
     }
 
+    /// Whether warm sandboxes of `runtime` and `mode` are light ones ([`LIGHT_WARM_MEMORY_BYTES`]
+    /// each, `light_per_sku` kept): script ones, and forked Python notebook ones.
+    fn light(&self, runtime: sandq_schemas::Runtime, mode: sandq_schemas::RunMode) -> bool {
+        mode == sandq_schemas::RunMode::Script || (runtime == sandq_schemas::Runtime::Python && self.forked)
+    }
+
     /// Memory set aside for the warm sandboxes of `runtime` and `mode` of one SKU, bytes:
-    /// `per_sku` preloading sandboxes of `memory_bytes`, or, when more forked ones are kept,
-    /// those of [`LIGHT_WARM_MEMORY_BYTES`] (a pool holds one kind or the other: see
-    /// [`crate::warm::refill`]); script ones [`LIGHT_WARM_MEMORY_BYTES`] each.
+    /// `per_sku` preloading sandboxes of `memory_bytes` (also what a Python notebook pool
+    /// holds while its template is not ready), or `light_per_sku` light ones of
+    /// [`LIGHT_WARM_MEMORY_BYTES`], whichever is more (a pool holds one kind or the other:
+    /// see [`crate::warm::refill`]).
     pub fn reserve_bytes(&self, runtime: sandq_schemas::Runtime, mode: sandq_schemas::RunMode) -> u64 {
-        let unforked = self.per_sku as u64 * self.memory_bytes;
+        let light = self.per_sku.max(self.light_per_sku) as u64 * LIGHT_WARM_MEMORY_BYTES;
         if mode == sandq_schemas::RunMode::Script {
-            self.per_sku as u64 * LIGHT_WARM_MEMORY_BYTES
-        } else if runtime == sandq_schemas::Runtime::Python && self.forked {
-            unforked.max(self.forked_per_sku as u64 * LIGHT_WARM_MEMORY_BYTES)
+            light
+        } else if self.light(runtime, mode) {
+            (self.per_sku as u64 * self.memory_bytes).max(light)
         } else {
-            unforked
+            self.per_sku as u64 * self.memory_bytes
         }
     }
 }
@@ -351,7 +359,7 @@ impl RawConfig {
             preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
             runtimes: warm_runtimes,
             forked: self.warm.forked.unwrap_or(true),
-            forked_per_sku: if per_sku == 0 { 0 } else { self.warm.forked_per_sku.unwrap_or(2).max(per_sku) },
+            light_per_sku: if per_sku == 0 { 0 } else { self.warm.light_per_sku.unwrap_or(2).max(per_sku) },
             template_lifetime: self.warm.template_lifetime.unwrap_or(Duration::from_secs(3600)),
             script: self.warm.script.unwrap_or(true),
         };

@@ -68,12 +68,13 @@ pub struct RawWarm {
     /// its own that preloads (`false`). Without a ready template a warm sandbox is made the
     /// second way.
     pub forked: Option<bool>,
-    /// Python warm sandboxes kept per SKU while its template is ready (forked ones: a prepared
-    /// container and a forked process waiting, ~7 MiB each, refilled even while jobs run);
-    /// default 2, at least `per_sku` (none when `per_sku` is 0). Two let a client that comes
-    /// straight back find one ready while the other is made (back to back: 65 ms a trivial
-    /// cell against 77 ms with one; docs/benchmarks.md "Forked sandboxes").
-    pub forked_per_sku: Option<usize>,
+    /// Light warm sandboxes kept per SKU: forked Python notebook ones (while its template is
+    /// ready: a prepared container and a forked process waiting, ~7 MiB each) and script ones
+    /// of each runtime (a waiter, ~6 MiB), all refilled even while jobs run; 32 MiB each set
+    /// aside. Default 2, at least `per_sku` (none when `per_sku` is 0). Under sustained load a
+    /// job takes one while the next is made: with one a SKU, jobs waited for it (script
+    /// `pass`: 17.1 jobs/s with one, 25.4 with two; docs/benchmarks.md "Forked sandboxes").
+    pub light_per_sku: Option<usize>,
     /// How long a template serves forks before a new one replaces it (humantime); default
     /// `1h`. Every job forked from one template shares its address-space layout and its `str`
     /// hash secret (docs/threat-model.md, "Forked sandboxes"): a new template draws new ones.

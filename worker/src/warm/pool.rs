@@ -125,8 +125,9 @@ pub(crate) struct Pool {
     pub(super) free: std::sync::Arc<Mutex<Vec<usize>>>,
     /// Sandboxes kept per SKU and runtime (`warm.per_sku`).
     pub(super) per_sku: usize,
-    /// Python sandboxes kept per SKU while they are forked (`warm.forked_per_sku`).
-    pub(super) forked_per_sku: usize,
+    /// Light sandboxes kept per SKU (`warm.light_per_sku`): forked Python notebook ones, and
+    /// script ones.
+    pub(super) light_per_sku: usize,
     /// The templates forked starts come from ([`super::template`]).
     pub(crate) templates: Templates,
     /// Wakes the refill when a sandbox is taken.
@@ -146,15 +147,15 @@ fn is_ready(warm: &WarmSandbox) -> bool {
 }
 
 impl Pool {
-    /// An empty pool keeping `per_sku` sandboxes per SKU (`forked_per_sku` forked ones), with
+    /// An empty pool keeping `per_sku` sandboxes per SKU (`light_per_sku` light ones), with
     /// the user namespace range indexes `first_index..first_index + ranges` to hand out.
-    pub(crate) fn new(per_sku: usize, forked_per_sku: usize, first_index: usize, ranges: usize) -> Self {
+    pub(crate) fn new(per_sku: usize, light_per_sku: usize, first_index: usize, ranges: usize) -> Self {
         Pool {
             closed: std::sync::atomic::AtomicBool::new(false),
             ready: Mutex::new(HashMap::new()),
             free: std::sync::Arc::new(Mutex::new((first_index..first_index + ranges).rev().collect())),
             per_sku,
-            forked_per_sku,
+            light_per_sku,
             templates: Templates::default(),
             taken: tokio::sync::Notify::new(),
         }
@@ -218,12 +219,13 @@ impl Pool {
         self.ready.lock().map(|r| r.get(&kind).map_or((0, 0), |l| (l.len(), l.iter().filter(|w| !w.forked).count()))).unwrap_or((0, 0))
     }
 
-    /// Whether another sandbox of `sku` and `runtime` may be made, `forked` or not: up to
-    /// `forked_per_sku` while all are forked, else `per_sku` (the memory set aside covers
-    /// either: [`crate::settings::WarmSettings::reserve_bytes`]).
+    /// Whether another sandbox of `kind` may be made, `forked` or not: up to `light_per_sku`
+    /// script ones, or forked ones while all of the kind are forked, else `per_sku` (the memory
+    /// set aside covers either: [`crate::settings::WarmSettings::reserve_bytes`]).
     pub(super) fn wants(&self, kind: (Sku, Runtime, RunMode), forked: bool) -> bool {
         let (all, unforked) = self.count(kind);
-        let kept = if forked && unforked == 0 { self.forked_per_sku.max(self.per_sku) } else { self.per_sku };
+        let light = kind.2 == RunMode::Script || (forked && unforked == 0);
+        let kept = if light { self.light_per_sku.max(self.per_sku) } else { self.per_sku };
         all < kept
     }
 

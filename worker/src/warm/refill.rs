@@ -1,5 +1,5 @@
 //! The refill: while the worker is idle, starts warm sandboxes until the pool holds
-//! `warm.per_sku` of each SKU and runtime (`warm.forked_per_sku` forked ones), at the lowest
+//! `warm.per_sku` of each SKU and runtime (`warm.light_per_sku` light ones), at the lowest
 //! CPU weight.
 
 use std::time::{Duration, Instant};
