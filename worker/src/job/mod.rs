@@ -88,7 +88,7 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
         },
     };
     let steps = async {
-        let (mut reservation, mut leftover) = (None, None);
+        let (mut reservation, mut leftover, mut lease) = (None, None, None);
         let ended = async {
             // 4. Reserve the SKU's capacity, then write `running`.
             if opened.is_some() {
@@ -111,8 +111,10 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
             // The program's text goes live from here (what it printed before is sent too).
             started.stream_to(&live);
             live.started(warm);
-            // A warm sandbox's user namespace range stays taken until the job is over.
-            let (handover, _lease) = handover.unzip();
+            // A warm sandbox's user namespace range stays taken until its container is deleted
+            // (step 9).
+            let (handover, range) = handover.unzip();
+            lease = range;
             // 6. Run (a notebook job's displays sent live as they come).
             let notebook = job.spec.run_mode() == sandq_schemas::RunMode::Notebook;
             let mut displays = (notebook && live.enabled()).then(|| Displays {
@@ -145,6 +147,7 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
         if let Some(dir) = leftover {
             dir.remove().await;
         }
+        drop(lease);
         drop(reservation);
         outcome
     };

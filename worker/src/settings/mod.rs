@@ -360,7 +360,10 @@ impl RawConfig {
             runtimes: warm_runtimes,
             forked: self.warm.forked.unwrap_or(true),
             light_per_sku: if per_sku == 0 { 0 } else { self.warm.light_per_sku.unwrap_or(2).max(per_sku) },
-            template_lifetime: self.warm.template_lifetime.unwrap_or(Duration::from_secs(3600)),
+            template_lifetime: match self.warm.template_lifetime.unwrap_or(Duration::from_secs(3600)) {
+                lifetime if lifetime < Duration::from_secs(1) => return bad("warm.template_lifetime: at least 1s".into()),
+                lifetime => lifetime,
+            },
             script: self.warm.script.unwrap_or(true),
         };
         let warm_sandboxes: usize = skus.len() * warm.kinds().iter().map(|(r, m)| warm.kept(*r, *m)).sum::<usize>();
@@ -509,5 +512,42 @@ impl Settings {
     /// uid, shifted by the slot's user namespace mapping when there is one.
     pub fn host_sandbox_uid(&self, slot: usize) -> u32 {
         self.id_map_for(slot).map_or(self.sandbox_uid, |m| m.host_base + self.sandbox_uid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WarmSettings;
+    use sandq_schemas::{RunMode, Runtime};
+
+    fn warm(per_sku: usize, light_per_sku: usize, forked: bool, script: bool) -> WarmSettings {
+        WarmSettings {
+            per_sku,
+            memory_bytes: 256 << 20,
+            preload: String::new(),
+            runtimes: vec![Runtime::Python, Runtime::Node],
+            forked,
+            light_per_sku,
+            template_lifetime: std::time::Duration::from_secs(3600),
+            script,
+        }
+    }
+
+    #[test]
+    fn the_memory_set_aside_covers_what_each_kind_of_pool_holds() {
+        let w = warm(1, 2, true, true);
+        assert_eq!(w.kinds().len(), 4);
+        // Python notebook: two forked (2 x 32 MiB) or one preloading (256 MiB) while its template
+        // is not ready: the larger.
+        assert_eq!((w.kept(Runtime::Python, RunMode::Notebook), w.reserve_bytes(Runtime::Python, RunMode::Notebook)), (2, 256 << 20));
+        // Script ones: two of 32 MiB, for either runtime.
+        assert_eq!((w.kept(Runtime::Node, RunMode::Script), w.reserve_bytes(Runtime::Node, RunMode::Script)), (2, 64 << 20));
+        // A Node.js notebook one preloads its runner: per_sku of memory_bytes.
+        assert_eq!((w.kept(Runtime::Node, RunMode::Notebook), w.reserve_bytes(Runtime::Node, RunMode::Notebook)), (1, 256 << 20));
+        // Ten light ones (320 MiB) take more than one preloading one.
+        assert_eq!(warm(1, 10, true, true).reserve_bytes(Runtime::Python, RunMode::Notebook), 320 << 20);
+        // Unforked, no scripts: one preloading Python sandbox, and no script kinds.
+        let w = warm(1, 2, false, false);
+        assert_eq!((w.kept(Runtime::Python, RunMode::Notebook), w.kinds().len()), (1, 2));
     }
 }

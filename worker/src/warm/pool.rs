@@ -141,6 +141,20 @@ pub(super) fn cheap(runtime: Runtime, mode: RunMode, forked: bool) -> bool {
     forked || runtime == Runtime::Node || mode == RunMode::Script
 }
 
+/// Drops the sandboxes of `list` whose helper has exited (one that died before it was ready:
+/// its runner or waiter failed, or its fork did, its template having just ended), so that they
+/// neither count against the pool's size nor look like one being made. Their dirs are removed
+/// and their id ranges given back on drop.
+fn prune(list: &mut Vec<WarmSandbox>) {
+    list.retain_mut(|w| {
+        let alive = w.started.alive();
+        if !alive {
+            warn!(container_id = w.container_id, "a warm sandbox ended before its job; discarding it");
+        }
+        alive
+    });
+}
+
 /// True when the sandbox's runner (or a forked start's process) is ready and waits for a job.
 fn is_ready(warm: &WarmSandbox) -> bool {
     warm.dir.out.join(layout::WARM_READY).exists()
@@ -169,6 +183,7 @@ impl Pool {
         let mut taken = None;
         // A forked sandbox's process was forked when it was made: it runs its job whatever its
         // template has become since (ended, restarted, failed another fork).
+        prune(list);
         while let Some(index) = list.iter().position(is_ready) {
             let mut warm = list.swap_remove(index);
             if warm.started.alive() {
@@ -216,7 +231,15 @@ impl Pool {
     /// Sandboxes of `kind` (SKU, runtime, mode), ready or warming up, and how many of them are
     /// not forked.
     pub(super) fn count(&self, kind: (Sku, Runtime, RunMode)) -> (usize, usize) {
-        self.ready.lock().map(|r| r.get(&kind).map_or((0, 0), |l| (l.len(), l.iter().filter(|w| !w.forked).count()))).unwrap_or((0, 0))
+        self.ready
+            .lock()
+            .map(|mut r| {
+                r.get_mut(&kind).map_or((0, 0), |l| {
+                    prune(l);
+                    (l.len(), l.iter().filter(|w| !w.forked).count())
+                })
+            })
+            .unwrap_or((0, 0))
     }
 
     /// Whether another sandbox of `kind` may be made, `forked` or not: up to `light_per_sku`

@@ -115,7 +115,7 @@ async fn keep(ctx: Context, sku: Sku, dir: PathBuf, mut shutdown: tokio::sync::w
                             info!(%sku, ms = t0.elapsed().as_millis() as u64, pid = child.id(), "template ready");
                             ctx.warm.templates.set(sku, Some(socket.clone()));
                             ctx.warm.templates.set_starting(sku, false);
-                            retire_at = Some(tokio::time::Instant::now() + settings.warm.template_lifetime);
+                            retire_at = tokio::time::Instant::now().checked_add(settings.warm.template_lifetime);
                         }
                         Ok(Some(_)) => {}
                         _ => lines = None,
@@ -141,12 +141,12 @@ async fn keep(ctx: Context, sku: Sku, dir: PathBuf, mut shutdown: tokio::sync::w
             Ended::Retired => {
                 // Its stdin closed, it ends (after the fork it may be serving); the next one
                 // starts now, and the SKU's Python warm sandboxes wait for it meanwhile.
+                ctx.warm.templates.set_starting(sku, true);
                 drop(stdin);
                 if tokio::time::timeout(RETIRE_WAIT, child.wait()).await.is_err() {
                     let _ = child.kill().await;
                 }
                 info!(%sku, "template replaced after warm.template_lifetime");
-                ctx.warm.templates.set_starting(sku, true);
             }
         }
     }
