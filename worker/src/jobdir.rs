@@ -130,7 +130,13 @@ impl JobDir {
     pub(crate) async fn remove(mut self) {
         let removed = tokio::task::spawn_blocking(move || {
             if let Some(pidfd) = self.helper.get_mut().ok().and_then(Option::take) {
-                wait_for_exit(&pidfd, HELPER_EXIT_WAIT);
+                if !wait_for_exit(&pidfd, HELPER_EXIT_WAIT) {
+                    // A delete that hangs: the helper goes (it would write into the dir being
+                    // removed), and the next startup cleanup deletes what is left of the container.
+                    use std::os::fd::AsFd;
+                    let _ = crate::sys::pidfd_kill(pidfd.as_fd());
+                    wait_for_exit(&pidfd, std::time::Duration::from_secs(5));
+                }
                 log_teardown(&self.report);
             }
             drop(self);
@@ -180,21 +186,23 @@ fn log_teardown(report: &Path) {
     }
 }
 
-/// Waits up to `limit` for the process behind `pidfd` to exit (the pidfd turns readable).
-fn wait_for_exit(pidfd: &std::os::fd::OwnedFd, limit: std::time::Duration) {
+/// Waits up to `limit` for the process behind `pidfd` to exit (the pidfd turns readable);
+/// returns whether it did.
+fn wait_for_exit(pidfd: &std::os::fd::OwnedFd, limit: std::time::Duration) -> bool {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     let until = std::time::Instant::now() + limit;
     loop {
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return;
+            return false;
         }
         let timeout = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX);
         let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, timeout) {
             Err(nix::errno::Errno::EINTR) => {}
-            _ => return,
+            Ok(0) => return false,
+            _ => return true,
         }
     }
 }

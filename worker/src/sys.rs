@@ -22,6 +22,22 @@ pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Sends SIGKILL to the process behind `pidfd` (`pidfd_send_signal(2)`, Linux 5.1+): never to
+/// another process that reused its pid.
+///
+/// # Errors
+/// The kernel's error (`ESRCH` when it has exited).
+pub(crate) fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal takes a descriptor, a signal number, a null siginfo pointer
+    // (the kernel fills in a default) and flags 0; it touches no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Brings the loopback interface of the calling thread's network namespace up
 /// (`SIOCGIFFLAGS` then `SIOCSIFFLAGS` with `IFF_UP`). A new network namespace starts with `lo`
 /// down, and a sandbox should reach its own 127.0.0.1.
