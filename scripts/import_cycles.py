@@ -1,7 +1,21 @@
 #!/usr/bin/env python3
-"""Fails when a crate's source has an import cycle between its files.
+"""Fails when a crate's source, or a Python package, has an import cycle between its files.
 
-Usage: scripts/import_cycles.py DIR... (each a crate's `src/`; CI checks every crate).
+Usage: scripts/import_cycles.py DIR... (each a crate's `src/`, or a directory holding
+`__init__.py`: a Python package; CI checks every crate and the Python SDK).
+
+A Python package's graph (`python_edges`): every import of a module of the package is an edge
+to that module's file, wherever it stands: at module level, inside a function (a deferred
+import is still a dependency), and under `if TYPE_CHECKING:` too (a type-only import still ties
+the two files together; a cycle through one is broken by moving the type, not by hiding the
+import). The forms: `from .x import y`, `from . import x`, `from .. import x` (relative to the
+file's package), `import sandq.x`, `from sandq.x import y`, `from sandq import x` (absolute,
+through the package's own name: the directory's). `from . import x` is an edge to `x.py` (or
+`x/__init__.py`) when it is a module, else to the package's `__init__.py` (a name defined
+there); `from .x.y import z` goes to the deepest module that exists. `__init__.py` is a node
+like any other: its imports (re-exports included) are edges from it.
+
+The Rust graph:
 
 The graph: every `crate::a::b::...` path in a file (also inside `use crate::{...}` groups) and
 every `super::x` is an edge to the deepest file of that module path that exists. The crate root
@@ -50,7 +64,69 @@ def expand(prefix, body):
     return out
 
 
+def python_edges(root):
+    """The Python package at `root`: its files (paths relative to `root`) and the import edges
+    between them (the module's docstring has the rules)."""
+    import ast
+
+    package = os.path.basename(os.path.normpath(os.path.abspath(root)))
+    files = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if f.endswith('.py'):
+                p = os.path.relpath(os.path.join(d, f), root)
+                with open(os.path.join(root, p)) as fh:
+                    files[p] = fh.read()
+
+    def modpath(p):
+        parts = p[:-3].split('/')
+        return parts[:-1] if parts[-1] == '__init__' else parts
+
+    bymod = {tuple(modpath(p)): p for p in files}
+
+    def resolve(path):
+        """The file of the deepest existing module of `path` (segments under the package)."""
+        for i in range(len(path), -1, -1):
+            if tuple(path[:i]) in bymod:
+                return bymod[tuple(path[:i])]
+        return None
+
+    edges = {}
+    for p, src in files.items():
+        me = modpath(p)
+        # The package a relative import starts from: the file's own for `__init__.py`.
+        here = me if p.endswith('__init__.py') else me[:-1]
+        targets = []
+        for node in ast.walk(ast.parse(src, p)):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split('.')
+                    if parts[0] == package:
+                        targets.append(resolve(parts[1:]))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[:len(here) - (node.level - 1)] if node.level > 1 else here
+                elif node.module and node.module.split('.')[0] == package:
+                    base = []
+                else:
+                    continue
+                mod = base + (node.module.split('.') if node.module else [])
+                if not node.level:
+                    mod = mod[1:]
+                for alias in node.names:
+                    # `from . import x`: the module x when there is one, else a name of `mod`.
+                    sub = mod + [alias.name]
+                    targets.append(bymod[tuple(sub)] if tuple(sub) in bymod else resolve(mod))
+        for t in targets:
+            if t and t != p:
+                edges.setdefault(p, set()).add(t)
+    return files, edges
+
+
 def check(root):
+    if os.path.exists(os.path.join(root, '__init__.py')):
+        files, edges = python_edges(root)
+        return report(root, files, edges)
     files = {}
     for d, _, fs in os.walk(root):
         for f in fs:
@@ -116,6 +192,11 @@ def check(root):
             t = resolve(path)
             if t and t != p:
                 edges.setdefault(p, set()).add(t)
+    return report(root, files, edges)
+
+
+def report(root, files, edges):
+    """Prints every cycle a depth-first walk of `edges` closes; their count."""
     color = {}
     stack = []
     cycles = []
@@ -143,5 +224,5 @@ if __name__ == "__main__":
     sys.setrecursionlimit(10000)
     roots = sys.argv[1:] or ["worker/src"]
     found = sum(check(r) for r in roots)
-    print(f"import cycles: {found} in {len(roots)} crate(s)")
+    print(f"import cycles: {found} in {len(roots)} crate(s) or package(s)")
     sys.exit(1 if found else 0)
