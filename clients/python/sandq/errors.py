@@ -18,10 +18,7 @@ raised them (`JobNotFound` in direct mode too); only `problem` says it came from
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    from .types import JobResult
+from typing import Any, Optional, Protocol
 
 
 @dataclass(frozen=True)
@@ -136,12 +133,28 @@ class JobNotFound(NotFound):
     another tenant's)."""
 
 
+class Ended(Protocol):
+    """What a `JobError` reads of the result it carries (a `sandq.JobResult`: `types.py` imports
+    this module for `raise_for_status`, so this one names the fields, not the class)."""
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def reason(self) -> Optional[str]: ...
+    @property
+    def exit_code(self) -> Optional[int]: ...
+    @property
+    def signal(self) -> Optional[str]: ...
+
+
 class JobError(SandqError):
-    """A job ended with `status` (not `succeeded`); `reason` is the protocol's reason, when any."""
+    """A job ended with `status` (not `succeeded`); `reason` is the protocol's reason, when any;
+    `result` the `sandq.JobResult`."""
     status = ""
 
-    def __init__(self, result: "JobResult"):
-        self.result = result
+    def __init__(self, result: Ended):
+        self.result: Any = result
         self.job_id = result.job_id
         self.reason: Optional[str] = result.reason
         detail = result.reason or (f"exit code {result.exit_code}" if result.exit_code is not None else result.signal) or ""
@@ -182,5 +195,5 @@ _BY_STATUS = {c.status: c for c in (JobFailed, JobTimedOut, JobOOMKilled, JobRej
 RAISED_BY_WAIT = frozenset({"rejected", "expired", "internal_error"})
 
 
-def error_for(result: "JobResult") -> JobError:
+def error_for(result: Ended) -> JobError:
     return _BY_STATUS.get(result.status, JobError)(result)
