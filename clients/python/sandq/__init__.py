@@ -13,12 +13,15 @@
 `sandq.aio.AsyncClient` is the asyncio twin.
 
 Through sandq-gateway over HTTP (docs/gateway.md), the same API with an API key instead of the
-services' credentials (a `sandq.http.HttpClient`; `sandq.gateway` says which mode is taken when):
+services' credentials (a `sandq.HttpClient`; `sandq.gateway` says which mode is taken when):
 
     with sandq.Client(url="https://sandq.example.com", api_key="sq_...") as client:  # or $SANDQ_URL, $SANDQ_API_KEY
         print(client.run("print(6 * 7)", sku="S").stdout.text)
+
+Each client is a facade over a transport (`sandq.transport`): direct (`_direct`, `_aio_direct`)
+or through the gateway (`_gateway`, `_aio_gateway`), imported when a client of that mode is made.
 """
-from .client import Client, Session
+from .client import Client, HttpClient, Session
 from .events import Callbacks, Transcript
 from .errors import (Conflict, ForbiddenByQuota, GatewayError, InvalidRequest, JobCancelled, JobError, JobExpired, JobFailed,
                      JobInternalError, JobNotFound, JobOOMKilled, JobRejected, JobTimedOut, NotFound, Problem, QuotaExceeded,
@@ -29,16 +32,10 @@ from .types import (TERMINAL, Artifact, ErrorInfo, Event, ImageInfo, InputFile, 
 
 
 def __getattr__(name: str):
-    # The asyncio client on first use (it imports aio-pika).
-    if name in ("AsyncClient", "AsyncSession"):
+    # The asyncio client on first use (it imports asyncio).
+    if name in ("AsyncClient", "AsyncSession", "AsyncHttpClient"):
         from . import aio
         return getattr(aio, name)
-    if name == "AsyncHttpClient":
-        from . import aio_http
-        return aio_http.AsyncHttpClient
-    if name == "HttpClient":
-        from . import http
-        return http.HttpClient
     raise AttributeError(name)
 
 

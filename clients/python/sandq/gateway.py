@@ -1,4 +1,4 @@
-"""HTTP mode's pure parts, shared by `sandq.http.HttpClient` and `sandq.aio_http.AsyncHttpClient`:
+"""HTTP mode's pure parts, shared by its transports (`_gateway`, `_aio_gateway`) and the clients:
 which mode a client takes, a job as the gateway's JSON, problem documents as exceptions, which
 answers are retried, and server-sent events as `Event`s (docs/gateway.md).
 
@@ -88,6 +88,27 @@ def http_target(config: Any, namespace: Optional[str], url: Optional[str],
     if api_key:
         raise ValueError(f"api_key= needs url= or ${URL_ENV}")
     return None
+
+
+def takes_http(config: Any, namespace: Optional[str], url: Optional[str], api_key: Optional[str],
+               unserved: Optional[str]) -> bool:
+    """Whether `Client(...)` / `AsyncClient(...)` is the HTTP client (`http_target`); ValueError
+    for `unserved=` there (it is direct mode's)."""
+    if http_target(config, namespace, url, api_key) is None:
+        return False
+    if unserved is not None:
+        raise ValueError("unserved= is direct mode's (the client asks the broker); not for HTTP mode")
+    return True
+
+
+def required_target(who: str, config: Any, namespace: Optional[str], url: Optional[str],
+                    api_key: Optional[str]) -> tuple[str, str]:
+    """`http_target` for a client that is HTTP only (`who`: its class's name); ValueError when
+    the rules say direct."""
+    target = http_target(config, namespace, url, api_key)
+    if target is None:
+        raise ValueError(f"{who} needs url= or ${URL_ENV}")
+    return target
 
 
 def quote(segment: str) -> str:
