@@ -1,14 +1,17 @@
 """The clients are facades over a transport (`sandq.transport`): which one each mode takes, and
 what the facade does on top (`wait`'s loop and exceptions, `run`'s budget, `events`' check,
-uploads) against a transport of the test's own. No services."""
+uploads) against a transport of the test's own; where the direct transport's unserved warning
+points (its broker and Redis calls stood in for). No services."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import subprocess
 import sys
+import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 
@@ -142,3 +145,63 @@ def test_run_follows_then_waits_and_upload_names_the_file(tmp_path: Path) -> Non
     assert file.key == sandq.protocol.input_key(file.sha256)
     with pytest.raises(ValueError, match="path inside /work"):
         client.upload(b"x")
+
+
+class Recorded:
+    """Stands for a Redis client: records `eval`."""
+
+    def __init__(self) -> None:
+        self.evals: list[tuple] = []
+
+    def eval(self, *args: Any) -> None:
+        self.evals.append(args)
+
+    async def aeval(self, *args: Any) -> None:
+        self.evals.append(args)
+
+
+def test_the_unserved_warning_points_at_the_caller_of_submit(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = sandq.Client(sandq.Config(namespace="sandq-test-transport"), unserved="warn")
+    recorded = Recorded()
+    monkeypatch.setattr(client.transport, "_consumers", lambda sku: 0)
+    monkeypatch.setattr(client.transport, "_publish", lambda job: None)
+    monkeypatch.setattr(client.transport, "redis", recorded)
+    with pytest.warns(sandq.UnservedSkuWarning) as record:
+        job_id = client.submit("print(1)", sku="L")
+    assert record.list[0].filename == __file__ and len(recorded.evals) == 1 and job_id in recorded.evals[0][2]
+    monkeypatch.setattr(client.transport, "_consumers", lambda sku: 1)
+    with no_warning():
+        client.submit("print(1)", sku="L")
+    refusing = sandq.Client(sandq.Config(namespace="sandq-test-transport"), unserved="refuse")
+    monkeypatch.setattr(refusing.transport, "_consumers", lambda sku: 0)
+    with pytest.raises(sandq.UnservedSku):
+        refusing.submit("print(1)", sku="L")
+
+
+def test_the_async_unserved_warning_points_at_the_caller_of_submit(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def go() -> list:
+        client = AsyncClient(sandq.Config(namespace="sandq-test-transport"))
+        recorded = Recorded()
+
+        async def consumers(sku: str) -> int:
+            return 0
+
+        async def publish(job: dict) -> None:
+            return None
+
+        monkeypatch.setattr(client.transport, "_consumers", consumers)
+        monkeypatch.setattr(client.transport, "_publish", publish)
+        monkeypatch.setattr(client.transport, "redis", type("R", (), {"eval": staticmethod(recorded.aeval)})())
+        with pytest.warns(sandq.UnservedSkuWarning) as record:
+            await client.submit("print(1)", sku="L")
+        return record.list
+
+    assert asyncio.run(go())[0].filename == __file__
+
+
+@contextlib.contextmanager
+def no_warning() -> Iterator[None]:
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        yield
+    assert not record, [str(w.message) for w in record]
