@@ -27,6 +27,7 @@ use sandq_core::time::now_ms;
 use sandq_schemas::ValidJob;
 use tracing::{info, Instrument};
 
+use self::admit::Admission;
 use crate::ack::Outcome;
 use crate::context::Context;
 use crate::live::displays::Displays;
@@ -61,8 +62,20 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
     // gone), whichever way.
     let _held = ctx.in_flight.hold(&job.spec.job_id).await;
     let sku = match admit::admit(ctx, job, &who).await {
-        Ok(sku) => sku,
-        Err(outcome) => return outcome,
+        Admission::Run(sku) => sku,
+        Admission::Duplicate => {
+            info!("job already has a terminal result; acking the duplicate");
+            return Outcome::Stored;
+        }
+        Admission::Cancelled => {
+            return conclude::conclude(ctx, job, &who, Err(conclude::Failure::Cancelled("cancelled before it started"))).await
+        }
+        Admission::Expired(result) => {
+            info!("job expired in the queue");
+            return conclude::store_or_retry(ctx, &result, job.result_ttl, attempt).await;
+        }
+        Admission::NotServed(result) => return conclude::store_or_retry(ctx, &result, job.result_ttl, attempt).await,
+        Admission::Unreadable => return Outcome::Infrastructure { attempt, final_result_stored: false },
     };
     // Random, not derived from the job id: the container id names the job dir, and paths of
     // the host can leak into sandboxes; a job id is a capability (its result can be read, and a
