@@ -20,7 +20,7 @@ use crate::{artifacts, outputs};
 /// What [`result`] needs of the launch (the rest of [`Launched`](super::launch::Launched) was
 /// used up by the run).
 pub(super) struct Launch<'a> {
-    /// The SKU's settings.
+    /// The job's SKU as this worker serves it (its memory limit names an OOM kill).
     pub sku: SkuSettings,
     /// What staging recorded of the inputs.
     pub staged: Staged,

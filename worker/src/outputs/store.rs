@@ -37,9 +37,9 @@ pub(crate) type Uploaded = std::sync::Mutex<std::collections::HashMap<String, St
 /// Where outputs are stored: the bucket, and what this attempt stored already.
 #[derive(Clone, Copy)]
 pub(crate) struct Sink<'a> {
-    /// S3.
+    /// The client outputs are uploaded with.
     pub s3: &'a aws_sdk_s3::Client,
-    /// The bucket.
+    /// Where they go (`s3.bucket`), under the attempt's prefix.
     pub bucket: &'a str,
     /// Objects stored already (not uploaded again).
     pub uploaded: &'a Uploaded,

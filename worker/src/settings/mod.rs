@@ -162,7 +162,7 @@ pub struct NetworkSettings {
     pub blocked_ranges: Vec<String>,
 }
 
-/// Validated settings.
+/// The configuration checked and with its defaults filled in: what the worker runs with.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Connection sections, as the client library takes them.
@@ -171,13 +171,13 @@ pub struct Settings {
     pub names: Names,
     /// This worker's id.
     pub worker_id: String,
-    /// The image rootfs.
+    /// The sandbox image's root filesystem (`worker.rootfs`), mounted read-only in every sandbox.
     pub rootfs: PathBuf,
     /// `<data_dir>/<worker id>`: this worker's job dirs.
     pub jobs_dir: PathBuf,
     /// `<state_dir>/<worker id>`: this worker's libcontainer state root.
     pub state_root: PathBuf,
-    /// The helper binary.
+    /// The `sandq-container` binary that drives libcontainer (`worker.container_helper`).
     pub container_helper: PathBuf,
     /// uid/gid inside the sandbox.
     pub sandbox_uid: u32,
@@ -186,7 +186,7 @@ pub struct Settings {
     /// The lease file whose `flock` reserves `id_map`'s ranges among the host's workers
     /// (`worker.userns_lease_dir`), and its index; held as long as any clone of the settings.
     pub userns_lease: Option<(usize, std::sync::Arc<std::fs::File>)>,
-    /// Seccomp on.
+    /// Whether sandboxes get the seccomp filter of the OCI policy (`worker.seccomp`).
     pub seccomp: bool,
     /// Run-time package installs: trusted CAs, indexes, the user site's path.
     pub packages: crate::packages::Packages,
@@ -202,9 +202,9 @@ pub struct Settings {
     pub network: NetworkSettings,
     /// Infrastructure attempts per job.
     pub max_attempts: u32,
-    /// Job limits.
+    /// What every job must fit: timeouts, result TTL, input bytes (`[limits]`).
     pub limits: Limits,
-    /// Served SKUs.
+    /// The SKUs this worker takes jobs of: slots > 0 and within its capacity.
     pub skus: BTreeMap<Sku, SkuSettings>,
     /// Declared capacity: cores.
     pub capacity_cpus: f64,
