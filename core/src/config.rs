@@ -17,10 +17,10 @@ pub struct ServiceConfig {
     /// Prefix of every queue, exchange and Redis key ([`sandq_schemas::names::Names`]).
     #[serde(default = "default_namespace")]
     pub namespace: String,
-    /// RabbitMQ.
+    /// The broker (`[amqp]`).
     #[serde(default)]
     pub amqp: AmqpConfig,
-    /// Redis.
+    /// Where results and job records are kept (`[redis]`).
     #[serde(default)]
     pub redis: RedisConfig,
     /// S3 (Garage locally).
@@ -246,10 +246,10 @@ pub struct S3Config {
     /// Bucket of inputs and artifacts; default `sandq`.
     #[serde(default = "default_s3_bucket")]
     pub bucket: String,
-    /// Access key id.
+    /// The id of the access key every S3 request is signed with.
     #[serde(default)]
     pub access_key_id: String,
-    /// Secret access key.
+    /// That access key's secret.
     #[serde(default)]
     pub secret_access_key: String,
 }

@@ -42,13 +42,13 @@ pub enum TransferError {
     /// The object does not exist.
     #[error("object {key} does not exist")]
     Missing {
-        /// The key.
+        /// The object's S3 key.
         key: String,
     },
     /// The S3 request failed (network, credentials, server).
     #[error("s3 request for {key} failed: {message}")]
     Request {
-        /// The key.
+        /// The object's S3 key.
         key: String,
         /// The SDK's error with its sources.
         message: String,
@@ -57,7 +57,7 @@ pub enum TransferError {
     /// reading stopped past the declared size, the exact size when the object is shorter).
     #[error("object {key} is {} bytes, expected {expected}", size_seen(*.found, *.expected))]
     Size {
-        /// The key.
+        /// The object's S3 key.
         key: String,
         /// Bytes seen (reading stops one byte past the expected size).
         found: u64,
@@ -67,7 +67,7 @@ pub enum TransferError {
     /// The object's SHA-256 differs from the declared one.
     #[error("object {key} has sha256 {found}, expected {expected}")]
     Digest {
-        /// The key.
+        /// The object's S3 key.
         key: String,
         /// Digest of the bytes received.
         found: String,

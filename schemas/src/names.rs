@@ -31,7 +31,7 @@ impl Names {
         Names { namespace: namespace.into() }
     }
 
-    /// The namespace.
+    /// The prefix every name here starts with (`sandq` by default).
     pub fn namespace(&self) -> &str {
         &self.namespace
     }

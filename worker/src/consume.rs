@@ -186,9 +186,15 @@ async fn slot_loop(
         let Some(delivery) = ack::next_delivery(&mut consumer, &mut shutdown, "consumer cancelled").await? else {
             return Ok(());
         };
-        let tracker = metrics::Tracker::new(sku, delivery.redelivered);
+        let lapin::message::Delivery { data, acker, redelivered, properties, .. } = delivery;
+        let message = job::Message {
+            body: data,
+            attempt: ack::attempt_number(properties.headers().as_ref(), redelivered),
+            message_id: properties.message_id().as_ref().map(ToString::to_string),
+        };
+        let tracker = metrics::Tracker::new(sku, redelivered);
         // A panic in one job is caught here, at the job boundary; the job is requeued.
-        let processed = tracker.scope(AssertUnwindSafe(job::process(&ctx, &delivery, sku, index)).catch_unwind()).await;
+        let processed = tracker.scope(AssertUnwindSafe(job::process(&ctx, &message, sku, index)).catch_unwind()).await;
         let outcome = processed.as_ref().map_or_else(
             |_| {
                 error!("job processing panicked; requeueing");
@@ -217,12 +223,12 @@ async fn slot_loop(
         // not hold the worker's exit (an unsent ack is a redelivery, which finds the job's
         // terminal result and does not run it again).
         let settled = if *shutdown.borrow() {
-            tokio::time::timeout(Duration::from_secs(10), ack::settle(&delivery.acker, disposition)).await.unwrap_or_else(|_| {
+            tokio::time::timeout(Duration::from_secs(10), ack::settle(&acker, disposition)).await.unwrap_or_else(|_| {
                 warn!(?disposition, "settling a delivery took over 10 s while shutting down; the broker will redeliver it");
                 Ok(())
             })
         } else {
-            ack::settle(&delivery.acker, disposition).await
+            ack::settle(&acker, disposition).await
         };
         if let Err(e) = settled {
             warn!(error = %e, ?disposition, "cannot settle delivery; the broker will redeliver it");

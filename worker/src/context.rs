@@ -14,7 +14,7 @@ use crate::settings::Settings;
 /// What every job of a worker shares.
 #[derive(Clone)]
 pub(crate) struct Context {
-    /// Validated settings.
+    /// The worker's configuration, checked at start.
     pub settings: Arc<Settings>,
     /// S3 client.
     pub s3: aws_sdk_s3::Client,

@@ -68,7 +68,7 @@ pub(crate) enum JobDirError {
 pub(crate) struct JobDir {
     /// `<jobs_dir>/<container id>`.
     pub root: PathBuf,
-    /// The OCI bundle.
+    /// The OCI bundle directory (`config.json`; the rootfs is the image's).
     pub bundle: PathBuf,
     /// Mounted at `/sandq`.
     pub src: PathBuf,
@@ -81,7 +81,7 @@ pub(crate) struct JobDir {
     pub packages: PathBuf,
     /// Program's stdin: a file, empty unless the job has stdin.
     pub stdin: PathBuf,
-    /// Helper's report.
+    /// Where the helper writes its [`crate::sandbox::SandboxReport`] (JSON).
     pub report: PathBuf,
     /// The outputs tmpfs, mounted at `/sandq/out` (notebook mode's `outputs.jsonl`).
     pub out: PathBuf,

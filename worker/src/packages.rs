@@ -37,7 +37,7 @@ pub struct Packages {
     /// The image's CA bundle followed by `worker.extra_ca_certs`, when that is set: written to
     /// each outbound job's `src/` and bind-mounted at [`SANDBOX_CA_BUNDLE`].
     pub ca_bundle: Option<std::sync::Arc<[u8]>>,
-    /// `PIP_INDEX_URL`.
+    /// The index pip installs from (`worker.pip_index_url`), set as `PIP_INDEX_URL`.
     pub pip_index_url: Option<String>,
     /// `PIP_EXTRA_INDEX_URL` (space-separated there).
     pub pip_extra_index_urls: Vec<String>,

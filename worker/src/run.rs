@@ -36,9 +36,9 @@ pub(crate) struct Captured {
 pub(crate) struct RunOutput {
     /// The helper's report: exit, usage, lifecycle timings.
     pub report: SandboxReport,
-    /// stdout.
+    /// What the program wrote to stdout, up to `worker.max_output_bytes` (the rest counted).
     pub stdout: Captured,
-    /// stderr.
+    /// What it wrote to stderr, capped the same way.
     pub stderr: Captured,
 }
 
@@ -286,7 +286,7 @@ pub(crate) struct Launch<'a> {
     pub args: Vec<String>,
     /// The program's environment.
     pub env: Vec<String>,
-    /// SKU limits.
+    /// CPU, memory and process limits of the job's SKU.
     pub limits: SandboxLimits,
     /// The user namespace range ([`Settings::id_map_for`]).
     pub id_map: Option<crate::sandbox::spec::IdMap>,

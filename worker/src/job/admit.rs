@@ -5,16 +5,16 @@
 use sandq_core::results;
 use sandq_core::sessions::SessionError;
 use sandq_core::time::now_ms;
-use sandq_schemas::{JobStatus, ValidJob};
-use tracing::{error, info};
+use sandq_schemas::{JobResult, JobStatus, ValidJob};
+use tracing::error;
 
-use super::conclude::{self, Failure, InfraError, Rejection};
-use crate::ack::Outcome;
+use super::conclude::{Failure, InfraError, Rejection};
 use crate::context::Context;
 use crate::publish::{self, Attempt};
 use crate::settings::SkuSettings;
 
 /// Whether a taken job should still run.
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Wanted {
     /// Yes; `started` when its record says `running` (an attempt of it started already).
     Yes { started: bool },
@@ -24,39 +24,54 @@ enum Wanted {
     Cancelled,
 }
 
-/// The first check of a taken delivery: the SKU's settings when the job is to run; otherwise
-/// the delivery's [`Outcome`], with the result stored when there is one to store (cancelled,
-/// expired in the queue, a SKU this worker does not serve).
-pub(super) async fn admit(ctx: &Context, job: &ValidJob, who: &Attempt) -> Result<SkuSettings, Outcome> {
-    let attempt = who.number;
-    let started = match still_wanted(ctx, job).await {
-        Ok(Wanted::Yes { started }) => started,
-        Ok(Wanted::Finished) => {
-            info!("job already has a terminal result; acking the duplicate");
-            return Err(Outcome::Stored);
-        }
-        Ok(Wanted::Cancelled) => {
-            return Err(conclude::conclude(ctx, job, who, Err(Failure::Cancelled("cancelled before it started"))).await)
-        }
-        Err(e) => {
-            error!(reason = %e, "cannot read the job's state");
-            return Err(Outcome::Infrastructure { attempt, final_result_stored: false });
-        }
+/// What the first check of a taken delivery decided; [`super::attempt_job`] carries it out.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Admission {
+    /// Run it with the SKU's settings.
+    Run(SkuSettings),
+    /// It already has a terminal result (a duplicate delivery): ack without running.
+    Duplicate,
+    /// A client cancelled it before it started: concluded as cancelled.
+    Cancelled,
+    /// Its deadline passed in the queue: store this `expired` result (retried on Redis trouble).
+    Expired(JobResult),
+    /// Its SKU is not served by this worker: store this `rejected` result (retried on Redis
+    /// trouble).
+    NotServed(JobResult),
+    /// Its state could not be read: handed back.
+    Unreadable,
+}
+
+/// The first check of a taken delivery: reads the job's state, then [`decide`]s. Stores
+/// nothing.
+pub(super) async fn admit(ctx: &Context, job: &ValidJob, who: &Attempt) -> Admission {
+    let wanted = still_wanted(ctx, job).await.map_err(|e| error!(reason = %e, "cannot read the job's state"));
+    decide(job, who, wanted.ok(), ctx.settings.skus.get(&job.spec.sku).copied(), now_ms())
+}
+
+/// What becomes of a taken job whose state reads `wanted` (`None`: unreadable), served here
+/// with `sku` (`None`: not served), at `now` (a stored result's `finished_at_ms`). Late is
+/// judged at `who.started_at_ms`, when the delivery was taken.
+fn decide(job: &ValidJob, who: &Attempt, wanted: Option<Wanted>, sku: Option<SkuSettings>, now: u64) -> Admission {
+    let started = match wanted {
+        Some(Wanted::Yes { started }) => started,
+        Some(Wanted::Finished) => return Admission::Duplicate,
+        Some(Wanted::Cancelled) => return Admission::Cancelled,
+        None => return Admission::Unreadable,
     };
     if let Some(late) = late_ms(job, started, who.started_at_ms) {
         let mut result = publish::base(job, who, JobStatus::Expired);
         result.reason = Some(format!("its deadline passed {late} ms before a worker took it"));
-        result.finished_at_ms = Some(now_ms());
-        info!("job expired in the queue");
-        return Err(conclude::store_or_retry(ctx, &result, job.result_ttl, attempt).await);
+        result.finished_at_ms = Some(now);
+        return Admission::Expired(result);
     }
     // Validation only lets through SKUs this worker serves.
-    let Some(sku) = ctx.settings.skus.get(&job.spec.sku).copied() else {
+    let Some(sku) = sku else {
         let mut result = publish::base(job, who, JobStatus::Rejected);
         result.reason = Some(format!("sku {} is not served by this worker", job.spec.sku));
-        return Err(conclude::store_or_retry(ctx, &result, job.result_ttl, attempt).await);
+        return Admission::NotServed(result);
     };
-    Ok(sku)
+    Admission::Run(sku)
 }
 
 /// Reads the job's stored status and cancel key.
@@ -148,4 +163,71 @@ pub(super) async fn reserve_and_start<'c>(
         return Err(Failure::Duplicate);
     }
     Ok(reservation)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sandq_schemas::{JobSpec, Runtime, Sku};
+
+    use super::*;
+    use crate::sandbox::spec::SandboxLimits;
+
+    const SKU: SkuSettings = SkuSettings { limits: SandboxLimits { cpus: 1.0, memory_bytes: 1 << 30, pids: 64 }, slots: 1, disk_bytes: 0 };
+    const TAKEN: u64 = 10_000;
+    const NOW: u64 = 10_005;
+
+    fn job(deadline_ms: Option<u64>) -> ValidJob {
+        let mut spec = JobSpec::new("job-1", Sku::M, Runtime::Python, "pass");
+        spec.deadline_ms = deadline_ms;
+        ValidJob { spec, timeout: Duration::from_secs(60), result_ttl: Duration::from_secs(3600) }
+    }
+
+    fn who() -> Attempt {
+        Attempt { worker_id: "w".into(), id: "a0000000000000001".into(), slot: 0, number: 2, started_at_ms: TAKEN }
+    }
+
+    fn decided(job: &ValidJob, wanted: Option<Wanted>, sku: Option<SkuSettings>) -> Admission {
+        decide(job, &who(), wanted, sku, NOW)
+    }
+
+    #[test]
+    fn a_wanted_job_on_a_served_sku_runs() {
+        let wanted = Some(Wanted::Yes { started: false });
+        assert_eq!(decided(&job(None), wanted, Some(SKU)), Admission::Run(SKU));
+        assert_eq!(decided(&job(Some(TAKEN)), wanted, Some(SKU)), Admission::Run(SKU), "a deadline reached, not passed");
+    }
+
+    #[test]
+    fn finished_cancelled_and_unreadable_jobs_do_not_run() {
+        assert_eq!(decided(&job(None), Some(Wanted::Finished), Some(SKU)), Admission::Duplicate);
+        assert_eq!(decided(&job(None), Some(Wanted::Cancelled), Some(SKU)), Admission::Cancelled);
+        assert_eq!(decided(&job(None), None, Some(SKU)), Admission::Unreadable);
+    }
+
+    #[test]
+    fn a_job_taken_past_its_deadline_is_expired() {
+        let Admission::Expired(result) = decided(&job(Some(TAKEN - 250)), Some(Wanted::Yes { started: false }), Some(SKU)) else {
+            panic!("a late job must be stored as expired");
+        };
+        assert_eq!(result.status, JobStatus::Expired);
+        assert_eq!(result.reason.as_deref(), Some("its deadline passed 250 ms before a worker took it"));
+        assert_eq!((result.attempt, result.finished_at_ms, result.worker_id.as_deref()), (2, Some(NOW), Some("w")));
+    }
+
+    #[test]
+    fn a_late_retry_of_a_started_job_runs() {
+        let admitted = decided(&job(Some(TAKEN - 250)), Some(Wanted::Yes { started: true }), Some(SKU));
+        assert_eq!(admitted, Admission::Run(SKU));
+    }
+
+    #[test]
+    fn a_sku_not_served_here_is_rejected() {
+        let Admission::NotServed(result) = decided(&job(None), Some(Wanted::Yes { started: false }), None) else {
+            panic!("an unserved SKU must be stored as rejected");
+        };
+        assert_eq!((result.status, result.reason.as_deref()), (JobStatus::Rejected, Some("sku M is not served by this worker")));
+        assert_eq!(result.finished_at_ms, None);
+    }
 }

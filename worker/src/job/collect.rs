@@ -1,6 +1,7 @@
 //! What the program left -> the job's result: artifacts from `/work`, rich outputs, the
 //! session's files, state and packages saved, the captured streams stored, URLs presigned.
 
+use sandq_core::time::now_ms;
 use sandq_schemas::{JobResult, JobStatus, RunMode, SandboxStart, ValidJob};
 use tracing::info;
 
@@ -19,7 +20,7 @@ use crate::{artifacts, outputs};
 /// What [`result`] needs of the launch (the rest of [`Launched`](super::launch::Launched) was
 /// used up by the run).
 pub(super) struct Launch<'a> {
-    /// The SKU's settings.
+    /// The job's SKU as this worker serves it (its memory limit names an OOM kill).
     pub sku: SkuSettings,
     /// What staging recorded of the inputs.
     pub staged: Staged,
@@ -62,7 +63,7 @@ pub(super) async fn result(
     let sandbox = SandboxStart { warm: launch.warm, forked: launch.forked, sandbox_wait_ms: launch.staged_ms + start_ms };
     if cancelled {
         let logs = store_logs(ctx, job, who, &output).await?;
-        let mut result = publish::finished(job, who, &output, artifacts::Collected::default(), sku.limits.memory_bytes, &logs);
+        let mut result = publish::finished(job, who, &output, artifacts::Collected::default(), sku.limits.memory_bytes, &logs, now_ms());
         result.status = JobStatus::Cancelled;
         result.signal = Some("SIGKILL".into());
         result.reason = Some("cancelled while running".into());
@@ -118,7 +119,7 @@ pub(super) async fn result(
         None => None,
     };
     let logs = store_logs(ctx, job, who, &output).await?;
-    let mut result = publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs);
+    let mut result = publish::finished(job, who, &output, collected, sku.limits.memory_bytes, &logs, now_ms());
     result.outputs = rich.outputs;
     result.outputs_dropped = rich.dropped;
     result.error = rich.error;

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use lapin::message::Delivery;
 use sandq_core::results::{self, ResultError};
 use sandq_core::sessions::SessionError;
 use sandq_core::storage::TransferError;
@@ -283,14 +282,14 @@ pub(crate) async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended
 
 /// A message that did not validate: `rejected` under its job id when it has one that names no
 /// running or finished job; dead-lettered when it has none.
-pub(crate) async fn reject_undecodable(ctx: &Context, delivery: &Delivery, reason: &str) -> Outcome {
+pub(crate) async fn reject_undecodable(ctx: &Context, message: &super::Message, reason: &str) -> Outcome {
     let reason = clip_reason(reason);
     let reason = reason.as_str();
     // A body over the size limit is not parsed at all (peeking parses the whole message):
     // its job id can only come from `message_id`.
-    let parsable = delivery.data.len() <= validate::max_body_bytes(&ctx.settings.limits);
-    let job_id = parsable.then(|| sandq_schemas::peek_job_id(&delivery.data)).flatten().or_else(|| {
-        let id = delivery.properties.message_id().as_ref()?.to_string();
+    let parsable = message.body.len() <= validate::max_body_bytes(&ctx.settings.limits);
+    let job_id = parsable.then(|| sandq_schemas::peek_job_id(&message.body)).flatten().or_else(|| {
+        let id = message.message_id.clone()?;
         sandq_schemas::validate::check_job_id(&id).ok().map(|()| id)
     });
     let Some(job_id) = job_id else {

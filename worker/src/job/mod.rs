@@ -22,11 +22,11 @@ pub(crate) mod conclude;
 mod launch;
 mod watch;
 
-use lapin::message::Delivery;
 use sandq_core::time::now_ms;
 use sandq_schemas::ValidJob;
 use tracing::{info, Instrument};
 
+use self::admit::Admission;
 use crate::ack::Outcome;
 use crate::context::Context;
 use crate::live::displays::Displays;
@@ -34,15 +34,28 @@ use crate::live::Live;
 use crate::publish::Attempt;
 use crate::{outputs, session, validate};
 
+/// One delivery as the pipeline reads it, built by [`crate::consume`] from the broker's
+/// (which keeps the acker: settling the delivery is its part).
+#[derive(Debug, Clone)]
+pub(crate) struct Message {
+    /// The body as published (MessagePack; untrusted).
+    pub body: Vec<u8>,
+    /// The delivery's attempt number ([`crate::ack::attempt_number`] of its redelivered flag
+    /// and `x-delivery-count` header): 1 for the first.
+    pub attempt: u32,
+    /// The AMQP `message_id` property: the job id of a body too large to read one from.
+    pub message_id: Option<String>,
+}
+
 /// Processes one delivery, taken from the queue of SKU `queue` by consumer slot `slot` (which
 /// picks the sandbox's user namespace range: [`crate::settings::Settings::id_map_for`]), to
 /// its outcome. Never panics on bad input.
-pub(crate) async fn process(ctx: &Context, delivery: &Delivery, queue: sandq_schemas::Sku, slot: usize) -> Outcome {
+pub(crate) async fn process(ctx: &Context, message: &Message, queue: sandq_schemas::Sku, slot: usize) -> Outcome {
     // 1. Validate.
-    let attempt = crate::ack::attempt_number(delivery.properties.headers().as_ref(), delivery.redelivered);
-    let job = match validate::validate(&delivery.data, &ctx.settings, queue) {
+    let attempt = message.attempt;
+    let job = match validate::validate(&message.body, &ctx.settings, queue) {
         Ok(job) => job,
-        Err(e) => return conclude::reject_undecodable(ctx, delivery, &e.to_string()).await,
+        Err(e) => return conclude::reject_undecodable(ctx, message, &e.to_string()).await,
     };
     let span = tracing::info_span!("job", job_id = %job.spec.job_id, attempt, sku = %job.spec.sku);
     attempt_job(ctx, &job, attempt, slot).instrument(span).await
@@ -61,8 +74,20 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
     // gone), whichever way.
     let _held = ctx.in_flight.hold(&job.spec.job_id).await;
     let sku = match admit::admit(ctx, job, &who).await {
-        Ok(sku) => sku,
-        Err(outcome) => return outcome,
+        Admission::Run(sku) => sku,
+        Admission::Duplicate => {
+            info!("job already has a terminal result; acking the duplicate");
+            return Outcome::Stored;
+        }
+        Admission::Cancelled => {
+            return conclude::conclude(ctx, job, &who, Err(conclude::Failure::Cancelled("cancelled before it started"))).await
+        }
+        Admission::Expired(result) => {
+            info!("job expired in the queue");
+            return conclude::store_or_retry(ctx, &result, job.result_ttl, attempt).await;
+        }
+        Admission::NotServed(result) => return conclude::store_or_retry(ctx, &result, job.result_ttl, attempt).await,
+        Admission::Unreadable => return Outcome::Infrastructure { attempt, final_result_stored: false },
     };
     // Random, not derived from the job id: the container id names the job dir, and paths of
     // the host can leak into sandboxes; a job id is a capability (its result can be read, and a

@@ -67,7 +67,7 @@ pub struct JobSandbox<'a> {
     pub uid: u32,
     /// See `uid`.
     pub gid: u32,
-    /// SKU limits.
+    /// CPU, memory and process limits of the job's SKU, set on its cgroup.
     pub limits: SandboxLimits,
     /// The CPUs the sandbox is pinned to, in the kernel's list format (`0-1,4`;
     /// [`super::cpuset`]); `None`: any CPU.

@@ -162,7 +162,7 @@ pub struct NetworkSettings {
     pub blocked_ranges: Vec<String>,
 }
 
-/// Validated settings.
+/// The configuration checked and with its defaults filled in: what the worker runs with.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Connection sections, as the client library takes them.
@@ -171,13 +171,13 @@ pub struct Settings {
     pub names: Names,
     /// This worker's id.
     pub worker_id: String,
-    /// The image rootfs.
+    /// The sandbox image's root filesystem (`worker.rootfs`), mounted read-only in every sandbox.
     pub rootfs: PathBuf,
     /// `<data_dir>/<worker id>`: this worker's job dirs.
     pub jobs_dir: PathBuf,
     /// `<state_dir>/<worker id>`: this worker's libcontainer state root.
     pub state_root: PathBuf,
-    /// The helper binary.
+    /// The `sandq-container` binary that drives libcontainer (`worker.container_helper`).
     pub container_helper: PathBuf,
     /// uid/gid inside the sandbox.
     pub sandbox_uid: u32,
@@ -186,7 +186,7 @@ pub struct Settings {
     /// The lease file whose `flock` reserves `id_map`'s ranges among the host's workers
     /// (`worker.userns_lease_dir`), and its index; held as long as any clone of the settings.
     pub userns_lease: Option<(usize, std::sync::Arc<std::fs::File>)>,
-    /// Seccomp on.
+    /// Whether sandboxes get the seccomp filter of the OCI policy (`worker.seccomp`).
     pub seccomp: bool,
     /// Run-time package installs: trusted CAs, indexes, the user site's path.
     pub packages: crate::packages::Packages,
@@ -202,9 +202,9 @@ pub struct Settings {
     pub network: NetworkSettings,
     /// Infrastructure attempts per job.
     pub max_attempts: u32,
-    /// Job limits.
+    /// What every job must fit: timeouts, result TTL, input bytes (`[limits]`).
     pub limits: Limits,
-    /// Served SKUs.
+    /// The SKUs this worker takes jobs of: slots > 0 and within its capacity.
     pub skus: BTreeMap<Sku, SkuSettings>,
     /// Declared capacity: cores.
     pub capacity_cpus: f64,
@@ -227,208 +227,38 @@ pub enum SettingsError {
 }
 
 impl RawConfig {
-    /// Checks and converts the raw config.
+    /// Checks and converts the raw config, section by section (in this order: the names, the
+    /// sandbox's files, the SKUs, the limits, attempts, the network, the warm pool, user
+    /// namespaces, the sandbox's uid, outputs, the metrics address, sessions).
     ///
     /// # Errors
     /// [`SettingsError::Invalid`] naming the offending key; [`SettingsError::Packages`].
     pub fn validate(self) -> Result<Settings, SettingsError> {
-        let bad = |m: String| Err(SettingsError::Invalid(m));
-        if self.namespace.is_empty() || !self.namespace.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return bad(format!("namespace {:?}: use [A-Za-z0-9_-]", self.namespace));
-        }
-        let worker_id = match self.worker.id {
-            Some(id) => id,
-            None => host::hostname(),
-        };
-        if worker_id.is_empty() || !worker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return bad(format!("worker.id {worker_id:?}: use [A-Za-z0-9_-]"));
-        }
-        let Some(rootfs) = self.worker.rootfs else {
-            return bad("worker.rootfs is not set: run oci-bundles/build-rootfs.sh and put its output there".into());
-        };
-        if !rootfs.join("usr/bin/python3").exists() {
-            return bad(format!("worker.rootfs {} holds no sandbox image (no usr/bin/python3)", rootfs.display()));
-        }
-        let packages = crate::packages::RawPackages {
-            extra_ca_certs: self.worker.extra_ca_certs.as_deref(),
-            pip_index_url: self.worker.pip_index_url.as_deref(),
-            pip_extra_index_urls: self.worker.pip_extra_index_urls.as_deref(),
-            pip_trusted_hosts: self.worker.pip_trusted_hosts.as_deref(),
-            npm_registry: self.worker.npm_registry.as_deref(),
-        }
-        .validate(&rootfs)?;
-        let container_helper = match self.worker.container_helper {
-            Some(p) => p,
-            None => {
-                host::beside_own_binary("sandq-container").map_err(|e| SettingsError::Invalid(format!("cannot find own binary: {e}")))?
-            }
-        };
-        if !container_helper.exists() {
-            return bad(format!("worker.container_helper {} does not exist", container_helper.display()));
-        }
+        let worker_id = names(&self.namespace, self.worker.id.clone())?;
+        let (rootfs, packages, container_helper) = sandbox_files(&self.worker)?;
         let capacity_cpus =
             self.worker.capacity_cpus.unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
         let capacity_memory_bytes = self.worker.capacity_memory_bytes.unwrap_or_else(host::host_memory_bytes);
-        let mut skus = BTreeMap::new();
-        for key in self.skus.keys() {
-            if key.parse::<Sku>().is_err() || key.to_ascii_lowercase() != *key {
-                return bad(format!("skus.{key}: expected one of s, m, l, xl"));
-            }
-        }
-        for sku in Sku::ALL {
-            let raw = self.skus.get(&sku.as_str().to_ascii_lowercase()).cloned().unwrap_or_else(|| default_sku(sku));
-            if !raw.cpus.is_finite() || raw.cpus <= 0.0 || raw.memory_bytes < (64 << 20) || raw.pids < 16 {
-                return bad(format!("skus.{sku}: cpus > 0, memory_bytes >= 64 MiB and pids >= 16 are required"));
-            }
-            let fits = raw.cpus <= capacity_cpus && raw.memory_bytes <= capacity_memory_bytes;
-            if raw.slots > 0 && !fits {
-                tracing::warn!(
-                    %sku, cpus = raw.cpus, memory_bytes = raw.memory_bytes, capacity_cpus, capacity_memory_bytes,
-                    "SKU is larger than this worker's capacity; not serving it"
-                );
-            }
-            if raw.slots > 0 && fits {
-                let limits = SandboxLimits { cpus: raw.cpus, memory_bytes: raw.memory_bytes, pids: raw.pids };
-                let disk_bytes = raw.disk_bytes.unwrap_or_else(|| default_sku(sku).disk_bytes.unwrap_or(0));
-                if disk_bytes != 0 && disk_bytes < (16 << 20) {
-                    return bad(format!("skus.{sku}.disk_bytes: at least 16 MiB, or 0 for no quota"));
-                }
-                skus.insert(sku, SkuSettings { limits, slots: raw.slots, disk_bytes });
-            }
-        }
-        if skus.is_empty() {
-            return bad("no SKU has slots > 0 and fits worker.capacity_cpus / capacity_memory_bytes".into());
-        }
-        let mut limits = Limits::default();
-        if let Some(t) = self.limits.default_timeout {
-            limits.default_timeout = t;
-        }
-        if let Some(t) = self.limits.max_timeout {
-            limits.max_timeout = t;
-        }
-        if let Some(t) = self.limits.max_result_ttl {
-            limits.max_result_ttl = t;
-        }
-        if let Some(b) = self.limits.max_input_bytes {
-            limits.max_input_bytes = b;
-        }
-        limits.outbound_network = self.worker.outbound_network.unwrap_or(true);
-        if limits.default_timeout > limits.max_timeout {
-            return bad("limits.default_timeout is above limits.max_timeout".into());
-        }
+        let skus = skus(&self.skus, capacity_cpus, capacity_memory_bytes)?;
+        let limits = limits(&self.limits, self.worker.outbound_network.unwrap_or(true))?;
         let max_attempts = self.worker.max_attempts.unwrap_or(3).max(1);
         if max_attempts >= self.amqp.delivery_limit {
             return bad(format!("worker.max_attempts {max_attempts} must be below amqp.delivery_limit {}", self.amqp.delivery_limit));
         }
-        let mut blocked_ranges = Vec::new();
-        for item in self.worker.blocked_ranges.as_deref().unwrap_or("").split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            match crate::sandbox::network::parse_range(item) {
-                Ok(range) => blocked_ranges.push(range),
-                Err(e) => return bad(format!("worker.blocked_ranges: {e}")),
-            }
-        }
-        let nameservers = match &self.worker.nameservers {
-            None => crate::sandbox::network::default_nameservers(&blocked_ranges),
-            Some(list) => {
-                let mut parsed = Vec::new();
-                for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-                    match item.parse::<std::net::Ipv4Addr>() {
-                        Ok(a) => parsed.push(a),
-                        Err(_) => return bad(format!("worker.nameservers: {item:?} is not an IPv4 address")),
-                    }
-                }
-                parsed
-            }
-        };
-        let mut warm_runtimes = Vec::new();
-        for name in self.warm.runtimes.as_deref().unwrap_or("python,node").split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            let runtime = match name {
-                "python" => sandq_schemas::Runtime::Python,
-                "node" => sandq_schemas::Runtime::Node,
-                other => return bad(format!("warm.runtimes: unknown runtime {other:?} (python, node)")),
-            };
-            if !warm_runtimes.contains(&runtime) {
-                warm_runtimes.push(runtime);
-            }
-        }
-        // The warm pool's memory comes off the capacity jobs get.
-        let per_sku = self.warm.per_sku.unwrap_or(1);
-        let warm = WarmSettings {
-            per_sku,
-            memory_bytes: self.warm.memory_bytes.unwrap_or(256 << 20),
-            preload: self.warm.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
-            runtimes: warm_runtimes,
-            forked: self.warm.forked.unwrap_or(true),
-            light_per_sku: if per_sku == 0 { 0 } else { self.warm.light_per_sku.unwrap_or(2).max(per_sku) },
-            template_lifetime: match self.warm.template_lifetime.unwrap_or(Duration::from_secs(3600)) {
-                lifetime if lifetime < Duration::from_secs(1) => return bad("warm.template_lifetime: at least 1s".into()),
-                lifetime => lifetime,
-            },
-            script: self.warm.script.unwrap_or(true),
-        };
+        let network = network(&self.worker)?;
+        let warm = warm(&self.warm)?;
         let warm_sandboxes: usize = skus.len() * warm.kinds().iter().map(|(r, m)| warm.kept(*r, *m)).sum::<usize>();
-        let warm_reserve = skus.len() as u64 * warm.kinds().iter().map(|(r, m)| warm.reserve_bytes(*r, *m)).sum::<u64>();
-        let capacity_memory_bytes = match capacity_memory_bytes.checked_sub(warm_reserve) {
-            Some(left) if skus.values().all(|s| s.limits.memory_bytes <= left) => left,
-            _ => {
-                return bad(format!(
-                    "{warm_sandboxes} warm sandboxes take {warm_reserve} bytes of the {capacity_memory_bytes} bytes of \
-                     worker.capacity_memory_bytes, leaving too little for the largest SKU served: lower warm.per_sku or warm.memory_bytes"
-                ))
-            }
-        };
-        let mut id_map = self.worker.user_namespace.unwrap_or(true).then(|| crate::sandbox::spec::IdMap {
-            host_base: self.worker.userns_host_base.unwrap_or(DEFAULT_USERNS_HOST_BASE),
-            size: 65_536,
-        });
-        let mut userns_lease = None;
-        if let Some(map) = id_map.as_mut() {
-            // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
-            // keeps its range while its job runs, and one is made meanwhile).
-            let slots: usize = skus.values().map(|s| s.slots).sum::<usize>() + 2 * warm_sandboxes;
-            let span = slots as u64 * u64::from(map.size);
-            if let Some(dir) = &self.worker.userns_lease_dir {
-                if slots as u64 > USERNS_LEASE_RANGES {
-                    return bad(format!(
-                        "worker.userns_lease_dir: this worker needs {slots} id ranges, a lease holds {USERNS_LEASE_RANGES}: lower the slots or warm sandboxes"
-                    ));
-                }
-                let lease_span = USERNS_LEASE_RANGES * u64::from(map.size);
-                let leases = (u64::from(u32::MAX) - u64::from(map.host_base)) / lease_span;
-                let (k, file) = host::take_userns_lease(dir, leases as usize).map_err(|e| SettingsError::Invalid(e.to_string()))?;
-                map.host_base = u32::try_from(u64::from(map.host_base) + k as u64 * lease_span)
-                    .map_err(|_| SettingsError::Invalid(format!("worker.userns_lease_dir: lease {k} is past the id space")))?;
-                userns_lease = Some((k, std::sync::Arc::new(file)));
-            }
-            let map = *map;
-            let end = u64::from(map.host_base) + span;
-            if end > u64::from(u32::MAX) {
-                return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
-            }
-            if let Some((file, entry)) = host::subordinate_conflict(u64::from(map.host_base)..end) {
-                return bad(format!(
-                    "worker.userns_host_base {}: its ids {}..{end} overlap {file} entry {entry:?}; choose a range no host user is given",
-                    map.host_base, map.host_base
-                ));
-            }
-        }
+        let capacity_memory_bytes = memory_left_by_warm(&warm, &skus, warm_sandboxes, capacity_memory_bytes)?;
+        let (id_map, userns_lease) = user_namespace(&self.worker, &skus, warm_sandboxes)?;
         let sandbox_uid = self.worker.sandbox_uid.unwrap_or(1000);
         if sandbox_uid >= 65_536 {
             return bad(format!("worker.sandbox_uid {sandbox_uid} must be below 65536 (the mapped range)"));
         }
-        let artifact_url_ttl = self.worker.artifact_url_ttl.unwrap_or(Duration::from_secs(24 * 3600));
-        if artifact_url_ttl > Duration::from_secs(7 * 24 * 3600) {
-            return bad("worker.artifact_url_ttl: at most 7days (the SigV4 presigning limit)".into());
-        }
-        let metrics_addr = self.worker.metrics_addr.as_deref().unwrap_or("127.0.0.1:9464");
-        let Ok(metrics_addr) = metrics_addr.parse::<std::net::SocketAddr>() else {
-            return bad(format!(
-                "worker.metrics_addr {metrics_addr:?}: expected an address and port (127.0.0.1:9464, 0.0.0.0:9464, [::]:9464)"
-            ));
-        };
-        let data_dir = self.worker.data_dir.unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
+        let outputs = outputs(&self.worker)?;
+        let metrics_addr = metrics_addr(self.worker.metrics_addr.as_deref())?;
+        let data_dir = self.worker.data_dir.clone().unwrap_or_else(|| PathBuf::from("/var/lib/sandq"));
         let state_cache_dir = data_dir.join(format!("{worker_id}.state-cache"));
-        let state_dir = self.worker.state_dir.unwrap_or_else(|| PathBuf::from("/run/sandq"));
+        let state_dir = self.worker.state_dir.clone().unwrap_or_else(|| PathBuf::from("/run/sandq"));
         Ok(Settings {
             names: Names::new(self.namespace.clone()),
             services: ServiceConfig { namespace: self.namespace, amqp: self.amqp, redis: self.redis, s3: self.s3, queues: self.queues },
@@ -443,30 +273,10 @@ impl RawConfig {
             seccomp: self.worker.seccomp.unwrap_or(true),
             packages,
             shutdown_grace: self.worker.shutdown_grace.unwrap_or(Duration::from_secs(30)),
-            outputs: OutputSettings {
-                max_output_bytes: self.worker.max_output_bytes.unwrap_or(8 << 20),
-                max_inline_output_bytes: self.worker.max_inline_output_bytes.unwrap_or(64 << 10),
-                max_artifacts: self.worker.max_artifacts.unwrap_or(100),
-                max_artifact_bytes: self.worker.max_artifact_bytes.unwrap_or(512 << 20),
-                artifact_url_ttl,
-                max_outputs: self.worker.max_outputs.unwrap_or(100),
-                max_outputs_bytes: self.worker.max_outputs_bytes.unwrap_or(32 << 20).max(1 << 20),
-                stream_max_bytes: self.worker.stream_max_bytes.unwrap_or(1 << 20),
-            },
-            sessions: SessionSettings {
-                idle_timeout: self.sessions.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
-                lock_wait: self.sessions.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
-                reap_interval: self.sessions.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
-                rebuild_interval: self.sessions.rebuild_interval.unwrap_or(Duration::from_secs(3600)).max(Duration::from_secs(1)),
-                max_state_bytes: self.sessions.max_state_bytes.unwrap_or(64 << 20),
-                state_cache: (
-                    state_cache_dir,
-                    self.sessions.state_cache_bytes.unwrap_or(4 * self.sessions.max_state_bytes.unwrap_or(64 << 20)),
-                ),
-                max_state_save: self.sessions.max_state_save.unwrap_or(Duration::from_secs(20)),
-            },
+            outputs,
+            sessions: sessions(&self.sessions, state_cache_dir),
             warm,
-            network: NetworkSettings { outbound: self.worker.outbound_network.unwrap_or(true), nameservers, blocked_ranges },
+            network,
             max_attempts,
             limits,
             skus,
@@ -474,6 +284,275 @@ impl RawConfig {
             capacity_memory_bytes,
             metrics_addr,
         })
+    }
+}
+
+/// A failed check: [`SettingsError::Invalid`] with `message`.
+fn bad<T>(message: String) -> Result<T, SettingsError> {
+    Err(SettingsError::Invalid(message))
+}
+
+/// `namespace` and `worker.id` (default: the host's name), both `[A-Za-z0-9_-]`; the worker's
+/// id.
+fn names(namespace: &str, id: Option<String>) -> Result<String, SettingsError> {
+    if namespace.is_empty() || !namespace.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return bad(format!("namespace {namespace:?}: use [A-Za-z0-9_-]"));
+    }
+    let worker_id = match id {
+        Some(id) => id,
+        None => host::hostname(),
+    };
+    if worker_id.is_empty() || !worker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return bad(format!("worker.id {worker_id:?}: use [A-Za-z0-9_-]"));
+    }
+    Ok(worker_id)
+}
+
+/// `worker.rootfs` (a sandbox image), the run-time package settings read against it, and
+/// `worker.container_helper` (default: beside the worker's own binary).
+fn sandbox_files(worker: &RawWorker) -> Result<(PathBuf, crate::packages::Packages, PathBuf), SettingsError> {
+    let Some(rootfs) = worker.rootfs.clone() else {
+        return bad("worker.rootfs is not set: run oci-bundles/build-rootfs.sh and put its output there".into());
+    };
+    if !rootfs.join("usr/bin/python3").exists() {
+        return bad(format!("worker.rootfs {} holds no sandbox image (no usr/bin/python3)", rootfs.display()));
+    }
+    let packages = crate::packages::RawPackages {
+        extra_ca_certs: worker.extra_ca_certs.as_deref(),
+        pip_index_url: worker.pip_index_url.as_deref(),
+        pip_extra_index_urls: worker.pip_extra_index_urls.as_deref(),
+        pip_trusted_hosts: worker.pip_trusted_hosts.as_deref(),
+        npm_registry: worker.npm_registry.as_deref(),
+    }
+    .validate(&rootfs)?;
+    let container_helper = match worker.container_helper.clone() {
+        Some(p) => p,
+        None => host::beside_own_binary("sandq-container").map_err(|e| SettingsError::Invalid(format!("cannot find own binary: {e}")))?,
+    };
+    if !container_helper.exists() {
+        return bad(format!("worker.container_helper {} does not exist", container_helper.display()));
+    }
+    Ok((rootfs, packages, container_helper))
+}
+
+/// `[skus.*]`: the SKUs served (slots > 0, within the capacity); at least one.
+fn skus(
+    raw: &BTreeMap<String, RawSku>,
+    capacity_cpus: f64,
+    capacity_memory_bytes: u64,
+) -> Result<BTreeMap<Sku, SkuSettings>, SettingsError> {
+    for key in raw.keys() {
+        if key.parse::<Sku>().is_err() || key.to_ascii_lowercase() != *key {
+            return bad(format!("skus.{key}: expected one of s, m, l, xl"));
+        }
+    }
+    let mut skus = BTreeMap::new();
+    for sku in Sku::ALL {
+        let raw = raw.get(&sku.as_str().to_ascii_lowercase()).cloned().unwrap_or_else(|| default_sku(sku));
+        if !raw.cpus.is_finite() || raw.cpus <= 0.0 || raw.memory_bytes < (64 << 20) || raw.pids < 16 {
+            return bad(format!("skus.{sku}: cpus > 0, memory_bytes >= 64 MiB and pids >= 16 are required"));
+        }
+        let fits = raw.cpus <= capacity_cpus && raw.memory_bytes <= capacity_memory_bytes;
+        if raw.slots > 0 && !fits {
+            tracing::warn!(
+                %sku, cpus = raw.cpus, memory_bytes = raw.memory_bytes, capacity_cpus, capacity_memory_bytes,
+                "SKU is larger than this worker's capacity; not serving it"
+            );
+        }
+        if raw.slots > 0 && fits {
+            let limits = SandboxLimits { cpus: raw.cpus, memory_bytes: raw.memory_bytes, pids: raw.pids };
+            let disk_bytes = raw.disk_bytes.unwrap_or_else(|| default_sku(sku).disk_bytes.unwrap_or(0));
+            if disk_bytes != 0 && disk_bytes < (16 << 20) {
+                return bad(format!("skus.{sku}.disk_bytes: at least 16 MiB, or 0 for no quota"));
+            }
+            skus.insert(sku, SkuSettings { limits, slots: raw.slots, disk_bytes });
+        }
+    }
+    if skus.is_empty() {
+        return bad("no SKU has slots > 0 and fits worker.capacity_cpus / capacity_memory_bytes".into());
+    }
+    Ok(skus)
+}
+
+/// `[limits]` over the defaults, with `worker.outbound_network` (`outbound`).
+fn limits(raw: &RawLimits, outbound: bool) -> Result<Limits, SettingsError> {
+    let mut limits = Limits::default();
+    if let Some(t) = raw.default_timeout {
+        limits.default_timeout = t;
+    }
+    if let Some(t) = raw.max_timeout {
+        limits.max_timeout = t;
+    }
+    if let Some(t) = raw.max_result_ttl {
+        limits.max_result_ttl = t;
+    }
+    if let Some(b) = raw.max_input_bytes {
+        limits.max_input_bytes = b;
+    }
+    limits.outbound_network = outbound;
+    if limits.default_timeout > limits.max_timeout {
+        return bad("limits.default_timeout is above limits.max_timeout".into());
+    }
+    Ok(limits)
+}
+
+/// `worker.outbound_network`, `worker.blocked_ranges` and `worker.nameservers` (default: the
+/// host's that are not blocked).
+fn network(worker: &RawWorker) -> Result<NetworkSettings, SettingsError> {
+    let mut blocked_ranges = Vec::new();
+    for item in worker.blocked_ranges.as_deref().unwrap_or("").split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match crate::sandbox::network::parse_range(item) {
+            Ok(range) => blocked_ranges.push(range),
+            Err(e) => return bad(format!("worker.blocked_ranges: {e}")),
+        }
+    }
+    let nameservers = match &worker.nameservers {
+        None => crate::sandbox::network::default_nameservers(&blocked_ranges),
+        Some(list) => {
+            let mut parsed = Vec::new();
+            for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+                match item.parse::<std::net::Ipv4Addr>() {
+                    Ok(a) => parsed.push(a),
+                    Err(_) => return bad(format!("worker.nameservers: {item:?} is not an IPv4 address")),
+                }
+            }
+            parsed
+        }
+    };
+    Ok(NetworkSettings { outbound: worker.outbound_network.unwrap_or(true), nameservers, blocked_ranges })
+}
+
+/// `[warm]`: the warm pool.
+fn warm(raw: &RawWarm) -> Result<WarmSettings, SettingsError> {
+    let mut runtimes = Vec::new();
+    for name in raw.runtimes.as_deref().unwrap_or("python,node").split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let runtime = match name {
+            "python" => sandq_schemas::Runtime::Python,
+            "node" => sandq_schemas::Runtime::Node,
+            other => return bad(format!("warm.runtimes: unknown runtime {other:?} (python, node)")),
+        };
+        if !runtimes.contains(&runtime) {
+            runtimes.push(runtime);
+        }
+    }
+    let per_sku = raw.per_sku.unwrap_or(1);
+    Ok(WarmSettings {
+        per_sku,
+        memory_bytes: raw.memory_bytes.unwrap_or(256 << 20),
+        preload: raw.preload.clone().unwrap_or_else(|| "numpy,pandas,matplotlib".to_owned()),
+        runtimes,
+        forked: raw.forked.unwrap_or(true),
+        light_per_sku: if per_sku == 0 { 0 } else { raw.light_per_sku.unwrap_or(2).max(per_sku) },
+        template_lifetime: match raw.template_lifetime.unwrap_or(Duration::from_secs(3600)) {
+            lifetime if lifetime < Duration::from_secs(1) => return bad("warm.template_lifetime: at least 1s".into()),
+            lifetime => lifetime,
+        },
+        script: raw.script.unwrap_or(true),
+    })
+}
+
+/// The memory jobs get: `capacity_memory_bytes` less the warm pool's (`warm_sandboxes` kept
+/// over the SKUs served), which must leave room for the largest SKU.
+fn memory_left_by_warm(
+    warm: &WarmSettings,
+    skus: &BTreeMap<Sku, SkuSettings>,
+    warm_sandboxes: usize,
+    capacity_memory_bytes: u64,
+) -> Result<u64, SettingsError> {
+    let warm_reserve = skus.len() as u64 * warm.kinds().iter().map(|(r, m)| warm.reserve_bytes(*r, *m)).sum::<u64>();
+    match capacity_memory_bytes.checked_sub(warm_reserve) {
+        Some(left) if skus.values().all(|s| s.limits.memory_bytes <= left) => Ok(left),
+        _ => bad(format!(
+            "{warm_sandboxes} warm sandboxes take {warm_reserve} bytes of the {capacity_memory_bytes} bytes of \
+             worker.capacity_memory_bytes, leaving too little for the largest SKU served: lower warm.per_sku or warm.memory_bytes"
+        )),
+    }
+}
+
+/// The id map and its lease.
+type UserNamespace = (Option<crate::sandbox::spec::IdMap>, Option<(usize, std::sync::Arc<std::fs::File>)>);
+
+/// `worker.user_namespace`, `userns_host_base` and `userns_lease_dir`: the sandboxes' id map
+/// (a range per consumer slot of `skus` and two per warm sandbox) and the lease that reserves
+/// it among the host's workers (taken here).
+fn user_namespace(worker: &RawWorker, skus: &BTreeMap<Sku, SkuSettings>, warm_sandboxes: usize) -> Result<UserNamespace, SettingsError> {
+    let mut id_map = worker
+        .user_namespace
+        .unwrap_or(true)
+        .then(|| crate::sandbox::spec::IdMap { host_base: worker.userns_host_base.unwrap_or(DEFAULT_USERNS_HOST_BASE), size: 65_536 });
+    let mut userns_lease = None;
+    if let Some(map) = id_map.as_mut() {
+        // Consumer slots, then the warm sandboxes' ranges (twice per SKU: a warm sandbox
+        // keeps its range while its job runs, and one is made meanwhile).
+        let slots: usize = skus.values().map(|s| s.slots).sum::<usize>() + 2 * warm_sandboxes;
+        let span = slots as u64 * u64::from(map.size);
+        if let Some(dir) = &worker.userns_lease_dir {
+            if slots as u64 > USERNS_LEASE_RANGES {
+                return bad(format!(
+                    "worker.userns_lease_dir: this worker needs {slots} id ranges, a lease holds {USERNS_LEASE_RANGES}: lower the slots or warm sandboxes"
+                ));
+            }
+            let lease_span = USERNS_LEASE_RANGES * u64::from(map.size);
+            let leases = (u64::from(u32::MAX) - u64::from(map.host_base)) / lease_span;
+            let (k, file) = host::take_userns_lease(dir, leases as usize).map_err(|e| SettingsError::Invalid(e.to_string()))?;
+            map.host_base = u32::try_from(u64::from(map.host_base) + k as u64 * lease_span)
+                .map_err(|_| SettingsError::Invalid(format!("worker.userns_lease_dir: lease {k} is past the id space")))?;
+            userns_lease = Some((k, std::sync::Arc::new(file)));
+        }
+        let map = *map;
+        let end = u64::from(map.host_base) + span;
+        if end > u64::from(u32::MAX) {
+            return bad(format!("worker.userns_host_base {} leaves no room for {slots} slots of 65536 ids", map.host_base));
+        }
+        if let Some((file, entry)) = host::subordinate_conflict(u64::from(map.host_base)..end) {
+            return bad(format!(
+                "worker.userns_host_base {}: its ids {}..{end} overlap {file} entry {entry:?}; choose a range no host user is given",
+                map.host_base, map.host_base
+            ));
+        }
+    }
+    Ok((id_map, userns_lease))
+}
+
+/// The `worker.*` keys of what a job may leave (streams, rich outputs, artifacts, their URLs).
+fn outputs(worker: &RawWorker) -> Result<OutputSettings, SettingsError> {
+    let artifact_url_ttl = worker.artifact_url_ttl.unwrap_or(Duration::from_secs(24 * 3600));
+    if artifact_url_ttl > Duration::from_secs(7 * 24 * 3600) {
+        return bad("worker.artifact_url_ttl: at most 7days (the SigV4 presigning limit)".into());
+    }
+    Ok(OutputSettings {
+        max_output_bytes: worker.max_output_bytes.unwrap_or(8 << 20),
+        max_inline_output_bytes: worker.max_inline_output_bytes.unwrap_or(64 << 10),
+        max_artifacts: worker.max_artifacts.unwrap_or(100),
+        max_artifact_bytes: worker.max_artifact_bytes.unwrap_or(512 << 20),
+        artifact_url_ttl,
+        max_outputs: worker.max_outputs.unwrap_or(100),
+        max_outputs_bytes: worker.max_outputs_bytes.unwrap_or(32 << 20).max(1 << 20),
+        stream_max_bytes: worker.stream_max_bytes.unwrap_or(1 << 20),
+    })
+}
+
+/// `worker.metrics_addr` (default `127.0.0.1:9464`).
+fn metrics_addr(raw: Option<&str>) -> Result<std::net::SocketAddr, SettingsError> {
+    let metrics_addr = raw.unwrap_or("127.0.0.1:9464");
+    let Ok(metrics_addr) = metrics_addr.parse::<std::net::SocketAddr>() else {
+        return bad(format!(
+            "worker.metrics_addr {metrics_addr:?}: expected an address and port (127.0.0.1:9464, 0.0.0.0:9464, [::]:9464)"
+        ));
+    };
+    Ok(metrics_addr)
+}
+
+/// `[sessions]`, the state cache in `state_cache_dir`.
+fn sessions(raw: &RawSessions, state_cache_dir: PathBuf) -> SessionSettings {
+    SessionSettings {
+        idle_timeout: raw.idle_timeout.unwrap_or(Duration::from_secs(30 * 60)),
+        lock_wait: raw.lock_wait.unwrap_or(Duration::from_secs(10 * 60)),
+        reap_interval: raw.reap_interval.unwrap_or(Duration::from_secs(60)).max(Duration::from_millis(100)),
+        rebuild_interval: raw.rebuild_interval.unwrap_or(Duration::from_secs(3600)).max(Duration::from_secs(1)),
+        max_state_bytes: raw.max_state_bytes.unwrap_or(64 << 20),
+        state_cache: (state_cache_dir, raw.state_cache_bytes.unwrap_or(4 * raw.max_state_bytes.unwrap_or(64 << 20))),
+        max_state_save: raw.max_state_save.unwrap_or(Duration::from_secs(20)),
     }
 }
 

@@ -17,19 +17,19 @@ pub struct RawConfig {
     /// Prefix of queues, exchanges and Redis keys; default `sandq`.
     #[serde(default = "default_namespace")]
     pub namespace: String,
-    /// RabbitMQ.
+    /// The broker connection and delivery limit (`[amqp]`).
     #[serde(default)]
     pub amqp: AmqpConfig,
-    /// Redis.
+    /// Where results and session hints are stored (`[redis]`).
     #[serde(default)]
     pub redis: RedisConfig,
-    /// S3.
+    /// Where inputs, artifacts and session files are stored (`[s3]`).
     #[serde(default)]
     pub s3: S3Config,
     /// The job queues' arguments (`unserved_ttl`).
     #[serde(default)]
     pub queues: QueuesConfig,
-    /// This worker.
+    /// This worker's own keys: its id, image, capacity, sandbox and output bounds (`[worker]`).
     #[serde(default)]
     pub worker: RawWorker,
     /// Limits every job must fit.
@@ -39,10 +39,10 @@ pub struct RawConfig {
     /// [`default_sku`].
     #[serde(default)]
     pub skus: BTreeMap<String, RawSku>,
-    /// Sessions.
+    /// Session lifetime, locks, the reaper and notebook state (`[sessions]`).
     #[serde(default)]
     pub sessions: RawSessions,
-    /// Warm sandboxes.
+    /// Sandboxes started ahead of jobs (`[warm]`).
     #[serde(default)]
     pub warm: RawWarm,
 }

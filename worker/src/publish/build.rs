@@ -1,11 +1,7 @@
-//! Steps 7 and 8 (collect, conclude): build a [`JobResult`] and write it to Redis (compare-and-set:
-//! a terminal result is never overwritten; see `sandq_core::results`).
+//! The results a job's attempt writes, built without services: the job's identity ([`base`]),
+//! the inline part of a stream (`output`) and the result of a program that ran
+//! ([`finished`]).
 
-use std::time::Duration;
-
-use sandq_core::redis_conn::RedisConn;
-use sandq_core::results::{self, ResultError};
-use sandq_schemas::names::Names;
 use sandq_schemas::{CapturedOutput, JobResult, JobStatus, ResourceUsage, ValidJob};
 
 use crate::artifacts::Collected;
@@ -14,7 +10,7 @@ use crate::sandbox::Exit;
 
 /// The inline part of a stream: at most `inline_cap` bytes, cut back to a character boundary
 /// when the bytes are valid UTF-8 (so a cut never invents a U+FFFD).
-pub(crate) fn output(captured: &Captured, inline_cap: u64, log_key: Option<String>) -> CapturedOutput {
+fn output(captured: &Captured, inline_cap: u64, log_key: Option<String>) -> CapturedOutput {
     let bytes = &captured.bytes;
     let valid = std::str::from_utf8(bytes).is_ok();
     let mut cut = bytes.len().min(usize::try_from(inline_cap).unwrap_or(usize::MAX));
@@ -70,7 +66,7 @@ pub(crate) fn base(job: &ValidJob, attempt: &Attempt, status: JobStatus) -> JobR
     result
 }
 
-/// The terminal result of a job whose container ran. Status precedence: an OOM kill seen in
+/// The terminal result, finished at `now`, of a job whose container ran. Status precedence: an OOM kill seen in
 /// the cgroup wins over everything (the exit code may be 0 when a child was the victim), then
 /// the timeout, then the exit status.
 pub(crate) fn finished(
@@ -80,6 +76,7 @@ pub(crate) fn finished(
     collected: Collected,
     memory_limit: u64,
     logs: &Logs,
+    now: u64,
 ) -> JobResult {
     let report = &run.report;
     let mut result = base(job, attempt, JobStatus::Succeeded);
@@ -120,46 +117,106 @@ pub(crate) fn finished(
     result.usage =
         Some(ResourceUsage { wall_ms: report.wall_ms, cpu_ms: report.stats.cpu_ms, peak_memory_bytes: report.stats.peak_memory_bytes });
     result.started_at_ms = Some(attempt.started_at_ms);
-    result.finished_at_ms = Some(sandq_core::time::now_ms());
+    result.finished_at_ms = Some(now);
     result
-}
-
-/// Fills in a presigned GET URL valid for `ttl` on every artifact and every S3-stored output
-/// representation (nothing when `ttl` is zero). Signing is local; a failure leaves `url` empty
-/// and is logged.
-pub(crate) async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &str, ttl: Duration) {
-    if ttl.is_zero() {
-        return;
-    }
-    let expires_at_ms = sandq_core::time::now_ms() + ttl.as_millis() as u64;
-    let from_outputs = result.outputs.iter_mut().flat_map(|o| o.data.values_mut()).filter_map(|v| v.artifact.as_mut());
-    for artifact in result.artifacts.iter_mut().chain(from_outputs) {
-        match sandq_core::storage::presign_get(s3, bucket, &artifact.key, ttl).await {
-            Ok(url) => {
-                artifact.url = Some(url);
-                artifact.url_expires_at_ms = Some(expires_at_ms);
-            }
-            Err(e) => tracing::warn!(key = artifact.key, error = %e, "cannot presign"),
-        }
-    }
-}
-
-/// Writes `result` with `ttl`; true when written (false: a terminal result was already there).
-/// A terminal result written is counted in `sandq_jobs_finished_total`.
-///
-/// # Errors
-/// [`ResultError`] (Redis trouble: retried).
-pub(crate) async fn publish(redis: &mut RedisConn, names: &Names, result: &JobResult, ttl: Duration) -> Result<bool, ResultError> {
-    let written = results::write(redis, names, result, ttl).await?;
-    if written && result.status.is_terminal() {
-        crate::metrics::finished(result.sku, result.status);
-    }
-    Ok(written)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use sandq_schemas::{Artifact, JobSpec, Runtime, Sku};
+
     use super::*;
+    use crate::sandbox::cgroup::CgroupStats;
+    use crate::sandbox::SandboxReport;
+
+    fn job() -> ValidJob {
+        let mut spec = JobSpec::new("job-7", Sku::L, Runtime::Python, "pass");
+        spec.submitted_at_ms = Some(900);
+        ValidJob { spec, timeout: Duration::from_secs(90), result_ttl: Duration::from_secs(3600) }
+    }
+
+    fn who() -> Attempt {
+        Attempt { worker_id: "w-1".into(), id: "a0000000000000002".into(), slot: 1, number: 3, started_at_ms: 1_000 }
+    }
+
+    fn ran(exit: Exit, oom_kills: u64) -> RunOutput {
+        let stats = CgroupStats { cpu_ms: 40, peak_memory_bytes: 5_000_000, oom_kills };
+        let report = SandboxReport {
+            exit,
+            stats,
+            wall_ms: 55,
+            create_us: 0,
+            start_us: 0,
+            delete_us: 0,
+            fork_us: 0,
+            delete_error: None,
+            deleted: true,
+        };
+        RunOutput { report, stdout: captured(b"out\n", 4), stderr: captured(b"", 0) }
+    }
+
+    fn finished_with(exit: Exit, oom_kills: u64) -> JobResult {
+        let logs = Logs { inline_cap: 1024, stdout_key: None, stderr_key: Some("jobs/job-7/err".into()) };
+        finished(&job(), &who(), &ran(exit, oom_kills), Collected::default(), 1 << 20, &logs, 2_000)
+    }
+
+    #[test]
+    fn base_names_the_job_and_the_attempt() {
+        let result = base(&job(), &who(), JobStatus::Running);
+        assert_eq!((result.job_id.as_str(), result.status, result.sku), ("job-7", JobStatus::Running, Some(Sku::L)));
+        assert_eq!((result.queued_at_ms, result.worker_id.as_deref(), result.attempt), (Some(900), Some("w-1"), 3));
+        assert_eq!((result.started_at_ms, result.finished_at_ms), (None, None));
+    }
+
+    #[test]
+    fn an_exit_code_decides_success_or_failure() {
+        let ok = finished_with(Exit::Exited { code: 0 }, 0);
+        assert_eq!((ok.status, ok.exit_code, ok.reason), (JobStatus::Succeeded, Some(0), None));
+        assert_eq!((ok.started_at_ms, ok.finished_at_ms), (Some(1_000), Some(2_000)));
+        assert_eq!(ok.usage, Some(ResourceUsage { wall_ms: 55, cpu_ms: 40, peak_memory_bytes: 5_000_000 }));
+        assert_eq!((ok.stdout.text.as_str(), ok.stdout.total_bytes, ok.stdout.log_key), ("out\n", 4, None));
+        assert_eq!((ok.stderr.log_key.as_deref(), ok.stderr.log_bytes), (Some("jobs/job-7/err"), 0));
+        let failed = finished_with(Exit::Exited { code: 3 }, 0);
+        assert_eq!((failed.status, failed.exit_code, failed.reason.as_deref()), (JobStatus::Failed, Some(3), Some("exit code 3")));
+    }
+
+    #[test]
+    fn a_signal_or_the_timeout_fails_the_job() {
+        let signaled = finished_with(Exit::Signaled { signal: "SIGSEGV".into() }, 0);
+        assert_eq!((signaled.status, signaled.signal.as_deref()), (JobStatus::Failed, Some("SIGSEGV")));
+        assert_eq!(signaled.reason.as_deref(), Some("killed by SIGSEGV"));
+        let late = finished_with(Exit::TimedOut, 0);
+        assert_eq!((late.status, late.signal.as_deref()), (JobStatus::TimedOut, Some("SIGKILL")));
+        assert_eq!(late.reason.as_deref(), Some("still running after 1m 30s"));
+    }
+
+    #[test]
+    fn an_oom_kill_wins_over_the_exit_status() {
+        for exit in [Exit::Exited { code: 0 }, Exit::TimedOut] {
+            let result = finished_with(exit, 2);
+            assert_eq!(result.status, JobStatus::OomKilled);
+            assert_eq!(result.reason.as_deref(), Some("memory limit of 1048576 bytes exceeded (2 process(es) killed by the kernel)"));
+        }
+    }
+
+    #[test]
+    fn collected_artifacts_are_listed() {
+        let artifact = Artifact {
+            path: "a.png".into(),
+            key: "k".into(),
+            size: 3,
+            sha256: "0".repeat(64),
+            content_type: "image/png".into(),
+            url: None,
+            url_expires_at_ms: None,
+        };
+        let collected = Collected { artifacts: vec![artifact.clone()], skipped_total: 4, ..Default::default() };
+        let logs = Logs::default();
+        let result = finished(&job(), &who(), &ran(Exit::Exited { code: 0 }, 0), collected, 1, &logs, 2_000);
+        assert_eq!((result.artifacts, result.skipped_artifacts_total), (vec![artifact], 4));
+    }
 
     fn captured(bytes: &[u8], total: u64) -> Captured {
         Captured { bytes: bytes.to_vec(), total }

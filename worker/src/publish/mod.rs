@@ -1,0 +1,46 @@
+//! Steps 7 and 8 (collect, conclude): build a [`JobResult`] ([`build`], pure) and write it to
+//! Redis ([`publish`]: compare-and-set, a terminal result is never overwritten; see
+//! `sandq_core::results`).
+
+mod build;
+
+use std::time::Duration;
+
+pub(crate) use build::{base, finished, Attempt, Logs};
+use sandq_core::redis_conn::RedisConn;
+use sandq_core::results::{self, ResultError};
+use sandq_schemas::names::Names;
+use sandq_schemas::JobResult;
+
+/// Fills in a presigned GET URL valid for `ttl` on every artifact and every S3-stored output
+/// representation (nothing when `ttl` is zero). Signing is local; a failure leaves `url` empty
+/// and is logged.
+pub(crate) async fn presign(result: &mut JobResult, s3: &aws_sdk_s3::Client, bucket: &str, ttl: Duration) {
+    if ttl.is_zero() {
+        return;
+    }
+    let expires_at_ms = sandq_core::time::now_ms() + ttl.as_millis() as u64;
+    let from_outputs = result.outputs.iter_mut().flat_map(|o| o.data.values_mut()).filter_map(|v| v.artifact.as_mut());
+    for artifact in result.artifacts.iter_mut().chain(from_outputs) {
+        match sandq_core::storage::presign_get(s3, bucket, &artifact.key, ttl).await {
+            Ok(url) => {
+                artifact.url = Some(url);
+                artifact.url_expires_at_ms = Some(expires_at_ms);
+            }
+            Err(e) => tracing::warn!(key = artifact.key, error = %e, "cannot presign"),
+        }
+    }
+}
+
+/// Writes `result` with `ttl`; true when written (false: a terminal result was already there).
+/// A terminal result written is counted in `sandq_jobs_finished_total`.
+///
+/// # Errors
+/// [`ResultError`] (Redis trouble: retried).
+pub(crate) async fn publish(redis: &mut RedisConn, names: &Names, result: &JobResult, ttl: Duration) -> Result<bool, ResultError> {
+    let written = results::write(redis, names, result, ttl).await?;
+    if written && result.status.is_terminal() {
+        crate::metrics::finished(result.sku, result.status);
+    }
+    Ok(written)
+}
