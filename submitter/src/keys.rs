@@ -1,0 +1,97 @@
+//! `sandq key create`, `sandq key ls`, `sandq key revoke`: the gateway's API keys, in the key
+//! store in Redis (no broker or S3 needed; never through a gateway).
+
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use sandq_core::config::ServiceConfig;
+use sandq_core::keys::{self, KeyRecord};
+use sandq_schemas::names::Names;
+
+use crate::args::KeyCommand;
+
+/// Runs one `sandq key` command against the key store of `service`.
+pub(crate) async fn run(service: &ServiceConfig, command: KeyCommand, json: bool) -> anyhow::Result<i32> {
+    let mut redis = sandq_core::redis_conn::connect(&service.redis).await.context("cannot connect to redis")?;
+    let names = Names::new(service.namespace.clone());
+    match command {
+        KeyCommand::Create {
+            tenant,
+            name,
+            max_in_flight,
+            jobs_per_minute,
+            max_sku,
+            max_timeout,
+            network,
+            max_upload_bytes,
+            max_sessions,
+            webhook_hosts,
+        } => {
+            let webhook_hosts = webhook_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect();
+            let max_timeout = max_timeout.into();
+            let quotas = keys::Quotas {
+                max_in_flight,
+                jobs_per_minute,
+                max_sku,
+                max_timeout,
+                network,
+                max_upload_bytes,
+                max_sessions,
+                webhook_hosts,
+            };
+            let (record, key) = keys::create(&mut redis, &names, &tenant, &name, quotas).await?;
+            if json {
+                println!("{}", serde_json::json!({"key": key, "record": record}));
+            } else {
+                eprintln!("key {} for tenant {}: shown once, store it now", record.id, record.tenant);
+                eprintln!("webhook signing secret: {}", record.webhook_secret);
+                println!("{key}");
+            }
+        }
+        KeyCommand::Ls => {
+            let mut records = keys::list(&mut redis, &names).await?;
+            for r in &mut records {
+                r.webhook_secret.clear();
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&records)?);
+            } else {
+                print!("{}", key_table(&records));
+            }
+        }
+        KeyCommand::Revoke { id } => {
+            let record = keys::revoke(&mut redis, &names, &id).await?;
+            eprintln!("key {} of tenant {} is revoked", record.id, record.tenant);
+        }
+    }
+    Ok(0)
+}
+
+/// The keys as a table: id, tenant, name (its first 20 characters), quotas, state; never the
+/// key or the webhook secret. Writing to a `String` cannot fail.
+fn key_table(records: &[KeyRecord]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<12} {:<23} {:<20} {:>9} {:>7} {:>3} {:>9} {:>7}  STATE",
+        "ID", "TENANT", "NAME", "IN FLIGHT", "PER MIN", "SKU", "TIMEOUT", "NETWORK"
+    );
+    for r in records {
+        let q = &r.quotas;
+        let _ = writeln!(
+            out,
+            "{:<12} {:<23} {:<20} {:>9} {:>7} {:>3} {:>9} {:>7}  {}",
+            r.id,
+            r.tenant,
+            r.name.chars().take(20).collect::<String>(),
+            q.max_in_flight,
+            q.jobs_per_minute,
+            format!("{:?}", q.max_sku),
+            humantime::format_duration(q.max_timeout).to_string(),
+            q.network,
+            if r.revoked_at_ms.is_some() { "revoked" } else { "valid" }
+        );
+    }
+    out
+}
+
