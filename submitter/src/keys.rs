@@ -95,3 +95,51 @@ fn key_table(records: &[KeyRecord]) -> String {
     out
 }
 
+#[cfg(test)]
+mod tests {
+    //! The expected table is written out by hand (columns of 12, 23, 20, 9, 7, 3, 9 and 7).
+
+    use std::time::Duration;
+
+    use sandq_core::keys::{KeyRecord, Quotas};
+    use sandq_schemas::Sku;
+
+    use super::key_table;
+
+    fn record(id: &str, tenant: &str, name: &str, quotas: Quotas, revoked_at_ms: Option<u64>) -> KeyRecord {
+        KeyRecord {
+            id: id.into(),
+            tenant: tenant.into(),
+            name: name.into(),
+            sha256: "0".repeat(64),
+            created_at_ms: 1,
+            revoked_at_ms,
+            quotas,
+            webhook_secret: String::new(),
+        }
+    }
+
+    #[test]
+    fn keys_as_a_table_with_long_names_cut() {
+        let quotas = |max_in_flight, jobs_per_minute, max_sku, max_timeout, network| Quotas {
+            max_in_flight,
+            jobs_per_minute,
+            max_sku,
+            max_timeout,
+            network,
+            max_upload_bytes: 100 << 20,
+            max_sessions: 100,
+            webhook_hosts: Vec::new(),
+        };
+        let records = [
+            record("abcdefghijkl", "acme", "a name longer than twenty", quotas(10, 60, Sku::M, Duration::from_secs(300), false), None),
+            record("mnopqrstuvwx", "beta", "", quotas(1, 2, Sku::XL, Duration::from_secs(5400), true), Some(2)),
+        ];
+        assert_eq!(
+            key_table(&records),
+            "ID           TENANT                  NAME                 IN FLIGHT PER MIN SKU   TIMEOUT NETWORK  STATE\n\
+             abcdefghijkl acme                    a name longer than t        10      60   M        5m   false  valid\n\
+             mnopqrstuvwx beta                                                 1       2  XL    1h 30m    true  revoked\n"
+        );
+    }
+}

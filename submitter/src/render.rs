@@ -263,3 +263,5 @@ fn print_summary(result: &JobResult, downloaded: &[(&Artifact, PathBuf)], stderr
     Ok(())
 }
 
+#[cfg(test)]
+mod tests;

@@ -81,3 +81,42 @@ fn tenant_table(sessions: &[SessionInfo], now: u64) -> String {
     out
 }
 
+#[cfg(test)]
+mod tests {
+    //! Expected tables written out by hand (columns of 40, 6, 12 and 12 characters).
+
+    use sandq_client::http::SessionInfo;
+    use sandq_core::sessions::Listed;
+
+    use super::{listed_table, tenant_table};
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    #[test]
+    fn the_deployments_sessions_as_a_table() {
+        let sessions = [
+            Listed { name: "s1".into(), expires_at_ms: NOW + 90_500, files: Some(2), bytes: Some(59_689), in_use_by: Some("job-1".into()) },
+            Listed { name: "old".into(), expires_at_ms: NOW - 5, files: None, bytes: None, in_use_by: None },
+        ];
+        assert_eq!(
+            listed_table(&sessions, NOW),
+            "SESSION                                   FILES        BYTES   EXPIRES IN  IN USE BY\n\
+             s1                                            2        59689       1m 30s  job-1\n\
+             old                                           -            -           0s  \n"
+        );
+    }
+
+    #[test]
+    fn a_tenants_sessions_as_a_table() {
+        let sessions = [
+            SessionInfo { name: "t1".into(), files: 3, bytes: 1024, expires_at_ms: Some(NOW + 29 * 60_000 + 999), execution_count: 7 },
+            SessionInfo { name: "new".into(), files: 0, bytes: 0, expires_at_ms: None, execution_count: 0 },
+        ];
+        assert_eq!(
+            tenant_table(&sessions, NOW),
+            "SESSION                                   FILES        BYTES   EXPIRES IN  CELLS\n\
+             t1                                            3         1024          29m  7\n\
+             new                                           0            0            -  0\n"
+        );
+    }
+}
