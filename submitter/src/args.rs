@@ -102,38 +102,7 @@ pub(crate) enum SessionCommand {
 #[derive(Debug, Subcommand)]
 pub(crate) enum KeyCommand {
     /// Create a key for a tenant and print it (the only time it is shown).
-    Create {
-        /// The tenant the key acts for: 1 to 23 of [a-z0-9]. Its jobs and sessions are its own.
-        #[arg(long)]
-        tenant: String,
-        /// A label for people.
-        #[arg(long, default_value = "")]
-        name: String,
-        /// Jobs in flight (queued or running) at most.
-        #[arg(long, default_value_t = 10)]
-        max_in_flight: u32,
-        /// Jobs submitted per minute at most.
-        #[arg(long, default_value_t = 60)]
-        jobs_per_minute: u32,
-        /// Largest SKU.
-        #[arg(long, default_value = "M")]
-        max_sku: Sku,
-        /// Longest job timeout.
-        #[arg(long, default_value = "5m")]
-        max_timeout: humantime::Duration,
-        /// Jobs may ask for outbound network.
-        #[arg(long)]
-        network: bool,
-        /// Largest file uploaded in one request, bytes.
-        #[arg(long, default_value_t = 100 << 20)]
-        max_upload_bytes: u64,
-        /// Sessions the tenant may have at once.
-        #[arg(long, default_value_t = 100)]
-        max_sessions: u32,
-        /// A host jobs' `callback_url` may name (repeat for more; `*`: any).
-        #[arg(long = "webhook-host")]
-        webhook_hosts: Vec<String>,
-    },
+    Create(NewKey),
     /// List keys: id, tenant, name, quotas, created, revoked (never the key).
     Ls,
     /// Revoke a key: every request with it is refused from now on.
@@ -141,6 +110,41 @@ pub(crate) enum KeyCommand {
         /// The key's id (the part after `sq_`, 12 characters).
         id: String,
     },
+}
+
+// `sandq key create`: the tenant, a label and the quotas of the new key.
+#[derive(Debug, Args)]
+pub(crate) struct NewKey {
+    /// The tenant the key acts for: 1 to 23 of [a-z0-9]. Its jobs and sessions are its own.
+    #[arg(long)]
+    pub(crate) tenant: String,
+    /// A label for people.
+    #[arg(long, default_value = "")]
+    pub(crate) name: String,
+    /// Jobs in flight (queued or running) at most.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) max_in_flight: u32,
+    /// Jobs submitted per minute at most.
+    #[arg(long, default_value_t = 60)]
+    pub(crate) jobs_per_minute: u32,
+    /// Largest SKU.
+    #[arg(long, default_value = "M")]
+    pub(crate) max_sku: Sku,
+    /// Longest job timeout.
+    #[arg(long, default_value = "5m")]
+    pub(crate) max_timeout: humantime::Duration,
+    /// Jobs may ask for outbound network.
+    #[arg(long)]
+    pub(crate) network: bool,
+    /// Largest file uploaded in one request, bytes.
+    #[arg(long, default_value_t = 100 << 20)]
+    pub(crate) max_upload_bytes: u64,
+    /// Sessions the tenant may have at once.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) max_sessions: u32,
+    /// A host jobs' `callback_url` may name (repeat for more; `*`: any).
+    #[arg(long = "webhook-host")]
+    pub(crate) webhook_hosts: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -15,31 +15,18 @@ pub(crate) async fn run(service: &ServiceConfig, command: KeyCommand, json: bool
     let mut redis = sandq_core::redis_conn::connect(&service.redis).await.context("cannot connect to redis")?;
     let names = Names::new(service.namespace.clone());
     match command {
-        KeyCommand::Create {
-            tenant,
-            name,
-            max_in_flight,
-            jobs_per_minute,
-            max_sku,
-            max_timeout,
-            network,
-            max_upload_bytes,
-            max_sessions,
-            webhook_hosts,
-        } => {
-            let webhook_hosts = webhook_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect();
-            let max_timeout = max_timeout.into();
+        KeyCommand::Create(new) => {
             let quotas = keys::Quotas {
-                max_in_flight,
-                jobs_per_minute,
-                max_sku,
-                max_timeout,
-                network,
-                max_upload_bytes,
-                max_sessions,
-                webhook_hosts,
+                max_in_flight: new.max_in_flight,
+                jobs_per_minute: new.jobs_per_minute,
+                max_sku: new.max_sku,
+                max_timeout: new.max_timeout.into(),
+                network: new.network,
+                max_upload_bytes: new.max_upload_bytes,
+                max_sessions: new.max_sessions,
+                webhook_hosts: new.webhook_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
             };
-            let (record, key) = keys::create(&mut redis, &names, &tenant, &name, quotas).await?;
+            let (record, key) = keys::create(&mut redis, &names, &new.tenant, &new.name, quotas).await?;
             if json {
                 println!("{}", serde_json::json!({"key": key, "record": record}));
             } else {
