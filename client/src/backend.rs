@@ -215,3 +215,33 @@ impl Backend {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::{BackendError, Target};
+    use crate::HttpError;
+    use sandq_core::config::ConfigError;
+
+    const URL: &str = "https://sandq.example.com";
+
+    #[test]
+    fn a_url_chooses_the_gateway_and_needs_a_key() {
+        let no_config = Some(Path::new("/nonexistent/sandq.toml"));
+        let target = Target::choose(Some(URL), Some("sq_abc"), no_config).expect("a gateway");
+        assert!(matches!(&target, Target::Gateway(http) if http.base_url().host_str() == Some("sandq.example.com")), "{target:?}");
+        for key in [None, Some(""), Some("  ")] {
+            let err = Target::choose(Some(URL), key, no_config).expect_err("no key");
+            assert!(matches!(err, BackendError::MissingApiKey), "{key:?}: {err:?}");
+        }
+        let err = Target::choose(Some("ftp://sandq.example.com"), Some("sq_abc"), no_config).expect_err("not http");
+        assert!(matches!(err, BackendError::Http(HttpError::Url { .. })), "{err:?}");
+    }
+
+    #[test]
+    fn without_a_url_the_config_file_is_read_even_with_a_key() {
+        let err = Target::choose(None, Some("sq_abc"), Some(Path::new("/nonexistent/sandq.toml"))).expect_err("no file");
+        assert!(matches!(&err, BackendError::Config(e) if matches!(**e, ConfigError::Missing { .. })), "{err:?}");
+    }
+}
