@@ -6,10 +6,12 @@
 //! It is built on `sandq-core` (configuration, broker, Redis, S3); the `sandq` CLI
 //! (`submitter/`) is a thin binary over it.
 
+pub mod backend;
 pub mod client;
 pub mod http;
 pub mod notebook;
 
+pub use backend::{Backend, BackendError, Target};
 pub use client::{Client, ClientError, Unserved};
 pub use http::{HttpClient, HttpError};
 pub use sandq_core::events::{Event, EventKind, Transcript};
