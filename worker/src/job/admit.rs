@@ -74,8 +74,39 @@ fn decide(job: &ValidJob, who: &Attempt, wanted: Option<Wanted>, sku: Option<Sku
     Admission::Run(sku)
 }
 
-/// Reads the job's stored status and cancel key.
+/// How long [`still_wanted`] tries again when Redis drops or refuses its connection (a restart,
+/// a failover): both reads are idempotent, and an attempt must not be spent on a blip (test:
+/// `faults::a_short_chaos_run_loses_no_job`, which restarts Redis under load).
+const READ_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads the job's stored status and cancel key, trying again for up to [`READ_RETRY_FOR`]
+/// while the failure is a lost connection ([`transient`]).
 async fn still_wanted(ctx: &Context, job: &ValidJob) -> Result<Wanted, InfraError> {
+    let started = tokio::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        match read_wanted(ctx, job).await {
+            Err(InfraError::ReadStatus(e) | InfraError::ReadCancel(e)) if transient(&e) && started.elapsed() < READ_RETRY_FOR => {
+                tracing::warn!(error = %e, "redis unavailable while reading the job's state; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether a read failed because the connection was lost or refused (worth trying again), not
+/// because of what Redis answered.
+fn transient(e: &results::ResultError) -> bool {
+    match e {
+        results::ResultError::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout(),
+        _ => false,
+    }
+}
+
+/// Reads the job's stored status and cancel key once.
+async fn read_wanted(ctx: &Context, job: &ValidJob) -> Result<Wanted, InfraError> {
     let mut redis = ctx.redis.clone();
     let names = &ctx.settings.names;
     // The status field only: the record is the client's to write while `queued`, of any size.
@@ -177,6 +208,18 @@ mod tests {
     const SKU: SkuSettings = SkuSettings { limits: SandboxLimits { cpus: 1.0, memory_bytes: 1 << 30, pids: 64 }, slots: 1, disk_bytes: 0 };
     const TAKEN: u64 = 10_000;
     const NOW: u64 = 10_005;
+
+    #[test]
+    fn only_a_lost_connection_is_tried_again() {
+        let dropped = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+        assert!(transient(&results::ResultError::Redis(redis::RedisError::from(dropped))));
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(transient(&results::ResultError::Redis(redis::RedisError::from(refused))));
+        let answered = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "not a hash"));
+        assert!(!transient(&results::ResultError::Redis(answered)));
+        let large = results::ResultError::TooLarge { job_id: "j".into(), bytes: 1 << 30, status: None };
+        assert!(!transient(&large));
+    }
 
     fn job(deadline_ms: Option<u64>) -> ValidJob {
         let mut spec = JobSpec::new("job-1", Sku::M, Runtime::Python, "pass");
