@@ -221,8 +221,8 @@ async fn a_client_written_terminal_record_is_not_read_back_by_a_refused_write() 
     assert_eq!(first.status, JobStatus::Succeeded);
     let (peak_before, _) = sandq_tests::process_usage(worker.id());
     let spec = python_job("import time\nprint('started', flush=True)\ntime.sleep(6)\nprint('done')\n", Sku::S);
-    client.submit(&spec).await.expect("submit");
-    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(60)).await;
+    // Made before the job is submitted: in a debug build on a loaded machine, making it took
+    // longer than the job's 6 s, and the worker's own result was stored first.
     // A decodable `succeeded` record whose traceback holds 16 million empty strings (16 MB).
     let mut record = JobResult::new(spec.job_id.clone(), JobStatus::Succeeded);
     record.error = Some(sandq_schemas::ErrorInfo { name: "E".into(), value: "v".into(), traceback: Vec::new() });
@@ -230,6 +230,8 @@ async fn a_client_written_terminal_record_is_not_read_back_by_a_refused_write() 
     let strings = 16_000_000u32;
     let forged = splice(&encoded, b"traceback\x90", &[b"traceback".as_slice(), &array_of(strings, &[0xa0])].concat());
     assert!(sandq_schemas::decode::<JobResult>(&forged).is_ok_and(|r| r.error.is_some_and(|e| e.traceback.len() == strings as usize)));
+    client.submit(&spec).await.expect("submit");
+    wait_for_status(&mut client, &spec.job_id, JobStatus::Running, Duration::from_secs(60)).await;
     let names = Names::new(world.namespace.clone());
     let mut redis = sandq_tests::plain_redis(&world).await;
     let () = redis::cmd("HSET")
