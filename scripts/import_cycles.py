@@ -64,19 +64,25 @@ def expand(prefix, body):
     return out
 
 
+def read_files(root, suffix):
+    """Every file under `root` whose name ends with `suffix`, by its path relative to `root`."""
+    files = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if f.endswith(suffix):
+                p = os.path.relpath(os.path.join(d, f), root)
+                with open(os.path.join(root, p)) as fh:
+                    files[p] = fh.read()
+    return files
+
+
 def python_edges(root):
     """The Python package at `root`: its files (paths relative to `root`) and the import edges
     between them (the module's docstring has the rules)."""
     import ast
 
     package = os.path.basename(os.path.normpath(os.path.abspath(root)))
-    files = {}
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            if f.endswith('.py'):
-                p = os.path.relpath(os.path.join(d, f), root)
-                with open(os.path.join(root, p)) as fh:
-                    files[p] = fh.read()
+    files = read_files(root, '.py')
 
     def modpath(p):
         parts = p[:-3].split('/')
@@ -127,13 +133,7 @@ def check(root):
     if os.path.exists(os.path.join(root, '__init__.py')):
         files, edges = python_edges(root)
         return report(root, files, edges)
-    files = {}
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            if f.endswith('.rs'):
-                p = os.path.relpath(os.path.join(d, f), root)
-                with open(os.path.join(root, p)) as fh:
-                    files[p] = fh.read()
+    files = read_files(root, '.rs')
     crate_root = 'lib.rs' if 'lib.rs' in files else 'main.rs'
     # A binary beside a library is a crate of its own (it names the library by its crate name).
     files = {p: s for p, s in files.items() if not p.startswith('bin/') and (p == crate_root or p != 'main.rs')}
