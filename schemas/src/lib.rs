@@ -14,6 +14,7 @@
 //!   floats), whose errors name the field.
 
 pub mod de;
+pub mod events;
 pub mod job;
 mod keys;
 pub mod names;
