@@ -14,14 +14,24 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use sandq_schemas::names::{input_key, Names};
-use sandq_schemas::{Artifact, InputFile, JobResult, JobSpec, JobStatus, CONTENT_TYPE, SCHEMA_VERSION};
+use sandq_schemas::{Artifact, InputFile, JobResult, JobSpec, JobStatus, Runtime, CONTENT_TYPE, SCHEMA_VERSION};
 
 use futures::Stream;
 use sandq_core::config::ServiceConfig;
-use sandq_core::events::{Event, EventKind};
 use sandq_core::redis_conn::{RedisConn, RedisTarget};
 use sandq_core::time::now_ms;
 use sandq_core::{results, storage, topology};
+use sandq_schemas::events::{Event, EventKind};
+
+/// What a job ran, as [`Client::submit`] records it (`Names::job_source_key`, the result's TTL)
+/// for [`crate::notebook`] to read back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JobSource {
+    /// The job's runtime.
+    pub runtime: Runtime,
+    /// The job's `code`.
+    pub code: String,
+}
 
 /// Failure of a client operation.
 #[derive(Debug, thiserror::Error)]
@@ -306,7 +316,7 @@ impl Client {
         // Cluster slots (a cluster refuses a pipeline across slots), and the pipeline was never
         // atomic anyway.
         if let Some(code) = &spec.code {
-            let source = crate::notebook::JobSource { runtime: spec.runtime, code: code.clone() };
+            let source = JobSource { runtime: spec.runtime, code: code.clone() };
             let json = serde_json::to_string(&source).unwrap_or_default();
             let () = redis::cmd("SET")
                 .arg(self.names.job_source_key(&spec.job_id))
@@ -332,7 +342,7 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::Result`].
-    pub async fn job_source(&mut self, job_id: &str) -> Result<Option<crate::notebook::JobSource>, ClientError> {
+    pub async fn job_source(&mut self, job_id: &str) -> Result<Option<JobSource>, ClientError> {
         let json: Option<String> = redis::cmd("GET")
             .arg(self.names.job_source_key(job_id))
             .query_async(&mut self.redis)
