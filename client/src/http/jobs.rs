@@ -191,7 +191,8 @@ impl HttpClient {
     pub async fn cancel_existing(&self, job_id: &str) -> Result<bool, HttpError> {
         match self.send_empty(Method::DELETE, &route(&["v1", "jobs", job_id]), Some(Duration::from_secs(60))).await {
             Ok(_) => Ok(true),
-            Err(HttpError::Conflict(_)) => Ok(false),
+            // Any 409, a problem document or not.
+            Err(e) if e.status() == Some(409) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -313,5 +314,58 @@ mod tests {
         );
         spec.stdin = Some(vec![0xff]);
         assert!(matches!(HttpClient::submit_body(&spec), Err(HttpError::Unsupported { field: "stdin", .. })));
+    }
+
+    /// A transport answering each request with the next of `answers` (status, body chunks),
+    /// recording each request's method, path and query, and key, as the gateway's in-process
+    /// router would be called.
+    struct Canned {
+        answers: std::sync::Mutex<std::collections::VecDeque<(u16, Vec<&'static str>)>>,
+        seen: std::sync::Mutex<Vec<(Method, String, String)>>,
+    }
+
+    impl super::super::Transport for Canned {
+        fn send(&self, request: http::Request<Bytes>) -> futures::future::BoxFuture<'static, Result<Reply, BoxError>> {
+            let key = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            self.seen.lock().expect("lock").push((request.method().clone(), request.uri().to_string(), key));
+            let (status, chunks) = self.answers.lock().expect("lock").pop_front().expect("an answer");
+            Box::pin(async move {
+                let body = futures::stream::iter(chunks.into_iter().map(|c| Ok(Bytes::from_static(c.as_bytes())))).boxed();
+                Ok(Reply { status: StatusCode::from_u16(status).expect("a status"), headers: http::HeaderMap::new(), body })
+            })
+        }
+    }
+
+    fn over(answers: Vec<(u16, Vec<&'static str>)>) -> (HttpClient, std::sync::Arc<Canned>) {
+        let canned = std::sync::Arc::new(Canned { answers: std::sync::Mutex::new(answers.into()), seen: Default::default() });
+        (HttpClient::with_transport(canned.clone(), "sq_k".into(), reqwest::Client::new()), canned)
+    }
+
+    #[tokio::test]
+    async fn over_a_transport_calls_are_tried_once_and_raw_events_come_as_sent() {
+        let unavailable = r#"{"type":"urn:sandq:problem:unavailable","title":"t","status":503,"detail":"d"}"#;
+        let (client, canned) = over(vec![(503, vec![unavailable])]);
+        let error = client.job("a b", Some(Duration::from_millis(1500))).await.expect_err("503");
+        assert!(matches!(error, HttpError::Unavailable(_)) && error.status() == Some(503), "{error}");
+        assert_eq!(
+            canned.seen.lock().expect("lock").clone(),
+            vec![(Method::GET, "/v1/jobs/a%20b?wait=1500ms".into(), "Bearer sq_k".into())]
+        );
+
+        let not_found = r#"{"type":"urn:sandq:problem:not-found","title":"t","status":404,"detail":""}"#;
+        let (client, _) = over(vec![(404, vec![not_found]), (404, vec![not_found]), (409, vec!["{}"])]);
+        assert!(!client.cancel("j").await.expect("404 is over for the CLI's cancel"));
+        assert!(client.cancel_existing("j").await.expect_err("404 is an error").is_not_found());
+        assert!(!client.cancel_existing("j").await.expect("409 is over"));
+
+        // A file's bytes without a redirect are read up to the caller's limit, not past it.
+        let (client, _) = over(vec![(200, vec!["12", "345"]), (200, vec!["12", "34"])]);
+        assert!(matches!(client.read_file("s", "p", 4).await, Err(HttpError::TooLarge { limit: 4, .. })));
+        assert_eq!(client.read_file("s", "p", 4).await.expect("4 bytes"), b"1234");
+
+        let (client, _) = over(vec![(200, vec![": keep-alive\n\nid: 1-0\nevent: std", "out\ndata: {\"text\":\"hi\"}\n\ndata: x\n\n"])]);
+        let events: Vec<JobEvent> = client.raw_events("j").await.expect("a stream").map(|e| e.expect("an event")).collect().await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!((events[0].id.as_deref(), events[0].kind.as_str(), &events[0].data), (Some("1-0"), "stdout", &json!({"text": "hi"})));
     }
 }
