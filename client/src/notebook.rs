@@ -14,16 +14,8 @@ use base64::Engine;
 use sandq_schemas::{JobResult, MimeValue, Output, OutputType, Runtime};
 use serde_json::{json, Map, Value};
 
+pub use crate::client::JobSource;
 use crate::{Client, ClientError};
-
-/// What a job ran, as the Rust client records it at submission.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct JobSource {
-    /// The job's runtime.
-    pub runtime: Runtime,
-    /// The job's `code`.
-    pub code: String,
-}
 
 /// Failure to export a notebook.
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@ use axum::Router;
 use futures::{StreamExt as _, TryStreamExt as _};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use sandq_mcp::rest::{BoxError, Reply, Transport};
+use sandq_client::http::{BoxError, Reply, Transport};
 use sandq_mcp::server::KeySource;
 use tower::ServiceExt as _;
 

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock, Resource};
 use sandq_schemas::{CapturedOutput, JobResult, JobStatus, Output, OutputType};
 
-use crate::rest::Rest;
+use sandq_client::http::HttpClient;
 
 /// Caps on what one tool result carries inline.
 #[derive(Debug, Clone, Copy)]
@@ -114,7 +114,7 @@ const IMAGES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"]
 
 /// One rich output's content: an image (bounded) or a link to it, else markdown, else text.
 async fn output(
-    rest: &Rest,
+    rest: &HttpClient,
     job_id: &str,
     index: usize,
     out: &Output,
@@ -182,7 +182,7 @@ async fn output(
 
 /// `result` as a tool result: `isError` when the job failed (or was refused, timed out,
 /// cancelled...), with its summary, streams, outputs, artifacts and traceback.
-pub async fn job_result(rest: &Rest, result: &JobResult, limits: &Limits) -> CallToolResult {
+pub async fn job_result(rest: &HttpClient, result: &JobResult, limits: &Limits) -> CallToolResult {
     let mut content = vec![ContentBlock::text(summary(result))];
     let job_id = result.job_id.as_str();
     stream(job_id, "stdout", &result.stdout, limits, &mut content);

@@ -8,12 +8,14 @@
 //!   gateway's own router (no network hop) with the bearer key of the MCP request;
 //! - stdio (`sandq mcp`), where they go over HTTP to a gateway URL with the local key.
 //!
-//! A tool call's path: [`server::Sandq`] (the tool, its arguments) -> [`rest::Rest`] (the REST
-//! requests) -> [`rest::Transport`] (in-process or HTTP) -> [`content`] (the result as MCP
-//! content a model reads well: text, markdown tables, images, resource links).
+//! A tool call's path: [`server::Sandq`] (the tool, its arguments) ->
+//! [`sandq_client::http::HttpClient`] (the REST requests; the client's `http` feature only, so
+//! no broker, Redis or S3 crate) -> [`sandq_client::http::Transport`] (in-process or HTTP) ->
+//! [`content`] (the result as MCP content a model reads well: text, markdown tables, images,
+//! resource links).
 
 pub mod content;
-pub mod rest;
+mod refusal;
 pub mod server;
 
 pub use server::Sandq;

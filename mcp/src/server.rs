@@ -29,7 +29,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::content::{self, Limits};
-use crate::rest::{Rest, RestError, Transport};
+use crate::refusal::{no_task, refused, with_causes};
+use sandq_client::http::{HttpClient, HttpError, Transport};
 
 /// Largest program `run_code` takes (the JobSpec's limit, docs/protocol.md).
 const MAX_CODE_BYTES: usize = 1 << 20;
@@ -204,7 +205,7 @@ impl Sandq {
     }
 
     /// The REST client for a call, with its key.
-    fn rest(&self, extensions: &Extensions) -> Result<Rest, ErrorData> {
+    fn rest(&self, extensions: &Extensions) -> Result<HttpClient, ErrorData> {
         let key = match &self.keys {
             KeySource::Fixed(key) => key.clone(),
             KeySource::Bearer => extensions
@@ -212,7 +213,7 @@ impl Sandq {
                 .and_then(|parts| bearer(&parts.headers))
                 .ok_or_else(|| ErrorData::invalid_request("no API key: send Authorization: Bearer <key>", None))?,
         };
-        Ok(Rest::new(self.transport.clone(), key, self.fetch.clone()))
+        Ok(HttpClient::with_transport(self.transport.clone(), key, self.fetch.clone()))
     }
 }
 
@@ -233,33 +234,11 @@ fn bad_arguments(why: String) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(format!("invalid arguments: {why}"))])
 }
 
-/// A refused request as a tool error result (the model reads why); a broken gateway as a
-/// JSON-RPC internal error.
-fn refused(e: RestError) -> Result<CallToolResult, ErrorData> {
-    match e {
-        RestError::Problem { status, ref kind, ref detail, retry_after, .. } => {
-            let mut text = format!("refused: {e}");
-            if !kind.is_empty() {
-                text.push_str(&format!(" [{kind}]"));
-            }
-            if let Some(s) = retry_after {
-                text.push_str(&format!(" (retry after {s} s)"));
-            }
-            if status == 404 && detail.is_empty() {
-                text.push_str(" (no such thing for this key)");
-            }
-            Ok(CallToolResult::error(vec![ContentBlock::text(text)]))
-        }
-        RestError::TooLarge { .. } => Ok(CallToolResult::error(vec![ContentBlock::text(e.to_string())])),
-        RestError::Transport(_) | RestError::Decode(_) => Err(ErrorData::internal_error(e.to_string(), None)),
-    }
-}
-
 /// Sends progress while a job runs: one notification per stdout or stderr chunk (its last
 /// line as the message) and per lifecycle event, `progress` counting them. Best effort: ends
 /// with the job's `end` event, the stream's end or the first error.
-async fn progress(rest: Rest, job_id: String, token: rmcp::model::ProgressToken, peer: rmcp::Peer<RoleServer>) {
-    let Ok(events) = rest.events(&job_id).await else { return };
+async fn progress(rest: HttpClient, job_id: String, token: rmcp::model::ProgressToken, peer: rmcp::Peer<RoleServer>) {
+    let Ok(events) = rest.raw_events(&job_id).await else { return };
     let mut events = std::pin::pin!(events);
     let mut n = 0.0;
     while let Some(Ok(event)) = events.next().await {
@@ -299,7 +278,7 @@ fn rfc3339(ms: u64) -> String {
 /// `cancelled` is `cancelled`, any other end is `completed` with `run_code`'s result (an
 /// `isError` one for a failed program, as the extension counts tool errors). Times are the
 /// job's: created when queued, updated at its last change.
-async fn job_task(rest: &Rest, result: &JobResult, limits: &Limits) -> DetailedTask {
+async fn job_task(rest: &HttpClient, result: &JobResult, limits: &Limits) -> DetailedTask {
     let created = result.queued_at_ms.or(result.started_at_ms).unwrap_or_else(now_ms);
     let updated = result.finished_at_ms.or(result.started_at_ms).unwrap_or(created);
     let mut task = Task::new(result.job_id.clone(), rmcp::model::TaskStatus::Working, rfc3339(created), rfc3339(updated))
@@ -324,16 +303,6 @@ async fn job_task(rest: &Rest, result: &JobResult, limits: &Limits) -> DetailedT
         }
     };
     DetailedTask::new(task, payload)
-}
-
-/// A task id that names no job of the key: JSON-RPC invalid params (the extension's error for
-/// an unknown task).
-fn no_task(id: &str, e: &RestError) -> ErrorData {
-    if e.is_not_found() || e.is_bad_request() {
-        ErrorData::invalid_params(format!("no task {id} for this key"), None)
-    } else {
-        ErrorData::internal_error(e.to_string(), None)
-    }
 }
 
 #[tool_router]
@@ -372,7 +341,7 @@ impl Sandq {
         if as_task {
             job["result_ttl"] = json!(format!("{}s", TASK_RESULT_TTL.as_secs()));
         }
-        let submitted = match rest.submit(&job).await {
+        let submitted = match rest.submit_json(&job).await {
             Ok(r) => r,
             Err(e) => return refused(e).map(Into::into),
         };
@@ -550,7 +519,7 @@ impl Sandq {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let rest = self.rest(&context.extensions)?;
-        match rest.cancel(&args.job_id).await {
+        match rest.cancel_existing(&args.job_id).await {
             Ok(true) => Ok(CallToolResult::success(vec![ContentBlock::text(format!("cancelling job {}", args.job_id))])),
             Ok(false) => Ok(CallToolResult::success(vec![ContentBlock::text(format!("job {} was already over", args.job_id))])),
             Err(e) => refused(e),
@@ -615,7 +584,7 @@ impl ServerHandler for Sandq {
     async fn cancel_task(&self, request: CancelTaskParams, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
         let rest = self.rest(&context.extensions)?;
         // Cooperative, as the extension asks: a job already over stays as it ended.
-        rest.cancel(&request.task_id).await.map(|_| ()).map_err(|e| no_task(&request.task_id, &e))
+        rest.cancel_existing(&request.task_id).await.map(|_| ()).map_err(|e| no_task(&request.task_id, &e))
     }
 
     async fn list_resources(
@@ -624,7 +593,7 @@ impl ServerHandler for Sandq {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let rest = self.rest(&context.extensions)?;
-        let sessions = rest.sessions().await.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let sessions = rest.sessions().await.map_err(|e| ErrorData::internal_error(with_causes(&e), None))?;
         let mut resources = Vec::new();
         'sessions: for session in sessions.into_iter().take(MAX_LISTED_SESSIONS) {
             let Ok((files, _)) = rest.session_files(&session.name).await else { continue };
@@ -664,11 +633,11 @@ impl ServerHandler for Sandq {
     ) -> Result<ReadResourceResponse, ErrorData> {
         let rest = self.rest(&context.extensions)?;
         let uri = request.uri.as_str();
-        let not_found = |e: RestError| {
+        let not_found = |e: HttpError| {
             if e.is_not_found() || e.is_bad_request() {
                 ErrorData::resource_not_found(format!("{uri}: {e}"), None)
             } else {
-                ErrorData::internal_error(e.to_string(), None)
+                ErrorData::internal_error(with_causes(&e), None)
             }
         };
         let rest_of =

@@ -15,6 +15,7 @@
 
 mod codec;
 pub mod de;
+pub mod events;
 pub mod job;
 mod keys;
 pub mod names;

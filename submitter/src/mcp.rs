@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
-use sandq_mcp::rest::HttpTransport;
+use sandq_client::http::HttpTransport;
 use sandq_mcp::server::KeySource;
 
 /// Serves MCP on stdin and stdout until the client closes stdin.

@@ -22,7 +22,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::TryStreamExt as _;
-use sandq_mcp::rest::{FileInfo, Rest, RestError};
+use sandq_client::http::{FileInfo, Rest, RestError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -85,14 +85,12 @@ impl Code {
 
     /// The code of a REST refusal.
     pub(super) fn of_rest(e: &RestError) -> Code {
-        match e {
-            RestError::Problem { status: 404, .. } => Code::NotFound,
-            RestError::Problem { status: 401, .. } => Code::Unauthenticated,
-            RestError::Problem { status: 429, .. } | RestError::Problem { status: 413, .. } | RestError::TooLarge { .. } => {
-                Code::ResourceExhausted
-            }
-            RestError::Problem { status: 400 | 403 | 422, .. } => Code::InvalidArgument,
-            RestError::Problem { status: 503, .. } => Code::Unavailable,
+        match (e.status(), e) {
+            (Some(404), _) => Code::NotFound,
+            (Some(401), _) => Code::Unauthenticated,
+            (Some(429 | 413), _) | (_, RestError::TooLarge { .. }) => Code::ResourceExhausted,
+            (Some(400 | 403 | 422), _) => Code::InvalidArgument,
+            (Some(503), _) => Code::Unavailable,
             _ => Code::Internal,
         }
     }
@@ -163,7 +161,7 @@ async fn sandbox_and_rest(
 /// A REST refusal in the files API's shape (`{"code", "message"}` with its status).
 fn files_error(e: &RestError) -> Response {
     let status = match e {
-        RestError::Problem { status, .. } => StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY),
+        _ if e.status().is_some() => e.status().and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::BAD_GATEWAY),
         RestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         _ => StatusCode::BAD_GATEWAY,
     };
@@ -302,7 +300,7 @@ async fn write_waiting(rest: &Rest, sandbox: &str, path: &str, bytes: bytes::Byt
     let mut pause = Duration::from_millis(250);
     loop {
         match rest.write_file(sandbox, path, bytes.clone()).await {
-            Err(RestError::Problem { status: 409, .. }) if Instant::now() + pause < deadline => {
+            Err(e) if e.status() == Some(409) && Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(4));
             }

@@ -32,7 +32,7 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures::StreamExt as _;
 use redis::AsyncCommands as _;
-use sandq_mcp::rest::{Rest, RestError, Transport};
+use sandq_client::http::{Rest, RestError, Transport};
 use sandq_schemas::{JobResult, JobStatus, OutputType};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -224,7 +224,7 @@ struct E2b {
 impl E2b {
     fn rest(&self, headers: &HeaderMap) -> Option<Rest> {
         let key = crate::mcp::bearer_of(headers)?;
-        Some(Rest::new(self.transport.clone(), key, self.fetch.clone()))
+        Some(Rest::with_transport(self.transport.clone(), key, self.fetch.clone()))
     }
 
     async fn record(&self, id: &str) -> Option<Record> {
@@ -454,7 +454,9 @@ async fn create(
 /// A REST refusal as E2B's error shape, with its status.
 fn rest_error(e: RestError) -> Response {
     match e {
-        RestError::Problem { status, .. } => e2b_error(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), e.to_string()),
+        _ if e.status().is_some() => {
+            e2b_error(e.status().and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::BAD_GATEWAY), e.to_string())
+        }
         other => e2b_error(StatusCode::BAD_GATEWAY, other.to_string()),
     }
 }
@@ -919,9 +921,9 @@ async fn execute(
     if typescript {
         job["dialect"] = json!("typescript");
     }
-    if let Err(e) = rest.submit(&job).await {
+    if let Err(e) = rest.submit_json(&job).await {
         return match e {
-            RestError::Problem { status, .. } if status == 400 || status == 422 => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+            _ if matches!(e.status(), Some(400 | 422)) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
             other => rest_error(other),
         };
     }
@@ -938,7 +940,7 @@ async fn execute(
 /// Feeds one cell's lines into `tx` until its end; cancels the job when `tx`'s reader is gone.
 async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String, tx: tokio::sync::mpsc::Sender<Line>) {
     let mut printed = false;
-    let events = rest.events(&job_id).await;
+    let events = rest.raw_events(&job_id).await;
     let mut ticker = tokio::time::interval(KEEPALIVE);
     ticker.tick().await;
     // Whole lines, as a kernel's stream messages carry them: a `print` of an unbuffered

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt as _;
 use redis::AsyncCommands as _;
-use sandq_mcp::rest::{Rest, RestError};
+use sandq_client::http::Rest;
 use sandq_schemas::{JobResult, JobStatus};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -190,7 +190,7 @@ pub(super) async fn start(
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(8);
     tokio::spawn(async move {
-        if let Err(e) = rest.submit(&job).await {
+        if let Err(e) = rest.submit_json(&job).await {
             let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.to_string()))))).await;
             return;
         }
@@ -225,7 +225,7 @@ async fn stream_command(
     let mut ticker = tokio::time::interval(KEEPALIVE);
     ticker.tick().await;
     let mut quiet = 0u32;
-    if let Ok(events) = rest.events(&job_id).await {
+    if let Ok(events) = rest.raw_events(&job_id).await {
         let mut events = std::pin::pin!(events);
         loop {
             let out = tokio::select! {
@@ -381,10 +381,10 @@ pub(super) async fn send_signal(
     let job: Option<String> = redis.get(pid_key(&e2b, &record.id, pid)).await.unwrap_or(None);
     let Some(job) = job else { return connect_error(Code::NotFound, format!("process with pid {pid} not found")) };
     let Some(rest) = e2b.rest(&headers) else { return connect_error(Code::Unauthenticated, "invalid access token") };
-    match rest.cancel(&job).await {
+    match rest.cancel_existing(&job).await {
         Ok(true) => Json(json!({})).into_response(),
         Ok(false) => connect_error(Code::NotFound, format!("process with pid {pid} not found (it has ended)")),
-        Err(e @ RestError::Problem { status: 404, .. }) => connect_error(Code::NotFound, e.to_string()),
+        Err(e) if e.is_not_found() => connect_error(Code::NotFound, e.to_string()),
         Err(e) => connect_error(Code::of_rest(&e), e.to_string()),
     }
 }
