@@ -38,15 +38,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::auth::Caller;
-use crate::Gateway;
+use crate::state::Gateway;
 
 mod envd;
 mod process;
 
 /// envd's port (`ConnectionConfig.envd_port` in E2B's SDKs).
-pub const ENVD_PORT: u16 = 49983;
-/// The code interpreter's port (`JUPYTER_PORT`).
-pub const INTERPRETER_PORT: u16 = 49999;
+pub(crate) const ENVD_PORT: u16 = 49983;
 /// The envd version sandboxes report: 0.4.0 or later sends no default-user header, 0.5.7 or
 /// later uploads as octet-stream (`e2b/envd/versions.py`).
 const ENVD_VERSION: &str = "0.5.7";
@@ -170,7 +168,7 @@ fn e2b_error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 /// The sandq key in an E2B credential: `e2b_<hex of the key's bytes>`, or the key itself.
-pub fn sandq_key(presented: &str) -> String {
+pub(crate) fn sandq_key(presented: &str) -> String {
     presented
         .strip_prefix("e2b_")
         .and_then(|h| hex::decode(h).ok())
@@ -179,15 +177,15 @@ pub fn sandq_key(presented: &str) -> String {
 }
 
 /// The E2B form of a sandq key (`e2b_` and its hex), for `E2B_API_KEY`.
-pub fn e2b_key(key: &str) -> String {
+pub(crate) fn e2b_key(key: &str) -> String {
     format!("e2b_{}", hex::encode(key))
 }
 
 /// The E2B routes: the control plane and the sandbox plane, each request's E2B credential
 /// turned into the `Authorization` the REST routes read, `api` answering in-process.
-pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
-    let transport: Arc<dyn Transport> = Arc::new(crate::mcp::InProcess::new(api));
-    let state = Arc::new(E2b { gateway: gateway.clone(), transport, fetch: crate::mcp::fetch_client() });
+pub(crate) fn service(gateway: Arc<Gateway>, api: Router) -> Router {
+    let transport: Arc<dyn Transport> = Arc::new(crate::in_process::InProcess::new(api));
+    let state = Arc::new(E2b { gateway: gateway.clone(), transport, fetch: crate::in_process::fetch_client() });
     Router::new()
         .route("/sandboxes", post(create).get(list))
         .route("/v2/sandboxes", post(create).get(list))
@@ -210,7 +208,7 @@ pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
         .route("/process.Process/{call}", post(envd::unimplemented))
         .layer(axum::Extension(state))
         .layer(axum::middleware::from_fn(credential))
-        .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::observe))
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::observe::request))
         .with_state(gateway)
 }
 
@@ -223,7 +221,7 @@ struct E2b {
 
 impl E2b {
     fn rest(&self, headers: &HeaderMap) -> Option<Rest> {
-        let key = crate::mcp::bearer_of(headers)?;
+        let key = crate::in_process::bearer_of(headers)?;
         Some(Rest::new(self.transport.clone(), key, self.fetch.clone()))
     }
 
@@ -447,7 +445,7 @@ async fn create(
         let _ = rest.delete_session(&record.id).await;
         return e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now");
     }
-    let key = crate::mcp::bearer_of(&headers).unwrap_or_default();
+    let key = crate::in_process::bearer_of(&headers).unwrap_or_default();
     (StatusCode::CREATED, Json(sandbox_json(&record, &key, &domain_of(&headers)))).into_response()
 }
 
@@ -571,7 +569,7 @@ async fn connect(
     if let Err(r) = e2b.update(&record).await {
         return *r;
     }
-    let key = crate::mcp::bearer_of(&headers).unwrap_or_default();
+    let key = crate::in_process::bearer_of(&headers).unwrap_or_default();
     Json(sandbox_json(&record, &key, &domain_of(&headers))).into_response()
 }
 
