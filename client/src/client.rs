@@ -661,10 +661,9 @@ impl Client {
         sandq_schemas::validate::check_session_name(name)?;
         let holder = format!("cli-{}", uuid::Uuid::new_v4());
         let (s3, bucket, names) = (self.s3().clone(), &self.config.s3.bucket, &self.names);
-        sandq_core::sessions::lock(&mut self.redis, names, name, &holder, Duration::from_secs(60), wait).await?;
-        let deleted = sandq_core::sessions::delete(&s3, bucket, &mut self.redis, names, name).await;
-        sandq_core::sessions::unlock(&mut self.redis, names, name, &holder).await?;
-        Ok(deleted?)
+        let removed = sandq_core::sessions::remove(&s3, bucket, &mut self.redis, names, name, &holder, wait).await?;
+        removed.unlocked?;
+        Ok(removed.deleted?)
     }
 
     /// How many consumers (worker slots) the queue of `sku` has right now; 0 means no worker

@@ -185,12 +185,11 @@ pub(crate) async fn delete(State(gateway): State<Arc<Gateway>>, caller: Caller, 
     let scoped = owned(&gateway, &caller, &name).await?;
     let mut redis = gateway.redis.clone();
     let holder = format!("gateway-{}", uuid::Uuid::new_v4());
-    sessions::lock(&mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(60), Duration::from_secs(30))
-        .await
-        .map_err(session_problem)?;
-    let deleted = sessions::delete(&gateway.s3, &gateway.service.s3.bucket, &mut redis, &gateway.names, &scoped).await;
-    let _ = sessions::unlock(&mut redis, &gateway.names, &scoped, &holder).await;
-    deleted.map_err(session_problem)?;
+    let removed =
+        sessions::remove(&gateway.s3, &gateway.service.s3.bucket, &mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(30))
+            .await
+            .map_err(session_problem)?;
+    removed.deleted.map_err(session_problem)?;
     let _: redis::RedisResult<()> = redis.zrem(tenant_sessions_key(&gateway, &caller.key.tenant), &name).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

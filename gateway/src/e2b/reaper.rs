@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands as _;
+use sandq_core::sessions::Removed;
 
 use super::record::due_key;
 use super::state::now_ms;
@@ -28,16 +29,12 @@ pub async fn reap(gateway: Arc<Gateway>, mut shutdown: tokio::sync::watch::Recei
             }
             let scoped = format!("{tenant}_{id}");
             let holder = format!("gateway-e2b-{}", uuid::Uuid::new_v4());
-            if sandq_core::sessions::lock(&mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(60), Duration::from_secs(30))
-                .await
-                .is_ok()
-            {
-                if let Err(e) =
-                    sandq_core::sessions::delete(&gateway.s3, &gateway.service.s3.bucket, &mut redis, &gateway.names, &scoped).await
-                {
-                    tracing::warn!(sandbox = %id, error = %e, "cannot delete an expired E2B sandbox's session");
-                }
-                let _ = sandq_core::sessions::unlock(&mut redis, &gateway.names, &scoped, &holder).await;
+            let bucket = &gateway.service.s3.bucket;
+            let removed =
+                sandq_core::sessions::remove(&gateway.s3, bucket, &mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(30))
+                    .await;
+            if let Ok(Removed { deleted: Err(e), .. }) = removed {
+                tracing::warn!(sandbox = %id, error = %e, "cannot delete an expired E2B sandbox's session");
             }
             let _: redis::RedisResult<()> = redis.zrem(crate::sessions::tenant_sessions_key(&gateway, tenant), id).await;
         }
