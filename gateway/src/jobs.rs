@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use redis::AsyncCommands as _;
 use sandq_core::events::{self, Event, EventKind};
 use sandq_core::redis_conn::RedisConn;
@@ -31,7 +31,7 @@ use sha2::{Digest as _, Sha256};
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
 use crate::scope::{accepted_key, job_id_of, owned, view_for_tenant};
-use crate::state::Gateway;
+use crate::state::{Gateway, StreamPermit};
 
 /// `POST /v1/jobs`'s body: a job as JSON. Unknown fields are refused.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -475,10 +475,6 @@ pub(crate) struct EventsQuery {
     pub(crate) after: Option<String>,
 }
 
-/// Longest `XREAD BLOCK` of an event stream; the job's status is checked after one that
-/// returned nothing.
-const EVENTS_BLOCK: Duration = Duration::from_secs(5);
-
 /// An event's SSE form: `event:` its type, `id:` its stream id, `data:` JSON with `attempt`,
 /// `seq` and its own fields (docs/gateway.md).
 fn sse_event(event: &Event) -> Option<SseEvent> {
@@ -513,6 +509,43 @@ fn is_stream_id(cursor: &str) -> bool {
     })
 }
 
+/// A job's live events as [`events::follow`] reads them for `GET /v1/jobs/{id}/events`: on a
+/// blocking connection of the stream's own (made again after a failure), holding one of the
+/// key's open streams while it lasts.
+struct JobEvents {
+    _permit: StreamPermit,
+    gateway: Arc<Gateway>,
+    connection: Option<RedisConn>,
+    key: String,
+    job_id: String,
+}
+
+impl events::Pages for JobEvents {
+    async fn page(&mut self, cursor: &str, block: Option<Duration>) -> Option<Vec<Event>> {
+        if self.connection.is_none() {
+            self.connection = Some(self.gateway.redis_target.connect_blocking().await.ok()?);
+        }
+        let connection = self.connection.as_mut()?;
+        match events::read(connection, &self.key, cursor, 500, block).await {
+            Ok(page) => Some(page),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read live events; retrying");
+                self.connection = None;
+                None
+            }
+        }
+    }
+
+    /// A job that is over, or whose result expired (no status).
+    async fn over(&mut self) -> bool {
+        let mut redis = self.gateway.redis.clone();
+        match results::status(&mut redis, &self.gateway.names, &self.job_id).await {
+            Ok(status) => status.is_none_or(JobStatus::is_terminal),
+            Err(_) => false,
+        }
+    }
+}
+
 /// `GET /v1/jobs/{id}/events`: the job's live events as server-sent events, from the first or
 /// after `Last-Event-ID` (or `?after=`); the stream ends after `end`, or once the job is over
 /// with nothing left to read.
@@ -542,81 +575,12 @@ pub(crate) async fn events(
     }
     let permit = gateway.take_stream(&caller.key.id)?;
     let connection = gateway.redis_target.connect_blocking().await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
-    struct State {
-        _permit: crate::state::StreamPermit,
-        ends_at: Instant,
-        gateway: Arc<Gateway>,
-        connection: Option<RedisConn>,
-        key: String,
-        job_id: String,
-        cursor: String,
-        page: std::collections::VecDeque<Event>,
-        done: bool,
-    }
     let key = gateway.names.events_key(&job_id);
     let keep_alive = gateway.settings.keep_alive;
-    let ends_at = Instant::now() + gateway.settings.max_stream_life;
-    let state = State {
-        _permit: permit,
-        ends_at,
-        gateway,
-        connection: Some(connection),
-        key,
-        job_id,
-        cursor,
-        page: Default::default(),
-        done: false,
-    };
-    let stream = futures::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(event) = s.page.pop_front() {
-                s.cursor.clone_from(&event.id);
-                if matches!(event.kind, EventKind::End { .. }) {
-                    s.done = true;
-                    s.page.clear();
-                }
-                match sse_event(&event) {
-                    Some(sse) => return Some((Ok(sse), s)),
-                    None => continue,
-                }
-            }
-            if s.done || Instant::now() >= s.ends_at {
-                return None;
-            }
-            if s.connection.is_none() {
-                match s.gateway.redis_target.connect_blocking().await {
-                    Ok(c) => s.connection = Some(c),
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
-                    }
-                }
-            }
-            let Some(connection) = s.connection.as_mut() else { continue };
-            match events::read(connection, &s.key, &s.cursor, 500, Some(EVENTS_BLOCK)).await {
-                Ok(page) if !page.is_empty() => s.page.extend(page),
-                Ok(_) => {
-                    // Nothing new for a while: a job that is over (or whose result expired:
-                    // no status) with nothing left to read ends the stream.
-                    let mut redis = s.gateway.redis.clone();
-                    let over = match results::status(&mut redis, &s.gateway.names, &s.job_id).await {
-                        Ok(status) => status.is_none_or(JobStatus::is_terminal),
-                        Err(_) => false,
-                    };
-                    if over {
-                        let rest = events::read(connection, &s.key, &s.cursor, 500, None).await.unwrap_or_default();
-                        s.done = rest.is_empty();
-                        s.page.extend(rest);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot read live events; retrying");
-                    s.connection = None;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-    });
+    let until = Instant::now() + gateway.settings.max_stream_life;
+    let pages = JobEvents { _permit: permit, gateway, connection: Some(connection), key, job_id };
+    let stream = events::follow(pages, &cursor, Duration::from_secs(1), Some(until))
+        .filter_map(|event| std::future::ready(sse_event(&event).map(Ok)));
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive)))
 }
 
