@@ -121,7 +121,7 @@ const SERVED_RECHECK: Duration = Duration::from_secs(10);
 
 /// Longest single `XREAD BLOCK` of [`Client::events`]: the job's status is checked after
 /// each that returned nothing.
-pub const EVENTS_BLOCK: Duration = Duration::from_secs(5);
+pub const EVENTS_BLOCK: Duration = sandq_core::events::FOLLOW_BLOCK;
 
 /// A connected client.
 pub struct Client {
@@ -512,10 +512,9 @@ impl Client {
         sandq_schemas::validate::check_session_name(name)?;
         let holder = format!("cli-{}", uuid::Uuid::new_v4());
         let (s3, bucket, names) = (self.s3().clone(), &self.config.s3.bucket, &self.names);
-        sandq_core::sessions::lock(&mut self.redis, names, name, &holder, Duration::from_secs(60), wait).await?;
-        let deleted = sandq_core::sessions::delete(&s3, bucket, &mut self.redis, names, name).await;
-        sandq_core::sessions::unlock(&mut self.redis, names, name, &holder).await?;
-        Ok(deleted?)
+        let removed = sandq_core::sessions::remove(&s3, bucket, &mut self.redis, names, name, &holder, wait).await?;
+        removed.unlocked?;
+        Ok(removed.deleted?)
     }
 
     /// How many consumers (worker slots) the queue of `sku` has right now; 0 means no worker

@@ -312,6 +312,42 @@ pub async fn unlock(redis: &mut RedisConn, names: &Names, name: &str, holder: &s
     Ok(())
 }
 
+/// How long [`remove`] holds a session's lock at most: longer than deleting a session takes.
+pub const REMOVE_LEASE: Duration = Duration::from_secs(60);
+
+/// What [`remove`] did once it held the session's lock: the delete's outcome (the S3 objects
+/// deleted) and the release's. A caller decides whether a failed release matters: the lock's
+/// lease ([`REMOVE_LEASE`]) ends it anyway.
+#[derive(Debug)]
+pub struct Removed {
+    /// [`delete`]'s result.
+    pub deleted: Result<usize, SessionError>,
+    /// [`unlock`]'s result.
+    pub unlocked: Result<(), SessionError>,
+}
+
+/// Deletes session `name` under its lock: takes the lock for `holder` (lease
+/// [`REMOVE_LEASE`], waiting up to `wait` for a job of the session to end), [`delete`]s,
+/// releases the lock (also when the delete failed).
+///
+/// # Errors
+/// [`lock`]'s ([`SessionError::Busy`] after `wait`): nothing was deleted. The delete's and the
+/// release's own are in [`Removed`].
+pub async fn remove(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    redis: &mut RedisConn,
+    names: &Names,
+    name: &str,
+    holder: &str,
+    wait: Duration,
+) -> Result<Removed, SessionError> {
+    lock(redis, names, name, holder, REMOVE_LEASE, wait).await?;
+    let deleted = delete(s3, bucket, redis, names, name).await;
+    let unlocked = unlock(redis, names, name, holder).await;
+    Ok(Removed { deleted, unlocked })
+}
+
 /// A session as listed by [`list`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Listed {

@@ -9,27 +9,27 @@ use axum::http::request::Parts;
 use sandq_core::keys::{self, KeyRecord};
 
 use crate::problem::Problem;
-use crate::Gateway;
+use crate::state::Gateway;
 
 /// What the audit line of a request says beyond its route and status; filled in as the request
 /// is handled (never the key's secret).
 #[derive(Debug, Default, Clone)]
-pub struct AuditFields {
+pub(crate) struct AuditFields {
     /// The key's public id.
-    pub key_id: Option<String>,
+    pub(crate) key_id: Option<String>,
     /// Its tenant.
-    pub tenant: Option<String>,
+    pub(crate) tenant: Option<String>,
     /// The job the request was about (the client's id, without the tenant).
-    pub job_id: Option<String>,
+    pub(crate) job_id: Option<String>,
     /// Why a key was refused (`malformed`, `unknown`, `revoked`, `missing`).
-    pub refused: Option<&'static str>,
+    pub(crate) refused: Option<&'static str>,
 }
 
 /// The audit fields of one request, shared by the middleware that logs them and the handlers.
-pub type Audit = Arc<Mutex<AuditFields>>;
+pub(crate) type Audit = Arc<Mutex<AuditFields>>;
 
 /// Sets a field of the request's audit line (a request without one, in a unit test, is fine).
-pub fn note(parts_or_audit: Option<&Audit>, f: impl FnOnce(&mut AuditFields)) {
+pub(crate) fn note(parts_or_audit: Option<&Audit>, f: impl FnOnce(&mut AuditFields)) {
     if let Some(audit) = parts_or_audit {
         if let Ok(mut fields) = audit.lock() {
             f(&mut fields);
@@ -39,31 +39,32 @@ pub fn note(parts_or_audit: Option<&Audit>, f: impl FnOnce(&mut AuditFields)) {
 
 /// An authenticated caller: the key's record (tenant, quotas).
 #[derive(Debug, Clone)]
-pub struct Caller {
+pub(crate) struct Caller {
     /// The key, as stored.
-    pub key: KeyRecord,
+    pub(crate) key: KeyRecord,
     /// The request's audit fields.
-    pub audit: Option<Audit>,
+    pub(crate) audit: Option<Audit>,
 }
 
 impl Caller {
     /// The id the queue knows a job (or session) of this tenant by: `<tenant>_<id>`.
-    pub fn scoped(&self, id: &str) -> String {
+    pub(crate) fn scoped(&self, id: &str) -> String {
         format!("{}_{id}", self.key.tenant)
     }
 
     /// The longest id a client of this tenant may choose (64 with the tenant's prefix).
-    pub fn max_id_len(&self) -> usize {
+    pub(crate) fn max_id_len(&self) -> usize {
         64 - self.key.tenant.len() - 1
     }
 }
 
-fn presented(parts: &Parts) -> Option<&str> {
-    let bearer = parts.headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+/// The API key a request presents: `Authorization: Bearer <key>`, else `X-Api-Key`.
+pub(crate) fn presented(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let bearer = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
         let (scheme, token) = v.split_once(' ')?;
         scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
     });
-    bearer.or_else(|| parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+    bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
 }
 
 impl FromRequestParts<Arc<Gateway>> for Caller {
@@ -71,7 +72,7 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, gateway: &Arc<Gateway>) -> Result<Self, Problem> {
         let audit = parts.extensions.get::<Audit>().cloned();
-        let Some(key) = presented(parts) else {
+        let Some(key) = presented(&parts.headers) else {
             note(audit.as_ref(), |a| a.refused = Some("missing"));
             return Err(Problem::unauthorized());
         };

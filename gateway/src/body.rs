@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap};
 use futures::StreamExt as _;
 
 use crate::problem::Problem;
-use crate::Gateway;
+use crate::state::Gateway;
 
 /// Reads a JSON request body (415 for another type): at most `max_body_bytes`, within `read_timeout`.
 pub(crate) async fn read_json(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes, Problem> {

@@ -24,7 +24,7 @@ use tokio::io::{AsyncSeekExt as _, AsyncWriteExt as _};
 
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
-use crate::Gateway;
+use crate::state::Gateway;
 
 /// The tenant's record of an uploaded file.
 pub(crate) fn file_key(gateway: &Gateway, tenant: &str, sha256: &str) -> String {
@@ -51,7 +51,12 @@ pub(crate) async fn uploaded_size(gateway: &Gateway, tenant: &str, sha256: &str)
 #[utoipa::path(post, path = "/v1/files", tag = "files", request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
     responses((status = 201, description = "`{\"file_id\", \"size\", \"expires_in_s\"}`", body = serde_json::Value), (status = 413, description = "body-too-large", body = Problem)),
     security(("api_key" = [])))]
-pub async fn upload(State(gateway): State<Arc<Gateway>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+pub(crate) async fn upload(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
     let max = caller.key.quotas.max_upload_bytes;
     let too_large = || Problem::too_large(usize::try_from(max).unwrap_or(usize::MAX));
     let announced = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
@@ -122,7 +127,7 @@ const ARTIFACT_URL_TTL: Duration = Duration::from_secs(15 * 60);
     params(("id" = String, Path, description = "The job's id"), ("path" = String, Path, description = "The artifact's path, as in the result's `artifacts`")),
     responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
     security(("api_key" = [])))]
-pub async fn artifact(
+pub(crate) async fn artifact(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path((id, path)): Path<(String, String)>,
@@ -139,7 +144,7 @@ pub async fn artifact(
     params(("id" = String, Path, description = "The job's id"), ("name" = String, Path, description = "The representation's `artifact.path` in the result's `outputs`")),
     responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
     security(("api_key" = [])))]
-pub async fn output(
+pub(crate) async fn output(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path((id, name)): Path<(String, String)>,
@@ -157,7 +162,7 @@ pub async fn output(
     params(("id" = String, Path, description = "The job's id"), ("stream" = String, Path, description = "`stdout` or `stderr`")),
     responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
     security(("api_key" = [])))]
-pub async fn log(
+pub(crate) async fn log(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path((id, stream)): Path<(String, String)>,

@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use redis::AsyncCommands as _;
 use sandq_core::events::{self, Event, EventKind};
 use sandq_core::redis_conn::RedisConn;
@@ -31,85 +31,85 @@ use sha2::{Digest as _, Sha256};
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
 use crate::scope::{accepted_key, job_id_of, owned, view_for_tenant};
-use crate::Gateway;
+use crate::state::{Gateway, StreamPermit};
 
 /// `POST /v1/jobs`'s body: a job as JSON. Unknown fields are refused.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SubmitJob {
+pub(crate) struct SubmitJob {
     /// The job's id within the tenant: `[A-Za-z0-9_-]`, at most 64 minus the tenant's length
     /// plus one. Absent: from the `Idempotency-Key` header when given, else a new UUID.
     #[serde(default)]
-    pub job_id: Option<String>,
+    pub(crate) job_id: Option<String>,
     /// `python` or `node`.
     #[schema(value_type = String, example = "python")]
-    pub runtime: Runtime,
+    pub(crate) runtime: Runtime,
     /// The program (UTF-8, at most 1 MiB).
-    pub code: String,
+    pub(crate) code: String,
     /// `S`, `M`, `L`, `XL`; default `S`.
     #[serde(default)]
     #[schema(value_type = Option<String>, example = "M")]
-    pub sku: Option<Sku>,
+    pub(crate) sku: Option<Sku>,
     /// Command-line arguments.
     #[serde(default)]
-    pub args: Vec<String>,
+    pub(crate) args: Vec<String>,
     /// Standard input, as text.
     #[serde(default)]
-    pub stdin: Option<String>,
+    pub(crate) stdin: Option<String>,
     /// Extra environment variables.
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub(crate) env: BTreeMap<String, String>,
     /// Wall-clock limit, humantime (`"60s"`); default 60 s.
     #[serde(default)]
-    pub timeout: Option<String>,
+    pub(crate) timeout: Option<String>,
     /// How long the result is kept, humantime; default 24 h.
     #[serde(default)]
-    pub result_ttl: Option<String>,
+    pub(crate) result_ttl: Option<String>,
     /// `none` (default) or `outbound`.
     #[serde(default)]
     #[schema(value_type = Option<String>)]
-    pub network: Option<NetworkMode>,
+    pub(crate) network: Option<NetworkMode>,
     /// `notebook` (default) or `script`.
     #[serde(default)]
     #[schema(value_type = Option<String>)]
-    pub mode: Option<RunMode>,
+    pub(crate) mode: Option<RunMode>,
     /// A session of this tenant (its files and state carry over between its jobs).
     #[serde(default)]
-    pub session: Option<String>,
+    pub(crate) session: Option<String>,
     /// Latest start, Unix epoch ms: still queued then, the job is not run (`expired`).
     #[serde(default)]
-    pub deadline_ms: Option<u64>,
+    pub(crate) deadline_ms: Option<u64>,
     /// Files this tenant uploaded (`POST /v1/files`), staged into `/work` before the program.
     #[serde(default)]
-    pub inputs: Vec<InputRef>,
+    pub(crate) inputs: Vec<InputRef>,
     /// Where the terminal result is POSTed, signed (docs/gateway.md "Webhooks"); its host
     /// must be one of the key's `webhook_hosts`.
     #[serde(default)]
-    pub callback_url: Option<String>,
+    pub(crate) callback_url: Option<String>,
     /// `e2b`: run as E2B's code interpreter would (working directory `/home/user`, the same
     /// directory as `/work`; `Image.save` displays): docs/e2b.md.
     #[serde(default)]
     #[schema(value_type = Option<String>)]
-    pub compat: Option<sandq_schemas::Compat>,
+    pub(crate) compat: Option<sandq_schemas::Compat>,
     /// A named notebook state within `session` (E2B's contexts): its own variables and cell
     /// count, the session's files (docs/protocol.md "Sessions").
     #[serde(default)]
-    pub context: Option<String>,
+    pub(crate) context: Option<String>,
     /// `typescript` (with runtime `node`, notebook mode): the code's types are stripped before
     /// it runs.
     #[serde(default)]
     #[schema(value_type = Option<String>)]
-    pub dialect: Option<sandq_schemas::Dialect>,
+    pub(crate) dialect: Option<sandq_schemas::Dialect>,
 }
 
 /// One input of a job: an uploaded file and where it goes.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct InputRef {
+pub(crate) struct InputRef {
     /// The file's id from `POST /v1/files`.
-    pub file_id: String,
+    pub(crate) file_id: String,
     /// Its path under `/work` (relative, no `..`).
-    pub path: String,
+    pub(crate) path: String,
 }
 
 /// A job's result as the API shows it: the JobResult's JSON with the tenant's ids.
@@ -121,7 +121,7 @@ fn view(caller: &Caller, result: &JobResult) -> Value {
 ///
 /// # Errors
 /// 400 with the decoder's or the validator's message.
-pub fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<(JobSpec, Option<String>), Problem> {
+pub(crate) fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Result<(JobSpec, Option<String>), Problem> {
     let request: SubmitJob = serde_json::from_slice(body).map_err(|e| Problem::invalid(format!("the body is not a job: {e}")))?;
     let idempotency = headers.get("idempotency-key").map(|v| v.as_bytes());
     let id = match (&request.job_id, idempotency) {
@@ -182,7 +182,12 @@ fn hex_prefix(bytes: &[u8], len: usize) -> String {
         (status = 415, description = "unsupported-media-type", body = Problem), (status = 429, description = "quota-exceeded", body = Problem),
         (status = 503, description = "unavailable", body = Problem)),
     security(("api_key" = [])))]
-pub async fn submit(State(gateway): State<Arc<Gateway>>, caller: Caller, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+pub(crate) async fn submit(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
     let body = crate::body::read_json(&gateway, &headers, body).await?;
     let (spec, callback_url) = decode(&caller, &headers, &body)?;
     let external = spec.job_id[caller.key.tenant.len() + 1..].to_owned();
@@ -385,10 +390,10 @@ async fn publish(gateway: &Gateway, spec: &JobSpec) -> Result<(), (Problem, bool
 /// `GET /v1/jobs/{id}`'s query.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GetQuery {
+pub(crate) struct GetQuery {
     /// Wait up to this long (humantime, at most `gateway.max_wait`) for the job to end.
     #[serde(default)]
-    pub wait: Option<String>,
+    pub(crate) wait: Option<String>,
 }
 
 /// How often a `?wait=` re-reads the job's status.
@@ -405,7 +410,7 @@ fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -
     params(("id" = String, Path, description = "The job's id"), ("wait" = Option<String>, Query, description = "Wait up to this long (humantime, at most `max_wait`) for the job to end")),
     responses((status = 200, description = "The job: a JobResult (docs/protocol.md)", body = serde_json::Value), (status = 404, description = "not-found", body = Problem)),
     security(("api_key" = [])))]
-pub async fn get(
+pub(crate) async fn get(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path(id): Path<String>,
@@ -448,7 +453,7 @@ pub async fn get(
     responses((status = 202, description = "Cancellation requested", body = serde_json::Value), (status = 404, description = "not-found", body = Problem),
         (status = 409, description = "The job is over", body = Problem)),
     security(("api_key" = [])))]
-pub async fn cancel(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(id): Path<String>) -> Result<Response, Problem> {
+pub(crate) async fn cancel(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(id): Path<String>) -> Result<Response, Problem> {
     let job_id = owned(&gateway, &caller, &id).await?;
     let mut redis = gateway.redis.clone();
     let requested = results::request_cancel(&mut redis, &gateway.names, &job_id, Duration::from_secs(7 * 24 * 3600))
@@ -464,15 +469,11 @@ pub async fn cancel(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(id
 /// `GET /v1/jobs/{id}/events`'s query.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EventsQuery {
+pub(crate) struct EventsQuery {
     /// Resume after this event id (as `Last-Event-ID`, which wins when both are sent).
     #[serde(default)]
-    pub after: Option<String>,
+    pub(crate) after: Option<String>,
 }
-
-/// Longest `XREAD BLOCK` of an event stream; the job's status is checked after one that
-/// returned nothing.
-const EVENTS_BLOCK: Duration = Duration::from_secs(5);
 
 /// An event's SSE form: `event:` its type, `id:` its stream id, `data:` JSON with `attempt`,
 /// `seq` and its own fields (docs/gateway.md).
@@ -508,6 +509,43 @@ fn is_stream_id(cursor: &str) -> bool {
     })
 }
 
+/// A job's live events as [`events::follow`] reads them for `GET /v1/jobs/{id}/events`: on a
+/// blocking connection of the stream's own (made again after a failure), holding one of the
+/// key's open streams while it lasts.
+struct JobEvents {
+    _permit: StreamPermit,
+    gateway: Arc<Gateway>,
+    connection: Option<RedisConn>,
+    key: String,
+    job_id: String,
+}
+
+impl events::Pages for JobEvents {
+    async fn page(&mut self, cursor: &str, block: Option<Duration>) -> Option<Vec<Event>> {
+        if self.connection.is_none() {
+            self.connection = Some(self.gateway.redis_target.connect_blocking().await.ok()?);
+        }
+        let connection = self.connection.as_mut()?;
+        match events::read(connection, &self.key, cursor, 500, block).await {
+            Ok(page) => Some(page),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read live events; retrying");
+                self.connection = None;
+                None
+            }
+        }
+    }
+
+    /// A job that is over, or whose result expired (no status).
+    async fn over(&mut self) -> bool {
+        let mut redis = self.gateway.redis.clone();
+        match results::status(&mut redis, &self.gateway.names, &self.job_id).await {
+            Ok(status) => status.is_none_or(JobStatus::is_terminal),
+            Err(_) => false,
+        }
+    }
+}
+
 /// `GET /v1/jobs/{id}/events`: the job's live events as server-sent events, from the first or
 /// after `Last-Event-ID` (or `?after=`); the stream ends after `end`, or once the job is over
 /// with nothing left to read.
@@ -517,7 +555,7 @@ fn is_stream_id(cursor: &str) -> bool {
     responses((status = 200, description = "Server-sent events: attempt, started, stdout, stderr, display, truncated, finished, requeued, end (docs/gateway.md)", content_type = "text/event-stream", body = String),
         (status = 404, description = "not-found", body = Problem), (status = 429, description = "Too many open streams for the key", body = Problem)),
     security(("api_key" = [])))]
-pub async fn events(
+pub(crate) async fn events(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path(id): Path<String>,
@@ -537,81 +575,12 @@ pub async fn events(
     }
     let permit = gateway.take_stream(&caller.key.id)?;
     let connection = gateway.redis_target.connect_blocking().await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
-    struct State {
-        _permit: crate::StreamPermit,
-        ends_at: Instant,
-        gateway: Arc<Gateway>,
-        connection: Option<RedisConn>,
-        key: String,
-        job_id: String,
-        cursor: String,
-        page: std::collections::VecDeque<Event>,
-        done: bool,
-    }
     let key = gateway.names.events_key(&job_id);
     let keep_alive = gateway.settings.keep_alive;
-    let ends_at = Instant::now() + gateway.settings.max_stream_life;
-    let state = State {
-        _permit: permit,
-        ends_at,
-        gateway,
-        connection: Some(connection),
-        key,
-        job_id,
-        cursor,
-        page: Default::default(),
-        done: false,
-    };
-    let stream = futures::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(event) = s.page.pop_front() {
-                s.cursor.clone_from(&event.id);
-                if matches!(event.kind, EventKind::End { .. }) {
-                    s.done = true;
-                    s.page.clear();
-                }
-                match sse_event(&event) {
-                    Some(sse) => return Some((Ok(sse), s)),
-                    None => continue,
-                }
-            }
-            if s.done || Instant::now() >= s.ends_at {
-                return None;
-            }
-            if s.connection.is_none() {
-                match s.gateway.redis_target.connect_blocking().await {
-                    Ok(c) => s.connection = Some(c),
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
-                    }
-                }
-            }
-            let Some(connection) = s.connection.as_mut() else { continue };
-            match events::read(connection, &s.key, &s.cursor, 500, Some(EVENTS_BLOCK)).await {
-                Ok(page) if !page.is_empty() => s.page.extend(page),
-                Ok(_) => {
-                    // Nothing new for a while: a job that is over (or whose result expired:
-                    // no status) with nothing left to read ends the stream.
-                    let mut redis = s.gateway.redis.clone();
-                    let over = match results::status(&mut redis, &s.gateway.names, &s.job_id).await {
-                        Ok(status) => status.is_none_or(JobStatus::is_terminal),
-                        Err(_) => false,
-                    };
-                    if over {
-                        let rest = events::read(connection, &s.key, &s.cursor, 500, None).await.unwrap_or_default();
-                        s.done = rest.is_empty();
-                        s.page.extend(rest);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot read live events; retrying");
-                    s.connection = None;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        }
-    });
+    let until = Instant::now() + gateway.settings.max_stream_life;
+    let pages = JobEvents { _permit: permit, gateway, connection: Some(connection), key, job_id };
+    let stream = events::follow(pages, &cursor, Duration::from_secs(1), Some(until))
+        .filter_map(|event| std::future::ready(sse_event(&event).map(Ok)));
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive)))
 }
 

@@ -40,10 +40,10 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
     let read_timeout = settings.read_timeout;
     let gateway = sandq_gateway::Gateway::connect(service, settings).await.context("connecting to the services")?;
-    tokio::spawn(sandq_gateway::webhooks::dispatch(gateway.clone()));
+    tokio::spawn(sandq_gateway::dispatch_webhooks(gateway.clone()));
     tracing::info!(addr = %listener.local_addr()?, "serving the API");
     let (stop, shutdown) = tokio::sync::watch::channel(false);
-    tokio::spawn(sandq_gateway::e2b::reap(gateway.clone(), shutdown.clone()));
+    tokio::spawn(sandq_gateway::reap_e2b(gateway.clone(), shutdown.clone()));
     if args.exit_on_stdin_eof {
         let stop = stop.clone();
         std::thread::spawn(move || {

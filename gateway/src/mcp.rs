@@ -14,61 +14,20 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use futures::{StreamExt as _, TryStreamExt as _};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use sandq_client::http::{BoxError, Reply, Transport};
 use sandq_mcp::server::KeySource;
-use tower::ServiceExt as _;
 
 use crate::auth::Caller;
+use crate::in_process::{fetch_client, InProcess};
 use crate::problem::Problem;
-use crate::Gateway;
-
-/// REST calls of the MCP tools (and of [`crate::e2b`]), answered by the gateway's own router
-/// (no network hop).
-pub(crate) struct InProcess {
-    api: Router,
-}
-
-impl InProcess {
-    /// Calls answered by `api`.
-    pub(crate) fn new(api: Router) -> Self {
-        InProcess { api }
-    }
-}
-
-/// The client that reads presigned URLs for the in-process REST client: redirects off, 60 s.
-pub(crate) fn fetch_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(60))
-        .build()
-        .unwrap_or_default()
-}
-
-/// The key of a request's `Authorization: Bearer` (or `X-Api-Key`) header.
-pub(crate) fn bearer_of(headers: &axum::http::HeaderMap) -> Option<String> {
-    sandq_mcp::server::bearer(headers)
-}
-
-impl Transport for InProcess {
-    fn send(&self, request: axum::http::Request<bytes::Bytes>) -> futures::future::BoxFuture<'static, Result<Reply, BoxError>> {
-        let api = self.api.clone();
-        Box::pin(async move {
-            let response = api.oneshot(request.map(Body::from)).await?;
-            let (parts, body) = response.into_parts();
-            let body = body.into_data_stream().map_err(|e| Box::new(e) as BoxError).boxed();
-            Ok(Reply { status: parts.status, headers: parts.headers, body })
-        })
-    }
-}
+use crate::state::Gateway;
 
 /// The `/mcp` service: the key check, the body bound, then rmcp's streamable HTTP server whose
 /// tools call `api` (the REST routes, with their state).
-pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
+pub(crate) fn service(gateway: Arc<Gateway>, api: Router) -> Router {
     let fetch = fetch_client();
-    let server = sandq_mcp::Sandq::new(Arc::new(InProcess { api }), KeySource::Bearer, fetch);
+    let server = sandq_mcp::Sandq::new(Arc::new(InProcess::new(api)), KeySource::Bearer, fetch);
     let mut config = StreamableHttpServerConfig::default();
     config.legacy_session_mode = false;
     config.json_response = true;
@@ -80,7 +39,7 @@ pub fn service(gateway: Arc<Gateway>, api: Router) -> Router {
     Router::new()
         .route_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), admit))
-        .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::observe))
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::observe::request))
         .with_state(gateway)
 }
 

@@ -9,35 +9,35 @@ use prometheus_client::registry::Registry;
 
 /// Labels of a request.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     /// The matched route (`/v1/jobs/{id}`), or `unmatched`.
-    pub route: String,
+    pub(crate) route: String,
     /// `GET`, `POST`...
-    pub method: String,
+    pub(crate) method: String,
     /// `2xx`, `4xx`, `5xx`...
-    pub status: String,
+    pub(crate) status: String,
 }
 
 /// Labels of a request's latency.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabels {
+pub(crate) struct RouteLabels {
     /// The matched route.
-    pub route: String,
+    pub(crate) route: String,
 }
 
 /// The metrics of one gateway process.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// `sandq_gateway_requests_total`.
-    pub requests: Family<RequestLabels, Counter>,
+    pub(crate) requests: Family<RequestLabels, Counter>,
     /// `sandq_gateway_request_seconds`: until the response's head is sent (an event stream's
     /// body is not counted).
-    pub latency: Family<RouteLabels, Histogram>,
+    pub(crate) latency: Family<RouteLabels, Histogram>,
 }
 
 impl Metrics {
     /// A registry with the gateway's metrics.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register("sandq_gateway_requests", "HTTP requests handled, by route, method and status class", requests.clone());
@@ -49,7 +49,7 @@ impl Metrics {
     }
 
     /// The OpenMetrics text.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -28,7 +28,7 @@ use utoipa::{Modify, OpenApi};
     components(schemas(crate::jobs::SubmitJob, crate::jobs::InputRef, crate::sessions::CreateSession, crate::problem::Problem)),
     modifiers(&ApiKey)
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// The bearer API key (`sq_<id>_<secret>`).
 struct ApiKey;
@@ -42,7 +42,7 @@ impl Modify for ApiKey {
 }
 
 /// The document as pretty JSON (what `/v1/openapi.json` serves).
-pub fn json() -> String {
+pub(crate) fn json() -> String {
     ApiDoc::openapi().to_pretty_json().unwrap_or_default()
 }
 

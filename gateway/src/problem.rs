@@ -8,19 +8,19 @@ use serde::Serialize;
 
 /// One problem: an HTTP status, a stable type and what happened.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// `urn:sandq:problem:<slug>`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     /// The type's summary (the same for every occurrence).
-    pub title: &'static str,
+    pub(crate) title: &'static str,
     /// The HTTP status, repeated.
-    pub status: u16,
+    pub(crate) status: u16,
     /// What was wrong with this request.
-    pub detail: String,
+    pub(crate) detail: String,
     /// Seconds to wait before trying again (429, 503); also sent as `Retry-After`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_after: Option<u64>,
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl Problem {
@@ -30,7 +30,7 @@ impl Problem {
 
     /// 401 `unauthorized`: no key, or a key that is malformed, unknown or revoked (the same
     /// answer for each, so a caller learns nothing about other keys).
-    pub fn unauthorized() -> Self {
+    pub(crate) fn unauthorized() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -40,24 +40,24 @@ impl Problem {
     }
 
     /// 404 `not-found`: no such job for this key's tenant (another tenant's ids included).
-    pub fn not_found(what: &str, id: &str) -> Self {
+    pub(crate) fn not_found(what: &str, id: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", format!("no {what} {id:?}"))
     }
 
     /// 400 `invalid-request`: the body is not the documented JSON (syntax, types, unknown
     /// fields) or a field's value is refused by validation.
-    pub fn invalid(detail: impl Into<String>) -> Self {
+    pub(crate) fn invalid(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid-request", "The request is not valid", detail)
     }
 
     /// 403 `forbidden-by-quota`: the job asks for more than the key may ever have (SKU,
     /// timeout, network).
-    pub fn forbidden(detail: impl Into<String>) -> Self {
+    pub(crate) fn forbidden(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "forbidden-by-quota", "The key may not do this", detail)
     }
 
     /// 429 `quota-exceeded`: over a rate or count quota now; try again after `retry_after` s.
-    pub fn too_many(detail: impl Into<String>, retry_after: u64) -> Self {
+    pub(crate) fn too_many(detail: impl Into<String>, retry_after: u64) -> Self {
         Problem {
             retry_after: Some(retry_after.max(1)),
             ..Self::new(StatusCode::TOO_MANY_REQUESTS, "quota-exceeded", "Over quota", detail)
@@ -66,38 +66,38 @@ impl Problem {
 
     /// 409 `conflict`: the id (or `Idempotency-Key`) names a job submitted with another body,
     /// or the job is already over.
-    pub fn conflict(detail: impl Into<String>) -> Self {
+    pub(crate) fn conflict(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "conflict", "Conflict with the job's state", detail)
     }
 
     /// 413 `body-too-large`.
-    pub fn too_large(max: usize) -> Self {
+    pub(crate) fn too_large(max: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "The request body is too large", format!("at most {max} bytes"))
     }
 
     /// 408 `body-timeout`: the body did not arrive in time.
-    pub fn slow_body(limit: std::time::Duration) -> Self {
+    pub(crate) fn slow_body(limit: std::time::Duration) -> Self {
         Self::new(StatusCode::REQUEST_TIMEOUT, "body-timeout", "The request body was too slow", format!("send the body within {limit:?}"))
     }
 
     /// 415 `unsupported-media-type`: a body that is not `application/json`.
-    pub fn media_type() -> Self {
+    pub(crate) fn media_type() -> Self {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send JSON", "Content-Type must be application/json")
     }
 
     /// 405 `method-not-allowed`.
-    pub fn method_not_allowed() -> Self {
+    pub(crate) fn method_not_allowed() -> Self {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed", "see docs/gateway.md for the routes' methods")
     }
 
     /// The same problem, asking the client to retry after `seconds` (`Retry-After`).
-    pub fn retry_after(self, seconds: u64) -> Self {
+    pub(crate) fn retry_after(self, seconds: u64) -> Self {
         Problem { retry_after: Some(seconds.max(1)), ..self }
     }
 
     /// 503 `unavailable`: a service behind the gateway (broker, Redis) failed; nothing was
     /// stored; retry.
-    pub fn unavailable(detail: impl Into<String>) -> Self {
+    pub(crate) fn unavailable(detail: impl Into<String>) -> Self {
         Problem { retry_after: Some(1), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "A service is unavailable", detail) }
     }
 }
@@ -122,4 +122,4 @@ impl IntoResponse for Problem {
 
 /// What the audit line says a request came to (a problem's slug), set on the response.
 #[derive(Debug, Clone)]
-pub struct Outcome(pub String);
+pub(crate) struct Outcome(pub(crate) String);

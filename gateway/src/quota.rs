@@ -25,7 +25,7 @@ const UNSEEN_GRACE_MS: u64 = 60_000;
 ///
 /// # Errors
 /// 429 when it is over `per_minute` (retry at the next minute); 503 when Redis fails.
-pub async fn take_rate(redis: &mut RedisConn, names: &Names, key_id: &str, per_minute: u32, now_ms: u64) -> Result<(), Problem> {
+pub(crate) async fn take_rate(redis: &mut RedisConn, names: &Names, key_id: &str, per_minute: u32, now_ms: u64) -> Result<(), Problem> {
     let minute = now_ms / 60_000;
     let key = format!("{}:rate:{minute}", key_prefix(names, key_id));
     let (count,): (u64,) = redis::pipe()
@@ -44,7 +44,7 @@ pub async fn take_rate(redis: &mut RedisConn, names: &Names, key_id: &str, per_m
 }
 
 /// Gives back a count [`take_rate`] took at `now_ms` (the submission was refused later).
-pub async fn give_back_rate(redis: &mut RedisConn, names: &Names, key_id: &str, now_ms: u64) {
+pub(crate) async fn give_back_rate(redis: &mut RedisConn, names: &Names, key_id: &str, now_ms: u64) {
     let key = format!("{}:rate:{}", key_prefix(names, key_id), now_ms / 60_000);
     let _: redis::RedisResult<i64> = redis.decr(&key, 1).await;
 }
@@ -58,7 +58,7 @@ pub async fn give_back_rate(redis: &mut RedisConn, names: &Names, key_id: &str, 
 /// # Errors
 /// 429 when the key already has `max` jobs in flight (the job is not added); 503 when Redis
 /// fails.
-pub async fn take_in_flight(
+pub(crate) async fn take_in_flight(
     redis: &mut RedisConn,
     names: &Names,
     key_id: &str,
@@ -114,7 +114,7 @@ pub async fn take_in_flight(
 }
 
 /// Takes `job_id` out of the key's jobs in flight (its submission failed).
-pub async fn release(redis: &mut RedisConn, names: &Names, key_id: &str, job_id: &str) {
+pub(crate) async fn release(redis: &mut RedisConn, names: &Names, key_id: &str, job_id: &str) {
     let key = format!("{}:inflight", key_prefix(names, key_id));
     let _: redis::RedisResult<()> = redis.zrem(&key, job_id).await;
 }

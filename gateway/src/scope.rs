@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
-use crate::Gateway;
+use crate::state::Gateway;
 
 /// The queue's job id of a tenant's id, after checking the id's shape and length.
 pub(crate) fn job_id_of(caller: &Caller, id: &str) -> Result<String, Problem> {

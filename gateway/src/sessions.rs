@@ -24,7 +24,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::auth::Caller;
 use crate::problem::Problem;
-use crate::Gateway;
+use crate::state::Gateway;
 
 /// The tenant's sessions.
 pub(crate) fn tenant_sessions_key(gateway: &Gateway, tenant: &str) -> String {
@@ -118,10 +118,10 @@ fn session_problem(e: SessionError) -> Problem {
 /// `POST /v1/sessions`'s body.
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateSession {
+pub(crate) struct CreateSession {
     /// The session's name; default a new UUID.
     #[serde(default)]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 /// `POST /v1/sessions`: 201 `{"name"}` (a new session), 200 when the tenant has it already.
@@ -129,7 +129,7 @@ pub struct CreateSession {
     responses((status = 201, description = "`{\"name\"}`: a new session", body = serde_json::Value), (status = 200, description = "The tenant has it already", body = serde_json::Value),
         (status = 429, description = "quota-exceeded", body = Problem)),
     security(("api_key" = [])))]
-pub async fn create(
+pub(crate) async fn create(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     headers: axum::http::HeaderMap,
@@ -157,7 +157,7 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
     responses((status = 200, description = "`{\"sessions\": [{\"name\", \"files\", \"bytes\", \"expires_at_ms\", \"execution_count\"}]}`", body = serde_json::Value)),
     security(("api_key" = [])))]
-pub async fn list(State(gateway): State<Arc<Gateway>>, caller: Caller) -> Result<Response, Problem> {
+pub(crate) async fn list(State(gateway): State<Arc<Gateway>>, caller: Caller) -> Result<Response, Problem> {
     let mut redis = gateway.redis.clone();
     let names: Vec<String> = redis
         .zrange(tenant_sessions_key(&gateway, &caller.key.tenant), 0, 999)
@@ -181,16 +181,15 @@ pub async fn list(State(gateway): State<Arc<Gateway>>, caller: Caller) -> Result
 #[utoipa::path(delete, path = "/v1/sessions/{name}", tag = "sessions", params(("name" = String, Path, description = "The session")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "not-found", body = Problem), (status = 409, description = "A job of it still runs", body = Problem)),
     security(("api_key" = [])))]
-pub async fn delete(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
+pub(crate) async fn delete(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
     let scoped = owned(&gateway, &caller, &name).await?;
     let mut redis = gateway.redis.clone();
     let holder = format!("gateway-{}", uuid::Uuid::new_v4());
-    sessions::lock(&mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(60), Duration::from_secs(30))
-        .await
-        .map_err(session_problem)?;
-    let deleted = sessions::delete(&gateway.s3, &gateway.service.s3.bucket, &mut redis, &gateway.names, &scoped).await;
-    let _ = sessions::unlock(&mut redis, &gateway.names, &scoped, &holder).await;
-    deleted.map_err(session_problem)?;
+    let removed =
+        sessions::remove(&gateway.s3, &gateway.service.s3.bucket, &mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(30))
+            .await
+            .map_err(session_problem)?;
+    removed.deleted.map_err(session_problem)?;
     let _: redis::RedisResult<()> = redis.zrem(tenant_sessions_key(&gateway, &caller.key.tenant), &name).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -202,7 +201,7 @@ const MAX_LISTED: usize = 10_000;
 #[utoipa::path(get, path = "/v1/sessions/{name}/files", tag = "sessions", params(("name" = String, Path, description = "The session")),
     responses((status = 200, description = "`{\"files\": [{\"path\", \"size\", \"sha256\"}], \"truncated\"}`", body = serde_json::Value), (status = 404, description = "not-found", body = Problem)),
     security(("api_key" = [])))]
-pub async fn files(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
+pub(crate) async fn files(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(name): Path<String>) -> Result<Response, Problem> {
     let scoped = owned(&gateway, &caller, &name).await?;
     let manifest = sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped)
         .await
@@ -219,7 +218,7 @@ pub async fn files(State(gateway): State<Arc<Gateway>>, caller: Caller, Path(nam
     params(("name" = String, Path, description = "The session"), ("path" = String, Path, description = "The file's path under /work")),
     responses((status = 307, description = "Redirect to a presigned URL (15 min)"), (status = 404, description = "not-found", body = Problem)),
     security(("api_key" = [])))]
-pub async fn read(
+pub(crate) async fn read(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path((name, path)): Path<(String, String)>,
@@ -266,7 +265,7 @@ const NEW_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
     responses((status = 201, description = "`{\"path\", \"size\", \"sha256\"}`", body = serde_json::Value), (status = 400, description = "invalid-request", body = Problem),
         (status = 404, description = "not-found", body = Problem), (status = 409, description = "A job of the session runs", body = Problem)),
     security(("api_key" = [])))]
-pub async fn write(
+pub(crate) async fn write(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path((name, path)): Path<(String, String)>,

@@ -27,7 +27,7 @@ use sandq_schemas::JobStatus;
 use sha2::Sha256;
 
 use crate::problem::Problem;
-use crate::Gateway;
+use crate::state::Gateway;
 
 /// The sorted set of deliveries.
 fn queue_key(gateway: &Gateway) -> String {
@@ -50,7 +50,7 @@ return due[1]
 
 /// Why a callback URL is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum UrlError {
+pub(crate) enum UrlError {
     /// Not an absolute `http` or `https` URL with a host (and no user name or password).
     #[error("callback_url must be an http or https URL with a host and no credentials")]
     Shape,
@@ -64,20 +64,20 @@ pub enum UrlError {
 
 /// A callback URL's parts that matter here.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     /// `http` or `https`.
-    pub scheme: String,
+    pub(crate) scheme: String,
     /// Lower-case host name or IP literal (without brackets).
-    pub host: String,
+    pub(crate) host: String,
     /// The port (default 80 or 443).
-    pub port: u16,
+    pub(crate) port: u16,
 }
 
 /// Parses a callback URL and checks its host against `allowed` (`*`: any).
 ///
 /// # Errors
 /// [`UrlError::Shape`], [`UrlError::Host`].
-pub fn check_url(url: &str, allowed: &[String]) -> Result<Target, UrlError> {
+pub(crate) fn check_url(url: &str, allowed: &[String]) -> Result<Target, UrlError> {
     let parsed = url.parse::<axum::http::Uri>().map_err(|_| UrlError::Shape)?;
     let scheme = parsed.scheme_str().map(str::to_ascii_lowercase).ok_or(UrlError::Shape)?;
     if scheme != "http" && scheme != "https" || url.len() > 2048 {
@@ -99,7 +99,7 @@ pub fn check_url(url: &str, allowed: &[String]) -> Result<Target, UrlError> {
 }
 
 /// Whether an address is one a webhook may reach without `webhook_allow_private`.
-pub fn is_public(ip: IpAddr) -> bool {
+pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
             let [a, b, ..] = v4.octets();
@@ -129,7 +129,7 @@ pub fn is_public(ip: IpAddr) -> bool {
 ///
 /// # Errors
 /// [`UrlError::Private`].
-pub async fn resolve(target: &Target, allow_private: bool) -> Result<SocketAddr, UrlError> {
+pub(crate) async fn resolve(target: &Target, allow_private: bool) -> Result<SocketAddr, UrlError> {
     let refused = || UrlError::Private(target.host.clone());
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((target.host.as_str(), target.port)).await.map_err(|_| refused())?.collect();
     if addrs.is_empty() || (!allow_private && addrs.iter().any(|a| !is_public(a.ip()))) {
@@ -139,7 +139,7 @@ pub async fn resolve(target: &Target, allow_private: bool) -> Result<SocketAddr,
 }
 
 /// The signature header of `body` at `unix_s`: `t=<unix_s>,v1=<hex>`.
-pub fn signature(secret: &str, unix_s: u64, body: &[u8]) -> String {
+pub(crate) fn signature(secret: &str, unix_s: u64, body: &[u8]) -> String {
     let mut mac = <Hmac<Sha256>>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
     mac.update(unix_s.to_string().as_bytes());
     mac.update(b".");
@@ -151,7 +151,7 @@ pub fn signature(secret: &str, unix_s: u64, body: &[u8]) -> String {
 ///
 /// # Errors
 /// 503 when Redis fails.
-pub async fn schedule(gateway: &Gateway, job_id: &str, key_id: &str, url: &str) -> Result<(), Problem> {
+pub(crate) async fn schedule(gateway: &Gateway, job_id: &str, key_id: &str, url: &str) -> Result<(), Problem> {
     let mut redis = gateway.redis.clone();
     let now = sandq_core::time::now_ms();
     let state = state_key(gateway, job_id);
@@ -171,7 +171,7 @@ pub async fn schedule(gateway: &Gateway, job_id: &str, key_id: &str, url: &str) 
 }
 
 /// Forgets a delivery whose job was certainly not queued.
-pub async fn unschedule(gateway: &Gateway, job_id: &str) {
+pub(crate) async fn unschedule(gateway: &Gateway, job_id: &str) {
     let mut redis = gateway.redis.clone();
     let _: redis::RedisResult<()> = redis.zrem(queue_key(gateway), job_id).await;
     let _: redis::RedisResult<()> = redis.del(state_key(gateway, job_id)).await;

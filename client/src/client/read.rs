@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 use sandq_core::results;
-use sandq_schemas::events::{Event, EventKind};
+use sandq_schemas::events::Event;
 use sandq_schemas::{JobResult, JobStatus};
 
-use super::{Client, ClientError, EVENTS_BLOCK};
+use super::{Client, ClientError};
 
 impl Client {
     /// The job's current result; `None` when the job is unknown.
@@ -120,47 +120,7 @@ impl Client {
     /// the whole with its own time-out. To resume after dropping it, pass the last event's
     /// `id`.
     pub fn events<'a>(&'a mut self, job_id: &'a str, cursor: &str, retry: Duration) -> impl Stream<Item = Event> + 'a {
-        struct State<'a> {
-            client: &'a mut Client,
-            job_id: &'a str,
-            cursor: String,
-            page: std::collections::VecDeque<Event>,
-            done: bool,
-            retry: Duration,
-        }
-        let state = State { client: self, job_id, cursor: cursor.to_owned(), page: Default::default(), done: false, retry };
-        futures::stream::unfold(state, |mut s| async move {
-            loop {
-                if let Some(event) = s.page.pop_front() {
-                    s.cursor.clone_from(&event.id);
-                    if matches!(event.kind, EventKind::End { .. }) {
-                        s.done = true;
-                        s.page.clear();
-                    }
-                    return Some((event, s));
-                }
-                if s.done {
-                    return None;
-                }
-                match s.client.events_page(s.job_id, &s.cursor, EVENTS_BLOCK).await {
-                    Ok(page) if !page.is_empty() => s.page.extend(page),
-                    Ok(_) => {
-                        // Nothing new for a while: a terminal result with nothing left to
-                        // read ends the stream (its `end` is missing).
-                        let terminal = s.client.status(s.job_id).await.ok().flatten().is_some_and(|r| r.status.is_terminal());
-                        if terminal {
-                            let rest = s.client.events_page(s.job_id, &s.cursor, Duration::ZERO).await.unwrap_or_default();
-                            s.done = rest.is_empty();
-                            s.page.extend(rest);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read live events; retrying");
-                        tokio::time::sleep(s.retry).await;
-                    }
-                }
-            }
-        })
+        sandq_core::events::follow(JobEvents { client: self, job_id }, cursor, retry, None)
     }
 
     /// Asks for the job to be cancelled (see [`results::request_cancel`]). Returns false when
@@ -170,5 +130,29 @@ impl Client {
     /// [`ClientError::Result`].
     pub async fn cancel(&mut self, job_id: &str) -> Result<bool, ClientError> {
         Ok(results::request_cancel(&mut self.redis, &self.names, job_id, Duration::from_secs(7 * 24 * 3600)).await?)
+    }
+}
+
+/// A job's live events as [`sandq_core::events::follow`] reads them for [`Client::events`]:
+/// pages on the client's blocking connection, over once the result is terminal.
+struct JobEvents<'a> {
+    client: &'a mut Client,
+    job_id: &'a str,
+}
+
+impl sandq_core::events::Pages for JobEvents<'_> {
+    async fn page(&mut self, cursor: &str, block: Option<Duration>) -> Option<Vec<Event>> {
+        match self.client.events_page(self.job_id, cursor, block.unwrap_or(Duration::ZERO)).await {
+            Ok(page) => Some(page),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read live events; retrying");
+                None
+            }
+        }
+    }
+
+    /// A terminal result (a stream without `end`: expired, or written by an older worker).
+    async fn over(&mut self) -> bool {
+        self.client.status(self.job_id).await.ok().flatten().is_some_and(|r| r.status.is_terminal())
     }
 }

@@ -26,7 +26,8 @@ use sandq_client::http::{FileInfo, Rest, RestError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{caller_or_401, e2b_error, plane_sandbox, E2b, Refused};
+use super::record::{plane_sandbox, Record};
+use super::state::{caller_or_401, e2b_error, target, E2b, Refused};
 use crate::auth::Caller;
 
 /// The user's home in an E2B sandbox, which sandq binds to the session's `/work`.
@@ -152,7 +153,7 @@ async fn sandbox_and_rest(
     e2b: &E2b,
     caller: Result<Caller, crate::problem::Problem>,
     headers: &HeaderMap,
-) -> Result<(super::Record, Rest), Refused> {
+) -> Result<(Record, Rest), Refused> {
     let record = plane_sandbox(e2b, caller, headers).await?;
     let rest = e2b.rest(headers).ok_or_else(|| Box::new(e2b_error(StatusCode::UNAUTHORIZED, "invalid access token")))?;
     Ok((record, rest))
@@ -386,7 +387,7 @@ struct PathRequest {
 /// The sandbox's files for a filesystem call, or its error answer.
 async fn session_files(e2b: &E2b, caller: Result<Caller, crate::problem::Problem>, headers: &HeaderMap) -> Result<Vec<FileInfo>, Refused> {
     let caller = caller_or_401(caller)?;
-    let Some((_, id)) = super::target(headers) else { return Err(Box::new(connect_error(Code::NotFound, "no sandbox named"))) };
+    let Some((_, id)) = target(headers) else { return Err(Box::new(connect_error(Code::NotFound, "no sandbox named"))) };
     let record =
         e2b.owned(&caller, &id).await.map_err(|_| Box::new(connect_error(Code::Unavailable, format!("sandbox {id} is not running"))))?;
     let rest = e2b.rest(headers).ok_or_else(|| Box::new(connect_error(Code::Unauthenticated, "invalid access token")))?;

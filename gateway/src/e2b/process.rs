@@ -26,7 +26,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::envd::{connect_error, Code};
-use super::{now_ms, E2b, KEEPALIVE, MAX_CELL_S};
+use super::execute::{terminal, KEEPALIVE, MAX_CELL_S};
+use super::record::plane_caller;
+use super::state::{now_ms, E2b};
 use crate::auth::Caller;
 
 /// How often a command's stream carries a keepalive while it prints nothing (E2B's SDK asks
@@ -139,7 +141,7 @@ pub(super) async fn start(
     body: Body,
 ) -> Response {
     // A sandbox that is gone is E2B's proxy's 502 (the SDK reports it ended).
-    let (caller, record) = match super::plane_caller(&e2b, caller, &headers).await {
+    let (caller, record) = match plane_caller(&e2b, caller, &headers).await {
         Ok(x) => x,
         Err(r) => return *r,
     };
@@ -264,7 +266,7 @@ async fn stream_command(
             }
         }
     }
-    let result = match super::terminal(&rest, &job_id, &tx, || Ok(message(json!({"keepalive": {}})))).await {
+    let result = match terminal(&rest, &job_id, &tx, || Ok(message(json!({"keepalive": {}})))).await {
         Ok(r) => r,
         Err(Some(e)) => {
             let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.to_string()))))).await;
@@ -362,7 +364,7 @@ pub(super) async fn send_signal(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let record = match super::plane_caller(&e2b, caller, &headers).await {
+    let record = match plane_caller(&e2b, caller, &headers).await {
         Ok((_, record)) => record,
         Err(r) => return *r,
     };
