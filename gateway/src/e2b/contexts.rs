@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::record::{plane_sandbox, CodeContext, Record};
-use super::state::{body_json, E2b};
+use super::state::{body_json, E2b, Refused};
 use crate::auth::Caller;
 
 /// Longest context `cwd`, bytes.
@@ -49,11 +49,9 @@ pub(super) async fn contexts(
     axum::Extension(e2b): axum::Extension<Arc<E2b>>,
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
-) -> Response {
-    match plane_sandbox(&e2b, caller, &headers).await {
-        Ok(record) => Json(Value::Array(record.contexts.iter().map(context_json).collect())).into_response(),
-        Err(r) => *r,
-    }
+) -> Result<Response, Refused> {
+    let record = plane_sandbox(&e2b, caller, &headers).await?;
+    Ok(Json(Value::Array(record.contexts.iter().map(context_json).collect())).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -70,38 +68,32 @@ pub(super) async fn create_context(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let mut record = match plane_sandbox(&e2b, caller, &headers).await {
-        Ok(r) => r,
-        Err(r) => return *r,
-    };
-    let new: NewContext = match body_json(body, e2b.gateway.settings.read_timeout).await {
-        Ok(n) => n,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let mut record = plane_sandbox(&e2b, caller, &headers).await?;
+    let new: NewContext = body_json(body, e2b.gateway.settings.read_timeout).await?;
     let language = language_name(new.language.as_deref());
     if !matches!(language.as_str(), "python" | "javascript" | "typescript" | "bash") {
-        return (
+        return Err((
             StatusCode::BAD_REQUEST,
             format!("language {language:?} is not supported by sandq (python, javascript, typescript, bash)"),
         )
-            .into_response();
+            .into_response()
+            .into());
     }
     if slotted(&record) >= MAX_CONTEXTS {
-        return (StatusCode::BAD_REQUEST, format!("a sandbox has at most {MAX_CONTEXTS} contexts with states of their own"))
-            .into_response();
+        return Err((StatusCode::BAD_REQUEST, format!("a sandbox has at most {MAX_CONTEXTS} contexts with states of their own"))
+            .into_response()
+            .into());
     }
     let cwd = new.cwd.unwrap_or_else(|| "/home/user".to_owned());
     if cwd.len() > MAX_CWD_BYTES {
-        return (StatusCode::BAD_REQUEST, format!("cwd is over {MAX_CWD_BYTES} bytes")).into_response();
+        return Err((StatusCode::BAD_REQUEST, format!("cwd is over {MAX_CWD_BYTES} bytes")).into_response().into());
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
     let context = CodeContext { slot: Some(id.clone()), id, language, cwd };
     record.contexts.push(context.clone());
-    if let Err(r) = e2b.update(&record).await {
-        return *r;
-    }
-    Json(context_json(&context)).into_response()
+    e2b.update(&record).await?;
+    Ok(Json(context_json(&context)).into_response())
 }
 
 /// `DELETE /contexts/{id}`: the context is gone (its state is dropped from the session when
@@ -111,20 +103,15 @@ pub(super) async fn delete_context(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     Path(context): Path<String>,
-) -> Response {
-    let mut record = match plane_sandbox(&e2b, caller, &headers).await {
-        Ok(r) => r,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let mut record = plane_sandbox(&e2b, caller, &headers).await?;
     let before = record.contexts.len();
     record.contexts.retain(|c| c.id != context);
     if record.contexts.len() == before {
-        return (StatusCode::NOT_FOUND, format!("Context {context} not found")).into_response();
+        return Err((StatusCode::NOT_FOUND, format!("Context {context} not found")).into_response().into());
     }
-    match e2b.update(&record).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(r) => *r,
-    }
+    e2b.update(&record).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /contexts/{id}/restart`: the context starts over with an empty state (a new slot in
@@ -134,23 +121,19 @@ pub(super) async fn restart_context(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     Path(context): Path<String>,
-) -> Response {
-    let mut record = match plane_sandbox(&e2b, caller, &headers).await {
-        Ok(r) => r,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let mut record = plane_sandbox(&e2b, caller, &headers).await?;
     let full = slotted(&record) >= MAX_CONTEXTS;
     let Some(found) = record.contexts.iter_mut().find(|c| c.id == context) else {
-        return (StatusCode::NOT_FOUND, format!("Context {context} not found")).into_response();
+        return Err((StatusCode::NOT_FOUND, format!("Context {context} not found")).into_response().into());
     };
     // A default context restarted gets a state of its own: within the cap too.
     if found.slot.is_none() && full {
-        return (StatusCode::BAD_REQUEST, format!("a sandbox has at most {MAX_CONTEXTS} contexts with states of their own"))
-            .into_response();
+        return Err((StatusCode::BAD_REQUEST, format!("a sandbox has at most {MAX_CONTEXTS} contexts with states of their own"))
+            .into_response()
+            .into());
     }
     found.slot = Some(format!("{}.{}", found.id, &uuid::Uuid::new_v4().simple().to_string()[..12]));
-    match e2b.update(&record).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(r) => *r,
-    }
+    e2b.update(&record).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -155,7 +155,7 @@ async fn sandbox_and_rest(
     headers: &HeaderMap,
 ) -> Result<(Record, Rest), Refused> {
     let record = plane_sandbox(e2b, caller, headers).await?;
-    let rest = e2b.rest(headers).ok_or_else(|| Box::new(e2b_error(StatusCode::UNAUTHORIZED, "invalid access token")))?;
+    let rest = e2b.rest(headers).ok_or_else(|| e2b_error(StatusCode::UNAUTHORIZED, "invalid access token"))?;
     Ok((record, rest))
 }
 
@@ -176,25 +176,24 @@ pub(super) async fn read(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     Query(query): Query<FilesQuery>,
-) -> Response {
-    let (record, rest) = match sandbox_and_rest(&e2b, caller, &headers).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let (record, rest) = sandbox_and_rest(&e2b, caller, &headers).await?;
     let path = match session_path(query.path.as_deref().unwrap_or_default()) {
-        Ok(p) if p.is_empty() => return e2b_error(StatusCode::BAD_REQUEST, format!("{HOME} is a directory")),
+        Ok(p) if p.is_empty() => return Err(e2b_error(StatusCode::BAD_REQUEST, format!("{HOME} is a directory")).into()),
         Ok(p) => p,
-        Err(m) => return e2b_error(StatusCode::BAD_REQUEST, m),
+        Err(m) => return Err(e2b_error(StatusCode::BAD_REQUEST, m).into()),
     };
     match rest.file_stream(&record.id, &path).await {
         Ok(body) => {
             let body = Body::from_stream(body.map_err(std::io::Error::other));
             let mut response = body.into_response();
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-            response
+            Ok(response)
         }
-        Err(e) if e.is_not_found() => e2b_error(StatusCode::NOT_FOUND, format!("path '{}' does not exist", sandbox_path(&path))),
-        Err(e) => files_error(&e),
+        Err(e) if e.is_not_found() => {
+            Err(e2b_error(StatusCode::NOT_FOUND, format!("path '{}' does not exist", sandbox_path(&path))).into())
+        }
+        Err(e) => Err(files_error(&e).into()),
     }
 }
 
@@ -207,54 +206,48 @@ pub(super) async fn write(
     caller: Result<Caller, crate::problem::Problem>,
     Query(query): Query<FilesQuery>,
     request: Request,
-) -> Response {
+) -> Result<Response, Refused> {
     let headers = request.headers().clone();
     let max = caller.as_ref().map(|c| c.key.quotas.max_upload_bytes).unwrap_or(0);
-    let (record, rest) = match sandbox_and_rest(&e2b, caller, &headers).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
+    let (record, rest) = sandbox_and_rest(&e2b, caller, &headers).await?;
     // A compressed body would be stored compressed: refused rather than guessed at (E2B's SDK
     // compresses only when asked: `gzip=True`).
     if headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity")) {
-        return e2b_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "sandq takes uploads uncompressed (write without gzip)");
+        return Err(e2b_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "sandq takes uploads uncompressed (write without gzip)").into());
     }
     let multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
     let files = if multipart {
-        match parts(&e2b, request, query.path.as_deref(), max).await {
-            Ok(f) => f,
-            Err(r) => return *r,
-        }
+        parts(&e2b, request, query.path.as_deref(), max).await?
     } else {
-        let Some(path) = query.path.clone() else { return e2b_error(StatusCode::BAD_REQUEST, "path is required") };
+        let Some(path) = query.path.clone() else { return Err(e2b_error(StatusCode::BAD_REQUEST, "path is required").into()) };
         match crate::body::read_bounded(&e2b.gateway, request.into_body(), max).await {
             Ok(bytes) => vec![(path, bytes::Bytes::from(bytes))],
-            Err(p) => return e2b_error(StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST), p.detail),
+            Err(p) => return Err(e2b_error(StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST), p.detail).into()),
         }
     };
     let mut written = Vec::with_capacity(files.len());
     for (path, bytes) in files {
         let relative = match session_path(&path) {
-            Ok(p) if p.is_empty() => return e2b_error(StatusCode::BAD_REQUEST, format!("{HOME} is a directory")),
+            Ok(p) if p.is_empty() => return Err(e2b_error(StatusCode::BAD_REQUEST, format!("{HOME} is a directory")).into()),
             Ok(p) => p,
-            Err(m) => return e2b_error(StatusCode::BAD_REQUEST, m),
+            Err(m) => return Err(e2b_error(StatusCode::BAD_REQUEST, m).into()),
         };
         if let Err(e) = write_waiting(&rest, &record.id, &relative, bytes).await {
-            return files_error(&e);
+            return Err(files_error(&e).into());
         }
         let name = relative.rsplit('/').next().unwrap_or_default().to_owned();
         written.push(json!({"name": name, "type": "file", "path": sandbox_path(&relative)}));
     }
-    Json(Value::Array(written)).into_response()
+    Ok(Json(Value::Array(written)).into_response())
 }
 
 /// The files of a multipart body: `(path, bytes)` for each part, at most `max` bytes in all and
 /// [`MAX_PARTS`] parts.
 async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Result<Vec<(String, bytes::Bytes)>, Refused> {
-    let bad = |m: String| Box::new(e2b_error(StatusCode::BAD_REQUEST, m));
+    let bad = |m: String| Refused::from(e2b_error(StatusCode::BAD_REQUEST, m));
     let mut multipart = axum::extract::Multipart::from_request(request, &()).await.map_err(|e| bad(e.body_text()))?;
     let mut files = Vec::new();
     let mut total = 0u64;
@@ -262,7 +255,7 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
     loop {
         let next = tokio::time::timeout(within, multipart.next_field())
             .await
-            .map_err(|_| Box::new(e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly")))?;
+            .map_err(|_| e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly"))?;
         let Some(mut field) = next.map_err(|e| bad(e.body_text()))? else { break };
         if files.len() == MAX_PARTS {
             return Err(bad(format!("at most {MAX_PARTS} files in one write")));
@@ -273,12 +266,12 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
         loop {
             let chunk = tokio::time::timeout(within, field.chunk())
                 .await
-                .map_err(|_| Box::new(e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly")))?
+                .map_err(|_| e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly"))?
                 .map_err(|e| bad(e.body_text()))?;
             let Some(chunk) = chunk else { break };
             total += chunk.len() as u64;
             if total > max {
-                return Err(Box::new(e2b_error(StatusCode::PAYLOAD_TOO_LARGE, format!("the files are over {max} bytes in all"))));
+                return Err(e2b_error(StatusCode::PAYLOAD_TOO_LARGE, format!("the files are over {max} bytes in all")).into());
             }
             bytes.extend_from_slice(&chunk);
         }
@@ -370,10 +363,10 @@ fn list_entries(files: &[FileInfo], dir: &str, depth: usize) -> Vec<Value> {
 async fn unary<T: serde::de::DeserializeOwned>(e2b: &E2b, body: Body) -> Result<T, Refused> {
     let bytes = tokio::time::timeout(e2b.gateway.settings.read_timeout, axum::body::to_bytes(body, 64 << 10))
         .await
-        .map_err(|_| Box::new(connect_error(Code::DeadlineExceeded, "the body came too slowly")))?
-        .map_err(|_| Box::new(connect_error(Code::ResourceExhausted, "the body is over 64 KiB")))?;
+        .map_err(|_| connect_error(Code::DeadlineExceeded, "the body came too slowly"))?
+        .map_err(|_| connect_error(Code::ResourceExhausted, "the body is over 64 KiB"))?;
     let bytes = if bytes.is_empty() { bytes::Bytes::from_static(b"{}") } else { bytes };
-    serde_json::from_slice(&bytes).map_err(|e| Box::new(connect_error(Code::InvalidArgument, format!("invalid request: {e}"))))
+    serde_json::from_slice(&bytes).map_err(|e| connect_error(Code::InvalidArgument, format!("invalid request: {e}")).into())
 }
 
 #[derive(Debug, Deserialize)]
@@ -387,15 +380,14 @@ struct PathRequest {
 /// The sandbox's files for a filesystem call, or its error answer.
 async fn session_files(e2b: &E2b, caller: Result<Caller, crate::problem::Problem>, headers: &HeaderMap) -> Result<Vec<FileInfo>, Refused> {
     let caller = caller_or_401(caller)?;
-    let Some((_, id)) = target(headers) else { return Err(Box::new(connect_error(Code::NotFound, "no sandbox named"))) };
-    let record =
-        e2b.owned(&caller, &id).await.map_err(|_| Box::new(connect_error(Code::Unavailable, format!("sandbox {id} is not running"))))?;
-    let rest = e2b.rest(headers).ok_or_else(|| Box::new(connect_error(Code::Unauthenticated, "invalid access token")))?;
+    let Some((_, id)) = target(headers) else { return Err(connect_error(Code::NotFound, "no sandbox named").into()) };
+    let record = e2b.owned(&caller, &id).await.map_err(|_| connect_error(Code::Unavailable, format!("sandbox {id} is not running")))?;
+    let rest = e2b.rest(headers).ok_or_else(|| connect_error(Code::Unauthenticated, "invalid access token"))?;
     match rest.session_files(&record.id).await {
         Ok((files, _)) => Ok(files.into_iter().take(MAX_FILES).collect()),
         // A session no job has used yet has no files.
         Err(e) if e.is_not_found() => Ok(Vec::new()),
-        Err(e) => Err(Box::new(connect_error(Code::of_rest(&e), e.to_string()))),
+        Err(e) => Err(connect_error(Code::of_rest(&e), e.to_string()).into()),
     }
 }
 
@@ -417,22 +409,19 @@ pub(super) async fn list_dir(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let (files, request) = match fs_call(&e2b, caller, &headers, body).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let (files, request) = fs_call(&e2b, caller, &headers, body).await?;
     let dir = match session_path(&request.path) {
         Ok(d) => d,
-        Err(m) => return connect_error(Code::InvalidArgument, m),
+        Err(m) => return Err(connect_error(Code::InvalidArgument, m).into()),
     };
     match find(&files, &dir) {
         Found::Dir => {}
-        Found::File(_) => return connect_error(Code::InvalidArgument, format!("path is not a directory: {}", request.path)),
-        Found::Nothing => return connect_error(Code::NotFound, format!("directory not found: {}", request.path)),
+        Found::File(_) => return Err(connect_error(Code::InvalidArgument, format!("path is not a directory: {}", request.path)).into()),
+        Found::Nothing => return Err(connect_error(Code::NotFound, format!("directory not found: {}", request.path)).into()),
     }
     let depth = request.depth.unwrap_or(1).max(1) as usize;
-    Json(json!({"entries": list_entries(&files, &dir, depth)})).into_response()
+    Ok(Json(json!({"entries": list_entries(&files, &dir, depth)})).into_response())
 }
 
 /// `filesystem.Filesystem/Stat {"path"}`: `{"entry"}`, or `not_found`.
@@ -441,20 +430,17 @@ pub(super) async fn stat(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let (files, request) = match fs_call(&e2b, caller, &headers, body).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let (files, request) = fs_call(&e2b, caller, &headers, body).await?;
     let path = match session_path(&request.path) {
         // Outside what sandq keeps: nothing is there for the sandbox's files.
-        Err(_) => return connect_error(Code::NotFound, format!("no such file or directory: {}", request.path)),
+        Err(_) => return Err(connect_error(Code::NotFound, format!("no such file or directory: {}", request.path)).into()),
         Ok(p) => p,
     };
     match find(&files, &path) {
-        Found::File(size) => Json(json!({"entry": entry(&path, Some(size))})).into_response(),
-        Found::Dir => Json(json!({"entry": entry(&path, None)})).into_response(),
-        Found::Nothing => connect_error(Code::NotFound, format!("no such file or directory: {}", request.path)),
+        Found::File(size) => Ok(Json(json!({"entry": entry(&path, Some(size))})).into_response()),
+        Found::Dir => Ok(Json(json!({"entry": entry(&path, None)})).into_response()),
+        Found::Nothing => Err(connect_error(Code::NotFound, format!("no such file or directory: {}", request.path)).into()),
     }
 }
 

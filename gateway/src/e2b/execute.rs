@@ -48,12 +48,12 @@ struct Execution {
 /// from its language or its context.
 fn cell(execution: &Execution, record: &Record) -> Result<(&'static str, String, Option<String>), Refused> {
     if execution.context_id.is_some() && execution.language.is_some() {
-        return Err(Box::new((StatusCode::BAD_REQUEST, "only one of context_id and language may be given").into_response()));
+        return Err((StatusCode::BAD_REQUEST, "only one of context_id and language may be given").into_response().into());
     }
     let (language, slot) = match &execution.context_id {
         Some(id) => match record.contexts.iter().find(|c| &c.id == id) {
             Some(c) => (c.language.clone(), c.slot.clone()),
-            None => return Err(Box::new((StatusCode::NOT_FOUND, format!("Context {id} not found")).into_response())),
+            None => return Err((StatusCode::NOT_FOUND, format!("Context {id} not found")).into_response().into()),
         },
         None => {
             // The language's default context: restarted, it has a state of its own.
@@ -67,10 +67,11 @@ fn cell(execution: &Execution, record: &Record) -> Result<(&'static str, String,
         "python" => Ok(("python", execution.code.clone(), slot)),
         "javascript" | "typescript" => Ok(("node", execution.code.clone(), slot)),
         "bash" => Ok(("python", format!("%%bash\n{}", execution.code), slot)),
-        other => Err(Box::new(
-            (StatusCode::BAD_REQUEST, format!("language {other:?} is not supported by sandq (python, javascript, typescript, bash)"))
-                .into_response(),
-        )),
+        other => {
+            Err((StatusCode::BAD_REQUEST, format!("language {other:?} is not supported by sandq (python, javascript, typescript, bash)"))
+                .into_response()
+                .into())
+        }
     }
 }
 
@@ -84,29 +85,17 @@ pub(super) async fn execute(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let Some((_, id)) = target(&headers) else { return e2b_error(StatusCode::NOT_FOUND, "no sandbox named") };
-    let record = match e2b.owned(&caller, &id).await {
-        Ok(r) => r,
-        Err(_) => return e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running")),
-    };
-    let execution: Execution = match body_json(body, e2b.gateway.settings.read_timeout).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
-    let (runtime, code, slot) = match cell(&execution, &record) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let caller = caller_or_401(caller)?;
+    let Some((_, id)) = target(&headers) else { return Err(e2b_error(StatusCode::NOT_FOUND, "no sandbox named").into()) };
+    let record = e2b.owned(&caller, &id).await.map_err(|_| e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running")))?;
+    let execution: Execution = body_json(body, e2b.gateway.settings.read_timeout).await?;
+    let (runtime, code, slot) = cell(&execution, &record)?;
     let typescript = match &execution.context_id {
         Some(id) => record.contexts.iter().any(|c| &c.id == id && c.language == "typescript"),
         None => language_name(execution.language.as_deref()) == "typescript",
     };
-    let Some(rest) = e2b.rest(&headers) else { return e2b_error(StatusCode::UNAUTHORIZED, "invalid API key") };
+    let Some(rest) = e2b.rest(&headers) else { return Err(e2b_error(StatusCode::UNAUTHORIZED, "invalid API key").into()) };
     let mut env = record.envs.clone();
     env.extend(execution.env_vars.clone().unwrap_or_default());
     // The cell may run until the sandbox ends, within the queue's and the key's longest.
@@ -131,10 +120,11 @@ pub(super) async fn execute(
         job["dialect"] = json!("typescript");
     }
     if let Err(e) = rest.submit_json(&job).await {
-        return match e {
+        return Err(match e {
             _ if matches!(e.status(), Some(400 | 422)) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
             other => rest_error(other),
-        };
+        }
+        .into());
     }
     let mut redis = e2b.gateway.redis.clone();
     let _: redis::RedisResult<()> = redis.set_ex(job_key(&e2b.gateway, &id), &job_id, MAX_CELL_S + 60).await;
@@ -143,7 +133,7 @@ pub(super) async fn execute(
     let body = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|l| (l, rx)) });
     let mut response = Body::from_stream(body).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
-    response
+    Ok(response)
 }
 
 /// Feeds one cell's lines into `tx` until its end; cancels the job when `tx`'s reader is gone.

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use super::envd::{connect_error, Code};
 use super::execute::{terminal, KEEPALIVE, MAX_CELL_S};
 use super::record::plane_caller;
-use super::state::{now_ms, E2b};
+use super::state::{now_ms, E2b, Refused};
 use crate::auth::Caller;
 
 /// How often a command's stream carries a keepalive while it prints nothing (E2B's SDK asks
@@ -139,27 +139,24 @@ pub(super) async fn start(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
+) -> Result<Response, Refused> {
     // A sandbox that is gone is E2B's proxy's 502 (the SDK reports it ended).
-    let (caller, record) = match plane_caller(&e2b, caller, &headers).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
+    let (caller, record) = plane_caller(&e2b, caller, &headers).await?;
     let id = record.id.clone();
     let bytes = match tokio::time::timeout(e2b.gateway.settings.read_timeout, axum::body::to_bytes(body, MAX_REQUEST_BYTES)).await {
         Ok(Ok(b)) => b,
-        Ok(Err(_)) => return failed_stream(Code::ResourceExhausted, format!("the request is over {MAX_REQUEST_BYTES} bytes")),
-        Err(_) => return failed_stream(Code::DeadlineExceeded, "the request came too slowly"),
+        Ok(Err(_)) => return Err(failed_stream(Code::ResourceExhausted, format!("the request is over {MAX_REQUEST_BYTES} bytes")).into()),
+        Err(_) => return Err(failed_stream(Code::DeadlineExceeded, "the request came too slowly").into()),
     };
     let request: StartRequest = match unenvelope(&bytes).map(serde_json::from_slice) {
         Some(Ok(r)) => r,
-        Some(Err(e)) => return failed_stream(Code::InvalidArgument, format!("invalid request: {e}")),
-        None => return failed_stream(Code::InvalidArgument, "the request is not one Connect envelope"),
+        Some(Err(e)) => return Err(failed_stream(Code::InvalidArgument, format!("invalid request: {e}")).into()),
+        None => return Err(failed_stream(Code::InvalidArgument, "the request is not one Connect envelope").into()),
     };
     if request.process.cmd.is_empty() {
-        return failed_stream(Code::InvalidArgument, "process.cmd is empty");
+        return Err(failed_stream(Code::InvalidArgument, "process.cmd is empty").into());
     }
-    let Some(rest) = e2b.rest(&headers) else { return failed_stream(Code::Unauthenticated, "invalid access token") };
+    let Some(rest) = e2b.rest(&headers) else { return Err(failed_stream(Code::Unauthenticated, "invalid access token").into()) };
     let longest = MAX_CELL_S.min(caller.key.quotas.max_timeout.as_secs()).max(1);
     let left_s = record.end_ms.saturating_sub(now_ms()) / 1000;
     let timeout = deadline_s(&headers).unwrap_or(longest).min(left_s.max(1)).min(longest);
@@ -185,10 +182,10 @@ pub(super) async fn start(
         .expire(&counter, i64::try_from(MAX_CELL_S * 4).unwrap_or(i64::MAX))
         .query_async(&mut redis)
         .await;
-    let Ok((n, _)) = counted else { return failed_stream(Code::Unavailable, "cannot number the command now (Redis)") };
+    let Ok((n, _)) = counted else { return Err(failed_stream(Code::Unavailable, "cannot number the command now (Redis)").into()) };
     let pid = 1000 + u32::try_from(n % 1_000_000).unwrap_or(0);
     if redis.set_ex::<_, _, ()>(pid_key(&e2b, &id, pid), &job_id, MAX_CELL_S + 60).await.is_err() {
-        return failed_stream(Code::Unavailable, "cannot number the command now (Redis)");
+        return Err(failed_stream(Code::Unavailable, "cannot number the command now (Redis)").into());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(8);
     tokio::spawn(async move {
@@ -198,7 +195,7 @@ pub(super) async fn start(
         }
         stream_command(e2b.clone(), rest, id, job_id, pid, tx).await;
     });
-    streaming(Body::from_stream(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|l| (l, rx)) })))
+    Ok(streaming(Body::from_stream(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|l| (l, rx)) }))))
 }
 
 fn message(event: Value) -> bytes::Bytes {
@@ -363,31 +360,28 @@ pub(super) async fn send_signal(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let record = match plane_caller(&e2b, caller, &headers).await {
-        Ok((_, record)) => record,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let (_, record) = plane_caller(&e2b, caller, &headers).await?;
     let bytes = match tokio::time::timeout(e2b.gateway.settings.read_timeout, axum::body::to_bytes(body, 64 << 10)).await {
         Ok(Ok(b)) => b,
-        _ => return connect_error(Code::InvalidArgument, "the request could not be read (64 KiB at most)"),
+        _ => return Err(connect_error(Code::InvalidArgument, "the request could not be read (64 KiB at most)").into()),
     };
     let request: SignalRequest = match serde_json::from_slice(&bytes) {
         Ok(r) => r,
-        Err(e) => return connect_error(Code::InvalidArgument, format!("invalid request: {e}")),
+        Err(e) => return Err(connect_error(Code::InvalidArgument, format!("invalid request: {e}")).into()),
     };
     let Some(pid) = request.process.and_then(|p| p.pid) else {
-        return connect_error(Code::InvalidArgument, "process.pid is required (tags are not carried)");
+        return Err(connect_error(Code::InvalidArgument, "process.pid is required (tags are not carried)").into());
     };
     let mut redis = e2b.gateway.redis.clone();
     let job: Option<String> = redis.get(pid_key(&e2b, &record.id, pid)).await.unwrap_or(None);
-    let Some(job) = job else { return connect_error(Code::NotFound, format!("process with pid {pid} not found")) };
-    let Some(rest) = e2b.rest(&headers) else { return connect_error(Code::Unauthenticated, "invalid access token") };
+    let Some(job) = job else { return Err(connect_error(Code::NotFound, format!("process with pid {pid} not found")).into()) };
+    let Some(rest) = e2b.rest(&headers) else { return Err(connect_error(Code::Unauthenticated, "invalid access token").into()) };
     match rest.cancel_existing(&job).await {
-        Ok(true) => Json(json!({})).into_response(),
-        Ok(false) => connect_error(Code::NotFound, format!("process with pid {pid} not found (it has ended)")),
-        Err(e) if e.is_not_found() => connect_error(Code::NotFound, e.to_string()),
-        Err(e) => connect_error(Code::of_rest(&e), e.to_string()),
+        Ok(true) => Ok(Json(json!({})).into_response()),
+        Ok(false) => Err(connect_error(Code::NotFound, format!("process with pid {pid} not found (it has ended)")).into()),
+        Err(e) if e.is_not_found() => Err(connect_error(Code::NotFound, e.to_string()).into()),
+        Err(e) => Err(connect_error(Code::of_rest(&e), e.to_string()).into()),
     }
 }
 

@@ -86,7 +86,7 @@ impl E2b {
     pub(super) async fn owned(&self, caller: &Caller, id: &str) -> Result<Record, Refused> {
         match self.record(id).await {
             Some(r) if r.tenant == caller.key.tenant && r.end_ms > now_ms() => Ok(r),
-            _ => Err(Box::new(e2b_error(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))),
+            _ => Err(e2b_error(StatusCode::NOT_FOUND, format!("sandbox {id} not found")).into()),
         }
     }
 
@@ -116,8 +116,8 @@ impl E2b {
     pub(super) async fn update(&self, record: &Record) -> Result<(), Refused> {
         match self.store(record, false).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(Box::new(e2b_error(StatusCode::NOT_FOUND, format!("sandbox {} not found", record.id)))),
-            Err(_) => Err(Box::new(e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now"))),
+            Ok(false) => Err(e2b_error(StatusCode::NOT_FOUND, format!("sandbox {} not found", record.id)).into()),
+            Err(_) => Err(e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now").into()),
         }
     }
 }
@@ -139,9 +139,9 @@ pub(super) async fn plane_caller(
     headers: &HeaderMap,
 ) -> Result<(Caller, Record), Refused> {
     let caller = caller_or_401(caller)?;
-    let Some((_, id)) = target(headers) else { return Err(Box::new(e2b_error(StatusCode::NOT_FOUND, "no sandbox named"))) };
+    let Some((_, id)) = target(headers) else { return Err(e2b_error(StatusCode::NOT_FOUND, "no sandbox named").into()) };
     match e2b.owned(&caller, &id).await {
         Ok(record) => Ok((caller, record)),
-        Err(_) => Err(Box::new(e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running")))),
+        Err(_) => Err(e2b_error(StatusCode::BAD_GATEWAY, format!("sandbox {id} is not running")).into()),
     }
 }

@@ -121,31 +121,26 @@ pub(super) async fn create(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let new: NewSandbox = match body_json(body, e2b.gateway.settings.read_timeout).await {
-        Ok(n) => n,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let caller = caller_or_401(caller)?;
+    let new: NewSandbox = body_json(body, e2b.gateway.settings.read_timeout).await?;
     let metadata = new.metadata.unwrap_or_default();
     let envs = new.env_vars.unwrap_or_default();
     for (what, map) in [("metadata", &metadata), ("envVars", &envs)] {
         let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
         if map.len() > MAX_MAP_ENTRIES || bytes > MAX_MAP_BYTES {
-            return e2b_error(
+            return Err(e2b_error(
                 StatusCode::BAD_REQUEST,
                 format!("{what}: at most {MAX_MAP_ENTRIES} entries of {MAX_MAP_BYTES} bytes in all"),
-            );
+            )
+            .into());
         }
     }
-    let Some(rest) = e2b.rest(&headers) else { return e2b_error(StatusCode::UNAUTHORIZED, "invalid API key") };
+    let Some(rest) = e2b.rest(&headers) else { return Err(e2b_error(StatusCode::UNAUTHORIZED, "invalid API key").into()) };
     // A DNS label and a session name: "i" and 128 random bits in hex.
     let id = format!("i{}", uuid::Uuid::new_v4().simple());
     if let Err(e) = rest.create_session(Some(&id)).await {
-        return rest_error(e);
+        return Err(rest_error(e).into());
     }
     let template = new.template_id.unwrap_or_else(|| "code-interpreter-v1".to_owned());
     let started_ms = now_ms();
@@ -164,10 +159,10 @@ pub(super) async fn create(
         tracing::warn!(sandbox = %record.id, "cannot store an E2B sandbox");
         // The session made for it must not hold one of the tenant's `max_sessions`.
         let _ = rest.delete_session(&record.id).await;
-        return e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now");
+        return Err(e2b_error(StatusCode::SERVICE_UNAVAILABLE, "cannot store the sandbox now").into());
     }
     let key = crate::in_process::bearer_of(&headers).unwrap_or_default();
-    (StatusCode::CREATED, Json(sandbox_json(&record, &key, &domain_of(&headers)))).into_response()
+    Ok((StatusCode::CREATED, Json(sandbox_json(&record, &key, &domain_of(&headers)))).into_response())
 }
 
 /// `GET /sandboxes/{id}`.
@@ -175,15 +170,10 @@ pub(super) async fn info(
     axum::Extension(e2b): axum::Extension<Arc<E2b>>,
     caller: Result<Caller, crate::problem::Problem>,
     Path(id): Path<String>,
-) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    match e2b.owned(&caller, &id).await {
-        Ok(record) => Json(detail_json(&record)).into_response(),
-        Err(r) => *r,
-    }
+) -> Result<Response, Refused> {
+    let caller = caller_or_401(caller)?;
+    let record = e2b.owned(&caller, &id).await?;
+    Ok(Json(detail_json(&record)).into_response())
 }
 
 /// `GET /sandboxes`, `GET /v2/sandboxes[?metadata=k%3Dv%26...]`: the tenant's live sandboxes.
@@ -191,11 +181,8 @@ pub(super) async fn list(
     axum::Extension(e2b): axum::Extension<Arc<E2b>>,
     caller: Result<Caller, crate::problem::Problem>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
-) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let caller = caller_or_401(caller)?;
     let mut redis = e2b.gateway.redis.clone();
     let tenant = tenant_key(&e2b.gateway, &caller.key.tenant);
     let now = now_ms();
@@ -221,7 +208,7 @@ pub(super) async fn list(
             }
         }
     }
-    Json(Value::Array(out)).into_response()
+    Ok(Json(Value::Array(out)).into_response())
 }
 
 fn percent_decode(s: &str) -> String {
@@ -254,16 +241,11 @@ pub(super) async fn set_timeout(
     caller: Result<Caller, crate::problem::Problem>,
     Path(id): Path<String>,
     body: Body,
-) -> Response {
-    let (mut record, body) = match timeout_call(&e2b, caller, &id, body).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let (mut record, body) = timeout_call(&e2b, caller, &id, body).await?;
     record.end_ms = now_ms() + clamp_timeout(body.timeout) * 1000;
-    match e2b.update(&record).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(r) => *r,
-    }
+    e2b.update(&record).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /(v2/)sandboxes/{id}/connect {"timeout"}`: a running sandbox (never shortened).
@@ -273,17 +255,12 @@ pub(super) async fn connect(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Body,
-) -> Response {
-    let (mut record, body) = match timeout_call(&e2b, caller, &id, body).await {
-        Ok(x) => x,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let (mut record, body) = timeout_call(&e2b, caller, &id, body).await?;
     record.end_ms = record.end_ms.max(now_ms() + clamp_timeout(body.timeout) * 1000);
-    if let Err(r) = e2b.update(&record).await {
-        return *r;
-    }
+    e2b.update(&record).await?;
     let key = crate::in_process::bearer_of(&headers).unwrap_or_default();
-    Json(sandbox_json(&record, &key, &domain_of(&headers))).into_response()
+    Ok(Json(sandbox_json(&record, &key, &domain_of(&headers))).into_response())
 }
 
 /// `DELETE /sandboxes/{id}`: the sandbox is gone at once (its record, so `/health` is 502 and a
@@ -293,15 +270,9 @@ pub(super) async fn kill(
     caller: Result<Caller, crate::problem::Problem>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Response {
-    let caller = match caller_or_401(caller) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let record = match e2b.owned(&caller, &id).await {
-        Ok(r) => r,
-        Err(r) => return *r,
-    };
+) -> Result<Response, Refused> {
+    let caller = caller_or_401(caller)?;
+    let record = e2b.owned(&caller, &id).await?;
     let mut redis = e2b.gateway.redis.clone();
     let _: redis::RedisResult<()> = redis.del(record_key(&e2b.gateway, &id)).await;
     let _: redis::RedisResult<()> = redis.zrem(tenant_key(&e2b.gateway, &record.tenant), &id).await;
@@ -323,7 +294,7 @@ pub(super) async fn kill(
             }
         });
     }
-    StatusCode::NO_CONTENT.into_response()
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// envd's and the interpreter's `GET /health`: 204 (envd) or `OK` while the sandbox lives, 502

@@ -28,8 +28,23 @@ pub(super) fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
-/// An answer that ends a request early (boxed: a `Response` is large).
-pub(super) type Refused = Box<Response>;
+/// The answer that ends a request early (an E2B or Connect error, a 401, a bad body): the error
+/// of every helper that checks a request (`Result<_, Refused>`), so that a handler returning
+/// `Result<Response, Refused>` says `?` and axum answers with the response inside, as it is.
+/// Boxed: a `Response` is large (clippy's `result_large_err` refuses it bare as an error).
+pub(super) struct Refused(Box<Response>);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+impl From<Response> for Refused {
+    fn from(response: Response) -> Self {
+        Self(Box::new(response))
+    }
+}
 
 /// An E2B error answer: `{"code", "message"}` (the SDKs map 401, 404, 429, 502...).
 pub(super) fn e2b_error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -68,7 +83,7 @@ impl E2b {
 pub(super) fn caller_or_401(caller: Result<Caller, crate::problem::Problem>) -> Result<Caller, Refused> {
     caller.map_err(|p| {
         let status = p.into_response().status();
-        Box::new(e2b_error(status, if status == StatusCode::UNAUTHORIZED { "invalid API key" } else { "cannot check the API key now" }))
+        e2b_error(status, if status == StatusCode::UNAUTHORIZED { "invalid API key" } else { "cannot check the API key now" }).into()
     })
 }
 
@@ -76,10 +91,10 @@ pub(super) async fn body_json<T: serde::de::DeserializeOwned>(body: Body, within
     // Within the gateway's `read_timeout`, as every other body: a slow client holds no slot.
     let bytes = tokio::time::timeout(within, axum::body::to_bytes(body, MAX_BODY_BYTES))
         .await
-        .map_err(|_| Box::new(e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly")))?
-        .map_err(|_| Box::new(e2b_error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is over {MAX_BODY_BYTES} bytes"))))?;
+        .map_err(|_| e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly"))?
+        .map_err(|_| e2b_error(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is over {MAX_BODY_BYTES} bytes")))?;
     let bytes = if bytes.is_empty() { bytes::Bytes::from_static(b"{}") } else { bytes };
-    serde_json::from_slice(&bytes).map_err(|e| Box::new(e2b_error(StatusCode::BAD_REQUEST, format!("invalid body: {e}"))))
+    serde_json::from_slice(&bytes).map_err(|e| e2b_error(StatusCode::BAD_REQUEST, format!("invalid body: {e}")).into())
 }
 
 /// A REST refusal as E2B's error shape, with its status.
