@@ -351,13 +351,13 @@ pub async fn remove(
 /// A session as listed by [`list`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Listed {
-    /// Its name.
+    /// The session's name as the index holds it (for a gateway tenant, `<tenant>_<name>`).
     pub name: String,
     /// When it expires, Unix epoch milliseconds.
     pub expires_at_ms: u64,
-    /// Its files and their total size (`None` when the manifest is missing).
+    /// How many files its manifest lists (`None` when the manifest is missing or unreadable).
     pub files: Option<u64>,
-    /// Total bytes.
+    /// The total size of those files in bytes (`None` when the manifest is missing or unreadable).
     pub bytes: Option<u64>,
     /// The job using it now, if any.
     pub in_use_by: Option<String>,
