@@ -157,7 +157,8 @@ class AsyncDirectTransport(DirectBase):
             batch = parse_xread(await (self._blocking if "block" in read else self.redis).xread(**read))
             if not batch and reading.over:
                 return
-            reading.over = not batch and not is_active(await self._status(job_id, "status"))
+            if not batch:
+                reading.over = not is_active(await self._status(job_id, "status"))
             for event in batch:
                 yield event
                 if reading.took(event):
