@@ -13,10 +13,7 @@ pub(crate) fn refused(e: HttpError) -> Result<CallToolResult, ErrorData> {
         return Ok(CallToolResult::error(vec![ContentBlock::text(e.to_string())]));
     }
     let Some(status) = e.status() else { return Err(ErrorData::internal_error(with_causes(&e), None)) };
-    let mut text = match e.problem() {
-        Some(p) => format!("refused: {} ({status}): {}", p.title, p.detail),
-        None => format!("refused: {e}"),
-    };
+    let mut text = format!("refused: {}", e.summary());
     if let Some(kind) = e.problem().map(|p| p.kind.as_str()).filter(|k| !k.is_empty()) {
         text.push_str(&format!(" [{kind}]"));
     }

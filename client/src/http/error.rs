@@ -279,6 +279,26 @@ impl HttpError {
         }
     }
 
+    /// The error in the words the MCP tools and the E2B API show their callers (as before the
+    /// one client): a refusal as `{title} ({status}): {detail}` (the status line, `404 Not
+    /// Found`, when the problem has no title or there is no problem document), a failed
+    /// transport as `the sandq gateway could not be reached: {cause}`, anything else as its
+    /// [`Display`](std::fmt::Display).
+    pub fn summary(&self) -> String {
+        let line = |status: u16| http::StatusCode::from_u16(status).map_or_else(|_| status.to_string(), |s| s.to_string());
+        match (self.status(), self.problem()) {
+            (Some(status), Some(p)) => {
+                let title = if p.title.is_empty() { line(status) } else { p.title.clone() };
+                format!("{title} ({status}): {}", p.detail)
+            }
+            (Some(status), None) => format!("{} ({status}): ", line(status)),
+            (None, _) => match self {
+                HttpError::Transport { source, .. } => format!("the sandq gateway could not be reached: {source}"),
+                other => other.to_string(),
+            },
+        }
+    }
+
     /// How long to pause before trying the request again, when it should be: a 503, or a 409
     /// that carries `Retry-After` (a request with the same id under way; a session's job
     /// running), or no connection.
@@ -296,6 +316,23 @@ impl HttpError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_summary_reads_as_the_mcp_and_e2b_callers_read_it() {
+        let p = |title: &str| Problem {
+            kind: "urn:sandq:problem:not-found".into(),
+            title: title.into(),
+            status: 404,
+            detail: "no job x".into(),
+            retry_after: None,
+        };
+        assert_eq!(HttpError::from_problem(404, p("Not found")).summary(), "Not found (404): no job x");
+        assert_eq!(HttpError::from_problem(404, p("")).summary(), "404 Not Found (404): no job x");
+        assert_eq!(HttpError::Status { status: 502, body: "<html>".into() }.summary(), "502 Bad Gateway (502): ");
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let transport = HttpError::Transport { url: "/v1/jobs".into(), source: Box::new(refused) };
+        assert_eq!(transport.summary(), "the sandq gateway could not be reached: connection refused");
+    }
 
     #[test]
     fn problem_types_map_to_their_variants_and_only_unavailable_or_asked_retries() {

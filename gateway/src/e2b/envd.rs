@@ -166,7 +166,7 @@ fn files_error(e: &RestError) -> Response {
         RestError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         _ => StatusCode::BAD_GATEWAY,
     };
-    e2b_error(status, e.to_string())
+    e2b_error(status, e.summary())
 }
 
 /// `GET /files?path=`: the file's bytes as they come from storage; 404 when the sandbox has no
@@ -387,7 +387,7 @@ async fn session_files(e2b: &E2b, caller: Result<Caller, crate::problem::Problem
         Ok((files, _)) => Ok(files.into_iter().take(MAX_FILES).collect()),
         // A session no job has used yet has no files.
         Err(e) if e.is_not_found() => Ok(Vec::new()),
-        Err(e) => Err(connect_error(Code::of_rest(&e), e.to_string()).into()),
+        Err(e) => Err(connect_error(Code::of_rest(&e), e.summary()).into()),
     }
 }
 

@@ -121,7 +121,7 @@ pub(super) async fn execute(
     }
     if let Err(e) = rest.submit_json(&job).await {
         return Err(match e {
-            _ if matches!(e.status(), Some(400 | 422)) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+            _ if matches!(e.status(), Some(400 | 422)) => (StatusCode::BAD_REQUEST, e.summary()).into_response(),
             other => rest_error(other),
         }
         .into());
@@ -206,7 +206,7 @@ async fn stream_cell(e2b: Arc<E2b>, rest: Rest, sandbox: String, job_id: String,
     let result = match terminal(&rest, &job_id, &tx, || line(&json!({"type": "keepalive"}))).await {
         Ok(r) => r,
         Err(Some(e)) => {
-            let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+            let _ = tx.send(Err(std::io::Error::other(e.summary()))).await;
             return;
         }
         Err(None) => return,

@@ -190,7 +190,7 @@ pub(super) async fn start(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(8);
     tokio::spawn(async move {
         if let Err(e) = rest.submit_json(&job).await {
-            let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.to_string()))))).await;
+            let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.summary()))))).await;
             return;
         }
         stream_command(e2b.clone(), rest, id, job_id, pid, tx).await;
@@ -266,7 +266,7 @@ async fn stream_command(
     let result = match terminal(&rest, &job_id, &tx, || Ok(message(json!({"keepalive": {}})))).await {
         Ok(r) => r,
         Err(Some(e)) => {
-            let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.to_string()))))).await;
+            let _ = tx.send(Ok(end_stream(Some((Code::of_rest(&e), e.summary()))))).await;
             return;
         }
         Err(None) => return,
@@ -380,8 +380,8 @@ pub(super) async fn send_signal(
     match rest.cancel_existing(&job).await {
         Ok(true) => Ok(Json(json!({})).into_response()),
         Ok(false) => Err(connect_error(Code::NotFound, format!("process with pid {pid} not found (it has ended)")).into()),
-        Err(e) if e.is_not_found() => Err(connect_error(Code::NotFound, e.to_string()).into()),
-        Err(e) => Err(connect_error(Code::of_rest(&e), e.to_string()).into()),
+        Err(e) if e.is_not_found() => Err(connect_error(Code::NotFound, e.summary()).into()),
+        Err(e) => Err(connect_error(Code::of_rest(&e), e.summary()).into()),
     }
 }
 

@@ -101,9 +101,9 @@ pub(super) async fn body_json<T: serde::de::DeserializeOwned>(body: Body, within
 pub(super) fn rest_error(e: RestError) -> Response {
     match e {
         _ if e.status().is_some() => {
-            e2b_error(e.status().and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::BAD_GATEWAY), e.to_string())
+            e2b_error(e.status().and_then(|s| StatusCode::from_u16(s).ok()).unwrap_or(StatusCode::BAD_GATEWAY), e.summary())
         }
-        other => e2b_error(StatusCode::BAD_GATEWAY, other.to_string()),
+        other => e2b_error(StatusCode::BAD_GATEWAY, other.summary()),
     }
 }
 
