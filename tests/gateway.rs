@@ -14,6 +14,7 @@ use reqwest::StatusCode;
 use sandq_core::keys::{self, Quotas};
 use sandq_schemas::names::Names;
 use sandq_schemas::Sku;
+use sandq_tests::gateway::{self as gw, new_key, tenant};
 use sandq_tests::{bin_dir, ensure_worker, namespace, service_config};
 use serde_json::{json, Value};
 
@@ -33,73 +34,15 @@ fn log_path() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{}-gateway.log", namespace()))
 }
 
-/// Spawns a gateway in the test namespace with extra `SANDQ__GATEWAY__*` settings, logging
-/// to `log_name`.
-fn spawn_gateway(log_name: &std::path::Path, env: &[(&str, &str)]) -> Child {
-    let log = std::fs::File::create(log_name).expect("log file");
-    let mut command = Command::new(bin_dir().join("sandq-gateway"));
-    command
-        .arg("--exit-on-stdin-eof")
-        .env("SANDQ__NAMESPACE", namespace())
-        .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
-        .env("SANDQ__GATEWAY__READ_TIMEOUT", "2s")
-        .env("SANDQ__GATEWAY__MAX_BODY_BYTES", (2 << 20).to_string())
-        .env("SANDQ__GATEWAY__MAX_STREAMS_PER_KEY", "3")
-        .env("SANDQ__GATEWAY__KEEP_ALIVE", "1s")
-        .env("SANDQ__GATEWAY__WEBHOOK_BACKOFF", "200ms")
-        .env("SANDQ__GATEWAY__WEBHOOK_TIMEOUT", "2s")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(log);
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    command.spawn().expect("start sandq-gateway")
-}
-
-/// Starts a gateway in the test namespace with extra `SANDQ__GATEWAY__*` settings; returns it
-/// and its base URL once it serves. Its log is `<log_name>`.
-fn start_gateway(log_name: &std::path::Path, env: &[(&str, &str)]) -> (Child, String) {
-    let child = spawn_gateway(log_name, env);
-    (child, gateway_url(log_name))
-}
-
-/// The base URL a gateway logging to `log_name` serves on, once it says so (at most 60 s).
-fn gateway_url(log_name: &std::path::Path) -> String {
-    let started = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(log_name).unwrap_or_default();
-        if let Some(addr) = text.lines().find(|l| l.contains("serving the API")).and_then(|l| l.split("addr=").nth(1)) {
-            return format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "the gateway did not start: {text}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn gateway() -> &'static str {
     &GATEWAY
         .get_or_init(|| {
             ensure_worker();
             // Webhooks to loopback allowed: the tests' receivers listen there.
-            let (child, base) = start_gateway(&log_path(), &[("SANDQ__GATEWAY__WEBHOOK_ALLOW_PRIVATE", "true")]);
+            let (child, base) = gw::start(&log_path(), &[("SANDQ__GATEWAY__WEBHOOK_ALLOW_PRIVATE", "true")]);
             Gateway { base, _child: child }
         })
         .base
-}
-
-/// A new key for `tenant` with `quotas`, made in the key store directly.
-async fn new_key(tenant: &str, quotas: Quotas) -> (String, String) {
-    let config = service_config();
-    let mut redis = sandq_core::redis_conn::connect(&config.redis).await.expect("redis");
-    let (record, key) = keys::create(&mut redis, &Names::new(namespace()), tenant, "test", quotas).await.expect("create key");
-    (record.id, key)
-}
-
-/// A tenant name of its own for each test (tests run in parallel, and tenants' quotas count
-/// across the whole namespace).
-fn tenant(label: &str) -> String {
-    format!("{label}{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
 
 fn http() -> reqwest::Client {
@@ -775,7 +718,7 @@ async fn a_webhook_survives_the_death_of_the_gateway_that_accepted_it() {
     let (url, seen) = receiver(move |_| failing.load(std::sync::atomic::Ordering::SeqCst)).await;
     let log = std::env::temp_dir().join(format!("{}-gateway-b.log", namespace()));
     let allow = [("SANDQ__GATEWAY__WEBHOOK_ALLOW_PRIVATE", "true")];
-    let (mut b, base) = start_gateway(&log, &allow);
+    let (mut b, base) = gw::start(&log, &allow);
     let mut body = python("print('survivor')");
     body["callback_url"] = json!(url);
     let response = http().post(format!("{base}/v1/jobs")).bearer_auth(&key).json(&body).send().await.expect("POST");
@@ -789,7 +732,7 @@ async fn a_webhook_survives_the_death_of_the_gateway_that_accepted_it() {
     b.kill().expect("kill");
     b.wait().expect("wait");
     fail.store(false, std::sync::atomic::Ordering::SeqCst);
-    let (mut b, _) = start_gateway(&log, &allow);
+    let (mut b, _) = gw::start(&log, &allow);
     until_delivered(&seen, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let seen = seen.lock().expect("lock");
@@ -805,7 +748,7 @@ async fn callback_urls_to_hosts_not_allowed_or_private_addresses_are_refused() {
     let (key, _) = webhook_key("ssrf").await;
     let log = std::env::temp_dir().join(format!("{}-gateway-c.log", namespace()));
     // A gateway as deployed: private destinations not allowed.
-    let (mut c, base) = start_gateway(&log, &[]);
+    let (mut c, base) = gw::start(&log, &[]);
     let post = |url: &'static str| {
         let (key, base) = (key.clone(), base.clone());
         async move {

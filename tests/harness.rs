@@ -25,13 +25,20 @@ pub fn binary_name() -> String {
 
 /// Namespace of every queue and key this test binary uses: `sandq-test-<binary>`, so that test
 /// binaries (run one after another) never share queues, and never touch a deployment's.
+/// `$SANDQ_TEST_SUFFIX`, when set, is appended (`sandq-test-<binary>-<suffix>`), so that two
+/// checkouts can run the same binary side by side against the same services.
 pub fn namespace() -> String {
-    format!("sandq-test-{}", binary_name())
+    format!("sandq-test-{}{}", binary_name(), suffix())
 }
 
-/// Worker id of this binary's worker (its private job and state dirs).
+/// Worker id of this binary's worker (its private job and state dirs), with the same suffix.
 pub fn worker_id() -> String {
-    format!("test-{}", binary_name())
+    format!("test-{}{}", binary_name(), suffix())
+}
+
+/// `-<$SANDQ_TEST_SUFFIX>`, or nothing.
+fn suffix() -> String {
+    std::env::var("SANDQ_TEST_SUFFIX").ok().filter(|s| !s.is_empty()).map(|s| format!("-{s}")).unwrap_or_default()
 }
 
 /// The repository's root.
@@ -100,6 +107,8 @@ pub fn service_port(url: &str) -> u16 {
 }
 
 pub mod cluster;
+#[path = "harness/gateway.rs"]
+pub mod gateway;
 
 /// Connects to the broker of `config`: the first of `amqp.urls` that answers, else `amqp.url`
 /// ([`sandq_core::broker::connect`]).

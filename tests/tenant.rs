@@ -1,0 +1,76 @@
+//! A hostile tenant with a valid key (issue 36, docs/threat-model.md "A tenant with a valid
+//! key"): each finding of the review reproduced through the real gateway and worker with two
+//! tenants' keys, and shown to fail. One module per finding group, each test's doc comment names
+//! its finding.
+
+use std::process::Child;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use sandq_core::keys::Quotas;
+use sandq_tests::ensure_worker;
+use sandq_tests::gateway::{self as gw, new_key, tenant};
+use serde_json::{json, Value};
+
+#[path = "tenant/idempotency.rs"]
+mod idempotency;
+
+/// The gateway of this test binary: started once, in the test namespace, webhooks to loopback
+/// allowed (the tests' receivers listen there). Its log is `$TMPDIR/<namespace>-tenant-gateway.log`.
+struct Gateway {
+    base: String,
+    _child: Child,
+}
+
+static GATEWAY: OnceLock<Gateway> = OnceLock::new();
+
+fn gateway() -> &'static str {
+    &GATEWAY
+        .get_or_init(|| {
+            ensure_worker();
+            let log = std::env::temp_dir().join(format!("{}-tenant-gateway.log", sandq_tests::namespace()));
+            let (child, base) = gw::start(&log, &[("SANDQ__GATEWAY__WEBHOOK_ALLOW_PRIVATE", "true")]);
+            Gateway { base, _child: child }
+        })
+        .base
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client")
+}
+
+/// A key of a tenant of its own (tests run in parallel; quotas count per key and tenant).
+async fn key(label: &str, quotas: Quotas) -> String {
+    new_key(&tenant(label), quotas).await.1
+}
+
+async fn post_job(key: &str, body: &Value) -> (StatusCode, Value) {
+    let response = http().post(format!("{}/v1/jobs", gateway())).bearer_auth(key).json(body).send().await.expect("POST");
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn get_json(key: &str, path: &str) -> (StatusCode, Value) {
+    let response = http().get(format!("{}{path}", gateway())).bearer_auth(key).send().await.expect("GET");
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits for the job over HTTP (`?wait=`) until it is over, at most 3 minutes.
+async fn wait_job(key: &str, id: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, job) = get_json(key, &format!("/v1/jobs/{id}?wait=20s")).await;
+        assert_eq!(status, StatusCode::OK, "{job}");
+        let state = job["status"].as_str().unwrap_or_default().to_owned();
+        if !["queued", "running"].contains(&state.as_str()) {
+            return job;
+        }
+        assert!(started.elapsed() < Duration::from_secs(180), "job {id} still {state}");
+    }
+}
+
+fn python(code: &str) -> Value {
+    json!({"runtime": "python", "code": code, "sku": "S"})
+}
