@@ -17,7 +17,7 @@ export SANDQ__NAMESPACE=$ns
 # connection) and one here.
 ulimit -n "$(ulimit -Hn)"
 log=$(mktemp)
-SANDQ__GATEWAY__LISTEN=127.0.0.1:0 SANDQ__GATEWAY__MAX_STREAMS=$((streams + 10)) SANDQ__GATEWAY__MAX_STREAMS_PER_KEY=$((streams + 10)) "$bin"/sandq-gateway 2>"$log" &
+SANDQ__GATEWAY__LISTEN=127.0.0.1:0 SANDQ__GATEWAY__METRICS_LISTEN=127.0.0.1:0 SANDQ__GATEWAY__MAX_STREAMS=$((streams + 10)) SANDQ__GATEWAY__MAX_STREAMS_PER_KEY=$((streams + 10)) "$bin"/sandq-gateway 2>"$log" &
 gateway=$!
 trap 'kill $gateway 2>/dev/null; wait $gateway 2>/dev/null; rm -f "$log"' EXIT
 for _ in $(seq 1 300); do grep -q 'serving the API' "$log" && break; sleep 0.1; done

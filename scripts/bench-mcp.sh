@@ -16,7 +16,7 @@ export SANDQ__NAMESPACE=$ns SANDQ__WARM__PER_SKU=1
 worker_log=$(mktemp) gateway_log=$(mktemp)
 trap 'exec 3>&- 4>&-; wait; rm -f "$worker_log" "$gateway_log"' EXIT
 exec 3> >(SANDQ__WORKER__ID=$ns SANDQ__WORKER__METRICS_ADDR=127.0.0.1:0 "$bin"/sandq-worker --exit-on-stdin-eof 2>"$worker_log")
-exec 4> >(SANDQ__GATEWAY__LISTEN=127.0.0.1:0 "$bin"/sandq-gateway --exit-on-stdin-eof 2>"$gateway_log")
+exec 4> >(SANDQ__GATEWAY__LISTEN=127.0.0.1:0 SANDQ__GATEWAY__METRICS_LISTEN=127.0.0.1:0 "$bin"/sandq-gateway --exit-on-stdin-eof 2>"$gateway_log")
 for _ in $(seq 1 600); do grep -q consuming "$worker_log" && grep -q 'serving the API' "$gateway_log" && break; sleep 0.1; done
 addr=$(sed -n 's/.*serving the API.*addr=\([0-9.:]*\).*/\1/p' "$gateway_log" | head -1)
 [ -n "$addr" ] || { cat "$worker_log" "$gateway_log" >&2; exit 1; }

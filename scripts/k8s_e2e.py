@@ -149,8 +149,8 @@ def http(method, url, key=None, body=None, timeout=60):
 
 def gateway_requests(pod, route, method):
     """`sandq_gateway_requests_total` of one gateway pod for a route and method (all statuses),
-    read from its /metrics by pod IP."""
-    text = urllib.request.urlopen(f"http://{pod['status']['podIP']}:8080/metrics", timeout=5).read().decode()
+    read from its /metrics by pod IP, on the operator's port (gateway.metrics_listen)."""
+    text = urllib.request.urlopen(f"http://{pod['status']['podIP']}:9465/metrics", timeout=5).read().decode()
     return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
                if l.startswith("sandq_gateway_requests_total{") and f'route="{route}"' in l and f'method="{method}"' in l)
 

@@ -39,6 +39,7 @@ fn gateway() -> &'static str {
                 .arg("--exit-on-stdin-eof")
                 .env("SANDQ__NAMESPACE", namespace())
                 .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
+                .env("SANDQ__GATEWAY__METRICS_LISTEN", "127.0.0.1:0")
                 .env("SANDQ__GATEWAY__MAX_STREAM_LIFE", "1s")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())

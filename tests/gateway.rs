@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -492,10 +492,17 @@ async fn slow_headers_and_slow_bodies_are_cut_off_and_others_are_served_meanwhil
 async fn health_readiness_metrics_and_the_openapi_document_are_served_without_a_key() {
     let base = gateway();
     let document = std::fs::read_to_string(sandq_tests::repo_root().join("docs/openapi.json")).expect("docs/openapi.json");
-    for (path, expect) in
-        [("/healthz", "ok"), ("/readyz", "ready"), ("/metrics", "sandq_gateway_requests_total"), ("/v1/openapi.json", document.as_str())]
-    {
+    for (path, expect) in [("/healthz", "ok"), ("/readyz", "ready"), ("/v1/openapi.json", document.as_str())] {
         let response = http().get(format!("{base}{path}")).send().await.expect("GET");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert!(response.text().await.expect("text").contains(expect), "{path}");
+    }
+    // `/metrics` is the operator's (issue 36): not on the API's listener, on the operator's.
+    let response = http().get(format!("{base}/metrics")).send().await.expect("GET");
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let operator = gw::operator_url_from_log(&log_path());
+    for (path, expect) in [("/metrics", "sandq_gateway_requests_total"), ("/healthz", "ok"), ("/readyz", "ready")] {
+        let response = http().get(format!("{operator}{path}")).send().await.expect("GET");
         assert_eq!(response.status(), StatusCode::OK, "{path}");
         assert!(response.text().await.expect("text").contains(expect), "{path}");
     }

@@ -1,4 +1,5 @@
 //! sandq's shared infrastructure, used by the worker, the Rust client and every other binary:
+//! which addresses a tenant's requests may reach ([`addr`]),
 //! service configuration ([`config`]), broker connections and the queue topology ([`broker`],
 //! [`topology`]), the Redis connection and the result store ([`redis_conn`], [`results`]),
 //! session manifests and locks ([`sessions`]), S3 transfers ([`storage`]) and the clock
@@ -8,6 +9,7 @@
 //! `sandq` CLI is `submitter/`, and the worker is `worker/`; each depends on this crate, and
 //! this crate on `sandq-schemas` only.
 
+pub mod addr;
 pub mod broker;
 pub mod config;
 pub mod events;

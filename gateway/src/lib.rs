@@ -14,8 +14,9 @@
 //!   [`sessions`]; with [`body`] (bounded bodies), [`quota`], [`scope`] (a tenant's ids) and
 //!   [`webhooks`]. Each answers the result or a [`problem::Problem`]; [`openapi`] describes
 //!   them.
-//! - `/mcp` ([`mcp`]) and E2B's routes ([`e2b`]) turn their credential into a key and call the
-//!   REST routes in-process ([`in_process`]).
+//! - `/mcp` ([`mcp`], behind [`rebinding`]'s `Origin`/`Host` check) and E2B's routes ([`e2b`])
+//!   turn their credential into a key and call the REST routes in-process ([`in_process`]).
+//! - `/metrics` is served on the operator's listener only ([`router::operator_router`]).
 //! - What they all share is [`state::Gateway`] (config, Redis, S3, publishers, stream and
 //!   request bounds) and [`metrics`]; a leaf, like [`problem`], [`auth`] and [`settings`].
 //! - Beside the requests, two tasks `main.rs` starts: webhook deliveries
@@ -34,6 +35,7 @@ mod observe;
 mod openapi;
 mod problem;
 mod quota;
+mod rebinding;
 mod router;
 mod scope;
 mod serve;
@@ -43,7 +45,7 @@ mod state;
 mod webhooks;
 
 pub use e2b::reap as reap_e2b;
-pub use router::router;
+pub use router::{operator_router, router};
 pub use serve::serve;
 pub use state::{Gateway, StartError};
 pub use webhooks::dispatch as dispatch_webhooks;

@@ -36,11 +36,17 @@ async fn main() -> anyhow::Result<()> {
     let path = sandq_core::config::config_path(args.config.as_deref());
     let service: sandq_core::config::ServiceConfig =
         sandq_core::config::load(&path).with_context(|| format!("reading {}", path.display()))?;
-    let settings = sandq_gateway::settings::load(&path).with_context(|| format!("reading [gateway] of {}", path.display()))?;
+    let mut settings = sandq_gateway::settings::load(&path).with_context(|| format!("reading [gateway] of {}", path.display()))?;
     let listener = tokio::net::TcpListener::bind(settings.listen).await.with_context(|| format!("binding {}", settings.listen))?;
+    let operator =
+        tokio::net::TcpListener::bind(settings.metrics_listen).await.with_context(|| format!("binding {}", settings.metrics_listen))?;
+    // The addresses bound (a port 0 is now the one given): `/mcp`'s Host check reads it.
+    settings.listen = listener.local_addr()?;
+    settings.metrics_listen = operator.local_addr()?;
     let read_timeout = settings.read_timeout;
     let gateway = sandq_gateway::Gateway::connect(service, settings).await.context("connecting to the services")?;
     tokio::spawn(sandq_gateway::dispatch_webhooks(gateway.clone()));
+    tracing::info!(addr = %operator.local_addr()?, "serving the operator's endpoints");
     tracing::info!(addr = %listener.local_addr()?, "serving the API");
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     tokio::spawn(sandq_gateway::reap_e2b(gateway.clone(), shutdown.clone()));
@@ -61,6 +67,13 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("stopping: no new connections; requests under way may finish");
         let _ = stop.send(true);
     });
+    tokio::spawn(sandq_gateway::serve(
+        operator,
+        sandq_gateway::operator_router(gateway.clone()),
+        read_timeout,
+        shutdown.clone(),
+        Duration::from_secs(1),
+    ));
     sandq_gateway::serve(listener, sandq_gateway::router(gateway), read_timeout, shutdown, Duration::from_secs(30)).await;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `/mcp`: the MCP server ([`sandq_mcp`], docs/mcp.md) over streamable HTTP.
 //!
-//! The request must carry a valid API key (`Authorization: Bearer`), checked here before any
+//! A request whose `Origin` or `Host` is not allowed is refused first (403: DNS rebinding and
+//! cross-origin pages, [`crate::rebinding`]). The request must carry a valid API key (`Authorization: Bearer`), checked here before any
 //! MCP message is read (401 otherwise, with `WWW-Authenticate: Bearer`). The server's tools
 //! then call this gateway's own REST routes in-process with that key, so quotas, scoping and
 //! audit lines apply as to any REST client. MCP sessions are not kept (stateless mode): each
@@ -23,7 +24,7 @@ use crate::in_process::{fetch_client, InProcess};
 use crate::problem::Problem;
 use crate::state::Gateway;
 
-/// The `/mcp` service: the key check, the body bound, then rmcp's streamable HTTP server whose
+/// The `/mcp` service: the `Origin`/`Host` check, the key check, the body bound, then rmcp's streamable HTTP server whose
 /// tools call `api` (the REST routes, with their state).
 pub(crate) fn service(gateway: Arc<Gateway>, api: Router) -> Router {
     let fetch = fetch_client();
@@ -31,14 +32,15 @@ pub(crate) fn service(gateway: Arc<Gateway>, api: Router) -> Router {
     let mut config = StreamableHttpServerConfig::default();
     config.legacy_session_mode = false;
     config.json_response = true;
-    // The Host check guards a server on a desktop against DNS rebinding; the gateway is a
-    // network service behind its own TLS and keys, reached by any host name it is given.
-    config.allowed_hosts = gateway.settings.mcp_allowed_hosts.clone();
+    // `Host` and `Origin` are checked before this, by `rebinding::guard` (one rule, a 403
+    // problem); rmcp's own check is off.
+    config.allowed_hosts = Vec::new();
     let mcp: StreamableHttpService<sandq_mcp::Sandq, LocalSessionManager> =
         StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
     Router::new()
         .route_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), admit))
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::rebinding::guard))
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), crate::observe::request))
         .with_state(gateway)
 }

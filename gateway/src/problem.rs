@@ -50,6 +50,13 @@ impl Problem {
         Self::new(StatusCode::BAD_REQUEST, "invalid-request", "The request is not valid", detail)
     }
 
+    /// 403 `origin-not-allowed`: `/mcp` called from a browser origin, or by a `Host`, it does
+    /// not serve (cross-origin pages and DNS rebinding; `gateway.mcp_allowed_origins`,
+    /// `gateway.mcp_allowed_hosts`).
+    pub(crate) fn origin_not_allowed(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "origin-not-allowed", "The request's origin or host is not allowed", detail)
+    }
+
     /// 403 `forbidden-by-quota`: the job asks for more than the key may ever have (SKU,
     /// timeout, network).
     pub(crate) fn forbidden(detail: impl Into<String>) -> Self {

@@ -1,5 +1,6 @@
-//! The routes: the REST API (`/v1`, with the health and metrics endpoints) behind the
-//! observation layer, then `/mcp` and the E2B routes, which call the REST routes in-process.
+//! The routes: the REST API (`/v1`, with the health endpoints) behind the observation layer,
+//! then `/mcp` and the E2B routes, which call the REST routes in-process; and, on a listener of
+//! its own, the operator's (`/metrics`).
 //! Nothing imports this module but the crate's root: handlers never reach the router.
 
 use std::sync::Arc;
@@ -19,6 +20,18 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     api.clone().merge(mcp::service(gateway.clone(), api.clone())).merge(e2b::service(gateway, api))
 }
 
+/// The operator's routes, served on `gateway.metrics_listen` only: `/metrics` (request counts
+/// and latency by route, of every tenant together, hence not on the API's listener),
+/// `/healthz`, `/readyz`. No key: whoever reaches this listener is the operator.
+pub fn operator_router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/metrics", get(observe::metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(observe::ready))
+        .fallback(|| async { Problem::not_found("route", "") })
+        .with_state(gateway)
+}
+
 /// The REST routes, with the metrics and audit layer.
 fn rest(gateway: Arc<Gateway>) -> Router {
     Router::new()
@@ -36,7 +49,6 @@ fn rest(gateway: Arc<Gateway>) -> Router {
         .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::json()) }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(observe::ready))
-        .route("/metrics", get(observe::metrics_text))
         .fallback(|| async { Problem::not_found("route", "") })
         .method_not_allowed_fallback(|| async { Problem::method_not_allowed() })
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), observe::request))

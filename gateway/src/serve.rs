@@ -23,7 +23,9 @@ pub async fn serve(listener: TcpListener, router: Router, read_timeout: Duration
                     continue;
                 }
             },
-            _ = shutdown.wait_for(|stop| *stop) => break,
+            // The guard `wait_for` returns is dropped inside: the loop's future stays `Send`
+            // (main.rs spawns one for the operator's listener).
+            () = async { let _ = shutdown.wait_for(|stop| *stop).await; } => break,
         };
         let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(router.clone());

@@ -67,12 +67,29 @@ pub struct GatewaySettings {
     /// default `15s`.
     #[serde(default = "default_keep_alive", with = "humantime_serde")]
     pub keep_alive: Duration,
-    /// Host names (`host` or `host:port`) that `/mcp` answers to (its `Host` header); default
-    /// empty: any. rmcp's own default, loopback only, guards an unauthenticated server on a
-    /// desktop against DNS rebinding; every `/mcp` request here needs an API key, which a
-    /// rebinding page does not have.
+    // --- Operator endpoints and `/mcp`'s origin checks (issue 36, findings 9 and 11). ---
+    /// Address of the operator's listener, which alone serves `/metrics` (and `/healthz`,
+    /// `/readyz`); default `127.0.0.1:9465`, loopback: the API's listener answers 404 for
+    /// `/metrics`, since request counts by route are the operator's to see, not a tenant's.
+    #[serde(default = "default_metrics_listen")]
+    pub metrics_listen: SocketAddr,
+    /// Host names (`host` or `host:port`; an entry without a port names any) that `/mcp`
+    /// answers to (its `Host` header); over others: 403. Default empty: when the API listens
+    /// on a loopback address, `localhost`, `127.0.0.1` or `[::1]` with the listener's port
+    /// (DNS rebinding, the MCP spec's transport security warning); otherwise any (every `/mcp`
+    /// request also needs an API key, which a rebinding page does not have).
     #[serde(default)]
     pub mcp_allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`, as the `Origin` header writes them; `null` for
+    /// an opaque origin) allowed to call `/mcp`; a request with any other `Origin` gets 403.
+    /// Default empty: no browser page may call it (a request without `Origin`, as every
+    /// non-browser MCP client sends, passes). The MCP spec: servers MUST validate `Origin`.
+    #[serde(default)]
+    pub mcp_allowed_origins: Vec<String>,
+}
+
+fn default_metrics_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9465))
 }
 
 fn default_listen() -> SocketAddr {
@@ -136,7 +153,9 @@ impl Default for GatewaySettings {
             webhook_timeout: default_webhook_timeout(),
             webhook_backoff: default_webhook_backoff(),
             keep_alive: default_keep_alive(),
+            metrics_listen: default_metrics_listen(),
             mcp_allowed_hosts: Vec::new(),
+            mcp_allowed_origins: Vec::new(),
         }
     }
 }

@@ -11,10 +11,13 @@
 //!   with the key's webhook secret (the scheme Stripe documents); `Sandq-Delivery: <uuid>`
 //!   names the delivery, the same on every attempt (the receiver's idempotency id).
 //! - **Safe destinations**: `http`/`https` only, host among the key's `webhook_hosts`; every
-//!   address the host resolves to must be public (no loopback, private, link-local, CGNAT,
-//!   unique-local, multicast or unspecified) unless the operator sets
-//!   `gateway.webhook_allow_private`; the request goes to the address that was checked (no
+//!   address the host resolves to must be public ([`sandq_core::addr::is_public`]: globally
+//!   reachable in the IANA special-purpose registries, not multicast, and any IPv4 address an
+//!   IPv6 form carries public too: NAT64, 6to4, Teredo, mapped, compatible) unless the operator
+//!   sets `gateway.webhook_allow_private`; the request goes to the address that was checked (no
 //!   second lookup to rebind); redirects are not followed (a 3xx is a failed attempt).
+//! - **Ended by revocation**: every attempt reads the key again; a revoked (or deleted) key's
+//!   deliveries are dropped, with an audit line, and never sent again.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -92,36 +95,20 @@ pub(crate) fn check_url(url: &str, allowed: &[String]) -> Result<Target, UrlErro
         return Err(UrlError::Shape);
     }
     let port = authority.port_u16().unwrap_or(if scheme == "https" { 443 } else { 80 });
-    if !allowed.iter().any(|a| a == "*" || a.eq_ignore_ascii_case(&host)) {
+    if !allowed.iter().any(|a| host_matches(a, &host)) {
         return Err(UrlError::Host(host));
     }
     Ok(Target { scheme, host, port })
 }
 
-/// Whether an address is one a webhook may reach without `webhook_allow_private`.
-pub(crate) fn is_public(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            !(v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_multicast()
-                || v4.is_broadcast()
-                || v4.is_documentation()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b))
-                || (a == 198 && (18..20).contains(&b))
-                || a >= 240)
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_public(IpAddr::V4(v4));
-            }
-            let first = v6.segments()[0];
-            !(v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80)
-        }
+/// Whether the `webhook_hosts` entry `allowed` names `host` (lower-case, without brackets):
+/// `*` names any; an IP literal (with or without brackets) names the same address however it
+/// is written (`64:ff9b::7f00:1` and `[64:ff9b:0:0::7f00:1]`); a name, itself in any case.
+fn host_matches(allowed: &str, host: &str) -> bool {
+    let literal = |s: &str| s.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok();
+    match (literal(allowed), literal(host)) {
+        (Some(a), Some(h)) => a == h,
+        _ => allowed == "*" || allowed.eq_ignore_ascii_case(host),
     }
 }
 
@@ -132,7 +119,7 @@ pub(crate) fn is_public(ip: IpAddr) -> bool {
 pub(crate) async fn resolve(target: &Target, allow_private: bool) -> Result<SocketAddr, UrlError> {
     let refused = || UrlError::Private(target.host.clone());
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((target.host.as_str(), target.port)).await.map_err(|_| refused())?.collect();
-    if addrs.is_empty() || (!allow_private && addrs.iter().any(|a| !is_public(a.ip()))) {
+    if addrs.is_empty() || (!allow_private && addrs.iter().any(|a| !sandq_core::addr::is_public(a.ip()))) {
         return Err(refused());
     }
     Ok(addrs[0])
@@ -249,6 +236,19 @@ async fn try_deliver(gateway: &Gateway, client: &reqwest::Client, redis: &mut Re
         return Ok(Attempt::Done);
     };
     let attempts: u32 = state.get("attempts").and_then(|a| a.parse().ok()).unwrap_or(0);
+    // The key is read again at every attempt: a delivery of a key that was deleted or revoked
+    // since (issue 36: revocation ends its webhooks) is dropped, never sent.
+    let key = match sandq_core::keys::get(redis, &gateway.names, key_id).await {
+        Ok(key) => key,
+        Err(e) => {
+            tracing::warn!(error = %e, job_id, "the webhook's key is gone: not delivered");
+            return Ok(Attempt::Done);
+        }
+    };
+    if let Some(revoked_at_ms) = key.revoked_at_ms {
+        tracing::info!(target: "audit", job_id, key_id = %key.id, tenant = %key.tenant, revoked_at_ms, attempts, "webhook dropped: its key was revoked");
+        return Ok(Attempt::Done);
+    }
     let Ok(Some(result)) = sandq_core::results::read(redis, &gateway.names, job_id).await else {
         // Not queued yet, or its result expired: wait, at most as long as a job can live.
         let created: u64 = state.get("created_ms").and_then(|c| c.parse().ok()).unwrap_or(0);
@@ -262,13 +262,6 @@ async fn try_deliver(gateway: &Gateway, client: &reqwest::Client, redis: &mut Re
     if !result.status.is_terminal() {
         return Ok(Attempt::Later(NOT_OVER_YET));
     }
-    let key = match sandq_core::keys::get(redis, &gateway.names, key_id).await {
-        Ok(key) => key,
-        Err(e) => {
-            tracing::warn!(error = %e, job_id, "the webhook's key is gone: not delivered");
-            return Ok(Attempt::Done);
-        }
-    };
     let finished = result.finished_at_ms.unwrap_or_else(sandq_core::time::now_ms);
     let give_up = sandq_core::time::now_ms().saturating_sub(finished) > gateway.settings.webhook_retry_for.as_millis() as u64;
     let body = serde_json::to_vec(&serde_json::json!({
@@ -337,31 +330,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_public_addresses_are_public() {
-        for private in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "198.18.0.2",
-            "::1",
-            "fc00::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-            "224.0.0.1",
-            "255.255.255.255",
-        ] {
-            assert!(!is_public(private.parse().expect("ip")), "{private}");
-        }
-        for public in ["1.1.1.1", "8.8.8.8", "2606:4700::1111"] {
-            assert!(is_public(public.parse().expect("ip")), "{public}");
-        }
-    }
-
-    #[test]
     fn urls_need_a_scheme_a_host_no_credentials_and_an_allowed_host() {
         let allowed = vec!["hooks.example.com".to_owned()];
         assert_eq!(check_url("https://hooks.example.com/x", &allowed).map(|t| t.port), Ok(443));
@@ -371,6 +339,10 @@ mod tests {
             assert!(check_url(bad, &allowed).is_err(), "{bad}");
         }
         assert!(check_url("http://anything.test/", &["*".to_owned()]).is_ok());
+        // An IP literal is named by the same address however either side writes it.
+        let literal = vec!["64:ff9b:0:0::7f00:1".to_owned()];
+        assert_eq!(check_url("http://[64:FF9B::7F00:1]:9/", &literal).map(|t| t.host), Ok("64:ff9b::7f00:1".into()));
+        assert!(check_url("http://[64:ff9b::7f00:2]/", &literal).is_err());
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub fn spawn(log_name: &std::path::Path, env: &[(&str, &str)]) -> Child {
         .arg("--exit-on-stdin-eof")
         .env("SANDQ__NAMESPACE", namespace())
         .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
+        .env("SANDQ__GATEWAY__METRICS_LISTEN", "127.0.0.1:0")
         .env("SANDQ__GATEWAY__READ_TIMEOUT", "2s")
         .env("SANDQ__GATEWAY__MAX_BODY_BYTES", (2 << 20).to_string())
         .env("SANDQ__GATEWAY__MAX_STREAMS_PER_KEY", "3")
@@ -43,10 +44,19 @@ pub fn start(log_name: &std::path::Path, env: &[(&str, &str)]) -> (Child, String
 
 /// The base URL a gateway logging to `log_name` serves on, once it says so (at most 60 s).
 pub fn url_from_log(log_name: &std::path::Path) -> String {
+    address_from_log(log_name, "serving the API")
+}
+
+/// The base URL of the operator's listener (`/metrics`) of a gateway logging to `log_name`.
+pub fn operator_url_from_log(log_name: &std::path::Path) -> String {
+    address_from_log(log_name, "serving the operator's endpoints")
+}
+
+fn address_from_log(log_name: &std::path::Path, message: &str) -> String {
     let started = Instant::now();
     loop {
         let text = std::fs::read_to_string(log_name).unwrap_or_default();
-        if let Some(addr) = text.lines().find(|l| l.contains("serving the API")).and_then(|l| l.split("addr=").nth(1)) {
+        if let Some(addr) = text.lines().find(|l| l.contains(message)).and_then(|l| l.split("addr=").nth(1)) {
             return format!("http://{}", addr.split_whitespace().next().unwrap_or_default());
         }
         assert!(started.elapsed() < Duration::from_secs(60), "the gateway did not start: {text}");

@@ -119,6 +119,7 @@ def gateway_url(worker) -> str:
     at the end (`--exit-on-stdin-eof`). Its base URL."""
     log_path = Path(tempfile.gettempdir()) / f"{NAMESPACE}-gateway.log"
     env = {**os.environ, "SANDQ__NAMESPACE": NAMESPACE, "SANDQ__GATEWAY__LISTEN": "127.0.0.1:0",
+           "SANDQ__GATEWAY__METRICS_LISTEN": "127.0.0.1:0",
            "SANDQ__GATEWAY__KEEP_ALIVE": "1s",
            "SANDQ__GATEWAY__MAX_BODY_BYTES": str(2 << 20)}
     with open(log_path, "wb") as log:
