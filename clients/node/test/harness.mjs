@@ -102,7 +102,7 @@ export async function startGateway({ namespace, env = {}, name = "gateway" }) {
   const log = openSync(logPath, "w");
   const child = spawn(binary, ["--exit-on-stdin-eof"], {
     stdio: ["pipe", "ignore", log],
-    env: { ...process.env, SANDQ__NAMESPACE: namespace, SANDQ__GATEWAY__LISTEN: "127.0.0.1:0", ...env },
+    env: { ...process.env, SANDQ__NAMESPACE: namespace, SANDQ__GATEWAY__LISTEN: "127.0.0.1:0", SANDQ__GATEWAY__METRICS_LISTEN: "127.0.0.1:0", ...env },
   });
   closeSync(log);
   let exited = false;
