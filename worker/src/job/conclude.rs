@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 
 use crate::ack::Outcome;
 use crate::context::Context;
-use crate::publish::{self, Attempt};
+use crate::publish::{self, Attempt, HostPaths};
 use crate::stage::StageError;
 use crate::validate;
 
@@ -167,7 +167,9 @@ pub(crate) enum Decision {
 }
 
 /// The rule: how `ended` (the attempt's result, or why it has none) becomes a [`Decision`],
-/// given the broker's `max_attempts` and the time now (Unix ms, for `finished_at_ms`).
+/// given the broker's `max_attempts` and the time now (Unix ms, for `finished_at_ms`). A
+/// stored reason names no host path (`host`: the worker's directories, rewritten as the sandbox
+/// paths or neutral words, [`HostPaths::redact`]); the log keeps the error as it was.
 ///
 /// | ended | decision |
 /// |---|---|
@@ -178,16 +180,26 @@ pub(crate) enum Decision {
 /// | interrupted by shutdown | requeue, drop objects |
 /// | infrastructure, attempts left | requeue, drop objects |
 /// | infrastructure, last attempt | drop objects, store `internal_error` |
-pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Failure>, max_attempts: u32, now: u64) -> Decision {
+pub(crate) fn decide(
+    job: &ValidJob,
+    who: &Attempt,
+    ended: Result<JobResult, Failure>,
+    max_attempts: u32,
+    now: u64,
+    host: &HostPaths,
+) -> Decision {
     let attempt = who.number;
     let terminal = |status: JobStatus, reason: String| {
         let mut result = publish::base(job, who, status);
-        result.reason = Some(reason);
+        result.reason = Some(clip_reason(&host.redact(&reason)));
         result.finished_at_ms = Some(now);
         result
     };
     match ended {
-        Ok(result) => Decision::Publish(result),
+        Ok(mut result) => {
+            result.reason = result.reason.map(|r| host.redact(&r));
+            Decision::Publish(result)
+        }
         Err(Failure::Duplicate) => {
             info!("another delivery of this job finished first; acking this one without a result");
             Decision::Settle { outcome: Outcome::Stored, drop_objects: true }
@@ -209,8 +221,8 @@ pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Fai
             Decision::Settle { outcome: Outcome::Infrastructure { attempt, final_result_stored: false }, drop_objects: false }
         }
         Err(Failure::Rejected(rejection)) => {
-            let reason = clip_reason(&rejection.to_string());
-            warn!(reason, "rejected job");
+            let reason = rejection.to_string();
+            warn!(reason = clip_reason(&reason), "rejected job");
             Decision::Publish(terminal(JobStatus::Rejected, reason))
         }
         Err(Failure::Interrupted) => {
@@ -218,8 +230,8 @@ pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Fai
             Decision::Settle { outcome: Outcome::Interrupted, drop_objects: true }
         }
         Err(Failure::Infrastructure(e)) => {
-            let reason = clip_reason(&e.to_string());
-            error!(reason, "job failed on infrastructure");
+            let reason = e.to_string();
+            error!(reason = clip_reason(&reason), "job failed on infrastructure");
             if attempt < max_attempts {
                 return Decision::Settle { outcome: Outcome::Infrastructure { attempt, final_result_stored: false }, drop_objects: true };
             }
@@ -235,7 +247,7 @@ pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Fai
 /// S3 objects of this attempt: the stored result keeps pointing at its own.
 pub(crate) async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<JobResult, Failure>) -> Outcome {
     let attempt = who.number;
-    let result = match decide(job, who, ended, ctx.settings.max_attempts, now_ms()) {
+    let result = match decide(job, who, ended, ctx.settings.max_attempts, now_ms(), &HostPaths::of(&ctx.settings)) {
         Decision::Publish(result) => result,
         Decision::Settle { outcome, drop_objects } => {
             if drop_objects {
@@ -307,7 +319,7 @@ pub(crate) async fn reject_undecodable(ctx: &Context, message: &super::Message, 
     }
     warn!(%job_id, reason, "rejected job");
     let mut result = JobResult::new(job_id, JobStatus::Rejected);
-    result.reason = Some(reason.to_owned());
+    result.reason = Some(clip_reason(&HostPaths::of(&ctx.settings).redact(reason)));
     result.worker_id = Some(ctx.settings.worker_id.clone());
     result.finished_at_ms = Some(now_ms());
     store_terminal(ctx, &result, ctx.settings.limits.default_result_ttl).await
@@ -380,20 +392,20 @@ mod tests {
     #[test]
     fn a_result_is_published_as_it_is() {
         let result = JobResult::new("job-1", JobStatus::Succeeded);
-        assert_eq!(decide(&job(), &attempt(1), Ok(result.clone()), 3, NOW), Decision::Publish(result));
+        assert_eq!(decide(&job(), &attempt(1), Ok(result.clone()), 3, NOW, &HostPaths::default()), Decision::Publish(result));
     }
 
     #[test]
     fn infrastructure_failures_requeue_until_the_last_attempt_then_give_up() {
         for number in [1, 2] {
             assert_eq!(
-                decide(&job(), &attempt(number), Err(infra()), 3, NOW),
+                decide(&job(), &attempt(number), Err(infra()), 3, NOW, &HostPaths::default()),
                 Decision::Settle { outcome: Outcome::Infrastructure { attempt: number, final_result_stored: false }, drop_objects: true },
                 "attempt {number} of 3"
             );
         }
         for number in [3, 4] {
-            let Decision::GiveUp(result) = decide(&job(), &attempt(number), Err(infra()), 3, NOW) else {
+            let Decision::GiveUp(result) = decide(&job(), &attempt(number), Err(infra()), 3, NOW, &HostPaths::default()) else {
                 panic!("attempt {number} of 3 must give up");
             };
             assert_eq!(result.status, JobStatus::InternalError);
@@ -404,7 +416,7 @@ mod tests {
 
     #[test]
     fn failures_without_a_result_settle_without_writing() {
-        let settle = |failure, number| decide(&job(), &attempt(number), Err(failure), 3, NOW);
+        let settle = |failure, number| decide(&job(), &attempt(number), Err(failure), 3, NOW, &HostPaths::default());
         assert_eq!(settle(Failure::Duplicate, 1), Decision::Settle { outcome: Outcome::Stored, drop_objects: true });
         assert_eq!(settle(Failure::Interrupted, 3), Decision::Settle { outcome: Outcome::Interrupted, drop_objects: true });
         assert_eq!(
@@ -416,7 +428,7 @@ mod tests {
 
     #[test]
     fn cancelled_expired_and_rejected_jobs_get_a_result_with_their_reason() {
-        let publish = |failure| match decide(&job(), &attempt(2), Err(failure), 3, NOW) {
+        let publish = |failure| match decide(&job(), &attempt(2), Err(failure), 3, NOW, &HostPaths::default()) {
             Decision::Publish(result) => result,
             other => panic!("expected a result, got {other:?}"),
         };
