@@ -295,7 +295,8 @@ pub(crate) async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended
 /// A message that did not validate: `rejected` under its job id when it has one that names no
 /// running or finished job; dead-lettered when it has none.
 pub(crate) async fn reject_undecodable(ctx: &Context, message: &super::Message, reason: &str) -> Outcome {
-    let reason = clip_reason(reason);
+    // Redacted before it is clipped, so that a clip never cuts a host path short of its rule.
+    let reason = clip_reason(&HostPaths::of(&ctx.settings).redact(reason));
     let reason = reason.as_str();
     // A body over the size limit is not parsed at all (peeking parses the whole message):
     // its job id can only come from `message_id`.
@@ -319,7 +320,7 @@ pub(crate) async fn reject_undecodable(ctx: &Context, message: &super::Message, 
     }
     warn!(%job_id, reason, "rejected job");
     let mut result = JobResult::new(job_id, JobStatus::Rejected);
-    result.reason = Some(clip_reason(&HostPaths::of(&ctx.settings).redact(reason)));
+    result.reason = Some(reason.to_owned());
     result.worker_id = Some(ctx.settings.worker_id.clone());
     result.finished_at_ms = Some(now_ms());
     store_terminal(ctx, &result, ctx.settings.limits.default_result_ttl).await
@@ -372,6 +373,18 @@ mod tests {
         // 'é' is 2 bytes: 1023 'a's then 'é' puts a boundary at 1023, not 1024.
         let split = format!("{}é{}", "a".repeat(1023), "b".repeat(10));
         assert_eq!(clip_reason(&split), format!("{}\u{2026} [clipped: 1035 bytes in all]", "a".repeat(1023)));
+    }
+
+    #[test]
+    fn a_stored_reason_names_the_sandbox_path_not_the_hosts() {
+        let host = HostPaths::of_jobs_dir(std::path::Path::new("/data/w1"));
+        let message = "cannot prepare /data/w1/j-1/disk/work/d/x.csv: Not a directory".to_owned();
+        let failure = Failure::Infrastructure(InfraError::Sandbox { step: "start".into(), message });
+        let Decision::GiveUp(result) = decide(&job(), &attempt(3), Err(failure), 3, NOW, &host) else { panic!("gives up") };
+        assert_eq!(
+            result.reason.as_deref(),
+            Some("gave up after 3 attempts: sandbox start failed: cannot prepare /work/d/x.csv: Not a directory")
+        );
     }
 
     fn job() -> ValidJob {

@@ -58,6 +58,12 @@ impl HostPaths {
         Self::new(dirs)
     }
 
+    /// Only `jobs_dir`, shown as the module says (for tests of the callers).
+    #[cfg(test)]
+    pub(crate) fn of_jobs_dir(jobs_dir: &Path) -> Self {
+        Self::new(vec![(jobs_dir, Shown::JobDir)])
+    }
+
     fn new(dirs: Vec<(&Path, Shown)>) -> Self {
         let mut prefixes: Vec<(String, Shown)> = dirs
             .into_iter()
