@@ -17,6 +17,8 @@ use serde_json::{json, Value};
 mod edge;
 #[path = "tenant/idempotency.rs"]
 mod idempotency;
+#[path = "tenant/sandbox.rs"]
+mod sandbox;
 
 /// The gateway of this test binary: started once, in the test namespace, webhooks to loopback
 /// allowed (the tests' receivers listen there). Its log is `$TMPDIR/<namespace>-tenant-gateway.log`.

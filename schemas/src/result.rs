@@ -235,7 +235,8 @@ pub struct Artifact {
     #[serde(default)]
     pub url: Option<String>,
     /// When `url` stops working, Unix epoch milliseconds (the worker's `artifact_url_ttl`,
-    /// default 24 h, at most 7 days: the SigV4 limit).
+    /// default 1 h, at most 7 days, the SigV4 limit, and never longer than the job's
+    /// `result_ttl`).
     #[serde(default)]
     pub url_expires_at_ms: Option<u64>,
 }

@@ -126,7 +126,7 @@ pub(super) async fn result(
     result.session = session_info;
     result.execution_count = notebook.then_some(cell.execution_count);
     result.sandbox = Some(sandbox);
-    publish::presign(&mut result, &ctx.s3, bucket, settings.outputs.artifact_url_ttl).await;
+    publish::presign(&mut result, &ctx.s3, bucket, publish::url_ttl(settings.outputs.artifact_url_ttl, job.result_ttl)).await;
     Ok(result)
 }
 

@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 
 use crate::ack::Outcome;
 use crate::context::Context;
-use crate::publish::{self, Attempt};
+use crate::publish::{self, Attempt, HostPaths};
 use crate::stage::StageError;
 use crate::validate;
 
@@ -167,7 +167,9 @@ pub(crate) enum Decision {
 }
 
 /// The rule: how `ended` (the attempt's result, or why it has none) becomes a [`Decision`],
-/// given the broker's `max_attempts` and the time now (Unix ms, for `finished_at_ms`).
+/// given the broker's `max_attempts` and the time now (Unix ms, for `finished_at_ms`). A
+/// stored reason names no host path (`host`: the worker's directories, rewritten as the sandbox
+/// paths or neutral words, [`HostPaths::redact`]); the log keeps the error as it was.
 ///
 /// | ended | decision |
 /// |---|---|
@@ -178,16 +180,26 @@ pub(crate) enum Decision {
 /// | interrupted by shutdown | requeue, drop objects |
 /// | infrastructure, attempts left | requeue, drop objects |
 /// | infrastructure, last attempt | drop objects, store `internal_error` |
-pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Failure>, max_attempts: u32, now: u64) -> Decision {
+pub(crate) fn decide(
+    job: &ValidJob,
+    who: &Attempt,
+    ended: Result<JobResult, Failure>,
+    max_attempts: u32,
+    now: u64,
+    host: &HostPaths,
+) -> Decision {
     let attempt = who.number;
     let terminal = |status: JobStatus, reason: String| {
         let mut result = publish::base(job, who, status);
-        result.reason = Some(reason);
+        result.reason = Some(clip_reason(&host.redact(&reason)));
         result.finished_at_ms = Some(now);
         result
     };
     match ended {
-        Ok(result) => Decision::Publish(result),
+        Ok(mut result) => {
+            result.reason = result.reason.map(|r| host.redact(&r));
+            Decision::Publish(result)
+        }
         Err(Failure::Duplicate) => {
             info!("another delivery of this job finished first; acking this one without a result");
             Decision::Settle { outcome: Outcome::Stored, drop_objects: true }
@@ -209,8 +221,8 @@ pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Fai
             Decision::Settle { outcome: Outcome::Infrastructure { attempt, final_result_stored: false }, drop_objects: false }
         }
         Err(Failure::Rejected(rejection)) => {
-            let reason = clip_reason(&rejection.to_string());
-            warn!(reason, "rejected job");
+            let reason = rejection.to_string();
+            warn!(reason = clip_reason(&reason), "rejected job");
             Decision::Publish(terminal(JobStatus::Rejected, reason))
         }
         Err(Failure::Interrupted) => {
@@ -218,8 +230,8 @@ pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Fai
             Decision::Settle { outcome: Outcome::Interrupted, drop_objects: true }
         }
         Err(Failure::Infrastructure(e)) => {
-            let reason = clip_reason(&e.to_string());
-            error!(reason, "job failed on infrastructure");
+            let reason = e.to_string();
+            error!(reason = clip_reason(&reason), "job failed on infrastructure");
             if attempt < max_attempts {
                 return Decision::Settle { outcome: Outcome::Infrastructure { attempt, final_result_stored: false }, drop_objects: true };
             }
@@ -235,7 +247,7 @@ pub(crate) fn decide(job: &ValidJob, who: &Attempt, ended: Result<JobResult, Fai
 /// S3 objects of this attempt: the stored result keeps pointing at its own.
 pub(crate) async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended: Result<JobResult, Failure>) -> Outcome {
     let attempt = who.number;
-    let result = match decide(job, who, ended, ctx.settings.max_attempts, now_ms()) {
+    let result = match decide(job, who, ended, ctx.settings.max_attempts, now_ms(), &HostPaths::of(&ctx.settings)) {
         Decision::Publish(result) => result,
         Decision::Settle { outcome, drop_objects } => {
             if drop_objects {
@@ -283,7 +295,8 @@ pub(crate) async fn conclude(ctx: &Context, job: &ValidJob, who: &Attempt, ended
 /// A message that did not validate: `rejected` under its job id when it has one that names no
 /// running or finished job; dead-lettered when it has none.
 pub(crate) async fn reject_undecodable(ctx: &Context, message: &super::Message, reason: &str) -> Outcome {
-    let reason = clip_reason(reason);
+    // Redacted before it is clipped, so that a clip never cuts a host path short of its rule.
+    let reason = clip_reason(&HostPaths::of(&ctx.settings).redact(reason));
     let reason = reason.as_str();
     // A body over the size limit is not parsed at all (peeking parses the whole message):
     // its job id can only come from `message_id`.
@@ -362,6 +375,18 @@ mod tests {
         assert_eq!(clip_reason(&split), format!("{}\u{2026} [clipped: 1035 bytes in all]", "a".repeat(1023)));
     }
 
+    #[test]
+    fn a_stored_reason_names_the_sandbox_path_not_the_hosts() {
+        let host = HostPaths::of_jobs_dir(std::path::Path::new("/data/w1"));
+        let message = "cannot prepare /data/w1/j-1/disk/work/d/x.csv: Not a directory".to_owned();
+        let failure = Failure::Infrastructure(InfraError::Sandbox { step: "start".into(), message });
+        let Decision::GiveUp(result) = decide(&job(), &attempt(3), Err(failure), 3, NOW, &host) else { panic!("gives up") };
+        assert_eq!(
+            result.reason.as_deref(),
+            Some("gave up after 3 attempts: sandbox start failed: cannot prepare /work/d/x.csv: Not a directory")
+        );
+    }
+
     fn job() -> ValidJob {
         let spec = JobSpec::new("job-1", Sku::S, Runtime::Python, "pass");
         ValidJob { spec, timeout: Duration::from_secs(60), result_ttl: Duration::from_secs(3600) }
@@ -380,20 +405,20 @@ mod tests {
     #[test]
     fn a_result_is_published_as_it_is() {
         let result = JobResult::new("job-1", JobStatus::Succeeded);
-        assert_eq!(decide(&job(), &attempt(1), Ok(result.clone()), 3, NOW), Decision::Publish(result));
+        assert_eq!(decide(&job(), &attempt(1), Ok(result.clone()), 3, NOW, &HostPaths::default()), Decision::Publish(result));
     }
 
     #[test]
     fn infrastructure_failures_requeue_until_the_last_attempt_then_give_up() {
         for number in [1, 2] {
             assert_eq!(
-                decide(&job(), &attempt(number), Err(infra()), 3, NOW),
+                decide(&job(), &attempt(number), Err(infra()), 3, NOW, &HostPaths::default()),
                 Decision::Settle { outcome: Outcome::Infrastructure { attempt: number, final_result_stored: false }, drop_objects: true },
                 "attempt {number} of 3"
             );
         }
         for number in [3, 4] {
-            let Decision::GiveUp(result) = decide(&job(), &attempt(number), Err(infra()), 3, NOW) else {
+            let Decision::GiveUp(result) = decide(&job(), &attempt(number), Err(infra()), 3, NOW, &HostPaths::default()) else {
                 panic!("attempt {number} of 3 must give up");
             };
             assert_eq!(result.status, JobStatus::InternalError);
@@ -404,7 +429,7 @@ mod tests {
 
     #[test]
     fn failures_without_a_result_settle_without_writing() {
-        let settle = |failure, number| decide(&job(), &attempt(number), Err(failure), 3, NOW);
+        let settle = |failure, number| decide(&job(), &attempt(number), Err(failure), 3, NOW, &HostPaths::default());
         assert_eq!(settle(Failure::Duplicate, 1), Decision::Settle { outcome: Outcome::Stored, drop_objects: true });
         assert_eq!(settle(Failure::Interrupted, 3), Decision::Settle { outcome: Outcome::Interrupted, drop_objects: true });
         assert_eq!(
@@ -416,7 +441,7 @@ mod tests {
 
     #[test]
     fn cancelled_expired_and_rejected_jobs_get_a_result_with_their_reason() {
-        let publish = |failure| match decide(&job(), &attempt(2), Err(failure), 3, NOW) {
+        let publish = |failure| match decide(&job(), &attempt(2), Err(failure), 3, NOW, &HostPaths::default()) {
             Decision::Publish(result) => result,
             other => panic!("expected a result, got {other:?}"),
         };

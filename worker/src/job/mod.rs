@@ -149,7 +149,7 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
                 out_dir: dir.out.clone(),
                 caps: outputs::Caps::of(&ctx.settings.outputs),
                 sink: outputs::Sink { s3: &ctx.s3, bucket: &ctx.settings.services.s3.bucket, uploaded: &uploaded },
-                url_ttl: ctx.settings.outputs.artifact_url_ttl,
+                url_ttl: crate::publish::url_ttl(ctx.settings.outputs.artifact_url_ttl, job.result_ttl),
                 tail: outputs::Tail::default(),
             });
             let ran = watch::run(ctx, job, dir, started, handover.as_ref(), &live, displays.as_mut()).await?;

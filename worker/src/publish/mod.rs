@@ -3,14 +3,24 @@
 //! `sandq_core::results`).
 
 mod build;
+mod redact;
 
 use std::time::Duration;
 
 pub(crate) use build::{base, finished, Attempt, Logs};
+pub(crate) use redact::HostPaths;
 use sandq_core::redis_conn::RedisConn;
 use sandq_core::results::{self, ResultError};
 use sandq_schemas::names::Names;
 use sandq_schemas::JobResult;
+
+/// How long the presigned URLs of `job`'s result stay valid: `worker.artifact_url_ttl`, but
+/// never longer than the job's `result_ttl` (a URL outliving the result that lists it is a
+/// capability nobody can see any more, and one the client did not ask to keep). Zero: none.
+#[must_use]
+pub(crate) fn url_ttl(configured: Duration, result_ttl: Duration) -> Duration {
+    configured.min(result_ttl)
+}
 
 /// Fills in a presigned GET URL valid for `ttl` on every artifact and every S3-stored output
 /// representation (nothing when `ttl` is zero). Signing is local; a failure leaves `url` empty
@@ -43,4 +53,19 @@ pub(crate) async fn publish(redis: &mut RedisConn, names: &Names, result: &JobRe
         crate::metrics::finished(result.sku, result.status);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::url_ttl;
+
+    #[test]
+    fn a_url_never_outlives_its_result() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(url_ttl(hour, Duration::from_secs(600)), Duration::from_secs(600));
+        assert_eq!(url_ttl(hour, Duration::from_secs(7 * 24 * 3600)), hour);
+        assert_eq!(url_ttl(Duration::ZERO, hour), Duration::ZERO);
+    }
 }

@@ -90,8 +90,16 @@ fn launch_inner(rootfs: &Path, runner: &Path, root: &Path, socket: &Path) -> Res
         mount(Some(&Path::new("/dev").join(device)), &target, none, MsFlags::MS_BIND, none).map_err(setup("bind a device"))?;
     }
     let nosys = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mount(Some("proc"), &root.join("proc"), Some("proc"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, none)
+    // Read-only as a whole: the template is root in the host's user namespace, and a writable
+    // /proc would let it change the host's kernel settings (`/proc/sys`) and `/proc/sysrq-trigger`;
+    // nothing it does writes there (test: sandbox::the_templates_proc_is_read_only in
+    // tests/tenant). Made read-only by a bind remount, which changes this mount's flags only,
+    // never the superblock's (on kernels before 5.8 one procfs superblock serves a whole pid
+    // namespace, the host's /proc included).
+    let proc = root.join("proc");
+    mount(Some("proc"), &proc, Some("proc"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, none)
         .map_err(setup("mount /proc"))?;
+    mount(none, &proc, none, ro | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, none).map_err(setup("remount /proc read-only"))?;
     mount(Some("sysfs"), &root.join("sys"), Some("sysfs"), nosys, none).map_err(setup("mount /sys"))?;
     nix::unistd::pivot_root(root, &root.join("mnt")).map_err(setup("pivot_root"))?;
     nix::unistd::chdir("/").map_err(setup("chdir /"))?;

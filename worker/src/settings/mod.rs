@@ -514,9 +514,14 @@ fn user_namespace(worker: &RawWorker, skus: &BTreeMap<Sku, SkuSettings>, warm_sa
     Ok((id_map, userns_lease))
 }
 
+/// `worker.artifact_url_ttl` unless set: an hour, long enough to fetch what a job left right
+/// after it ends, short enough that a URL copied out of a result (a log, a chat, a notebook)
+/// stops working soon; the gateway's artifact route presigns afresh at each request.
+pub const DEFAULT_ARTIFACT_URL_TTL: Duration = Duration::from_secs(3600);
+
 /// The `worker.*` keys of what a job may leave (streams, rich outputs, artifacts, their URLs).
 fn outputs(worker: &RawWorker) -> Result<OutputSettings, SettingsError> {
-    let artifact_url_ttl = worker.artifact_url_ttl.unwrap_or(Duration::from_secs(24 * 3600));
+    let artifact_url_ttl = worker.artifact_url_ttl.unwrap_or(DEFAULT_ARTIFACT_URL_TTL);
     if artifact_url_ttl > Duration::from_secs(7 * 24 * 3600) {
         return bad("worker.artifact_url_ttl: at most 7days (the SigV4 presigning limit)".into());
     }

@@ -211,7 +211,8 @@ pub struct RawWorker {
     /// Most artifact bytes per job, in all; default 512 MiB.
     pub max_artifact_bytes: Option<u64>,
     /// Validity of the presigned download URL of each artifact and image output; default
-    /// `24h`, at most `7days` (the SigV4 limit); `0s` presigns nothing.
+    /// `1h`, at most `7days` (the SigV4 limit); `0s` presigns nothing. A job's URLs are never
+    /// valid longer than its `result_ttl` (`publish::url_ttl`).
     #[serde(default, with = "humantime_serde")]
     pub artifact_url_ttl: Option<Duration>,
     /// Most rich outputs (MIME bundles) per notebook-mode job; default 100.
