@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 
 #[path = "tenant/idempotency.rs"]
 mod idempotency;
+#[path = "tenant/paths.rs"]
+mod paths;
 
 /// The gateway of this test binary: started once, in the test namespace, webhooks to loopback
 /// allowed (the tests' receivers listen there). Its log is `$TMPDIR/<namespace>-tenant-gateway.log`.
