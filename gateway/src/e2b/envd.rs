@@ -308,7 +308,8 @@ async fn write_waiting(rest: &Rest, sandbox: &str, path: &str, bytes: bytes::Byt
     let mut pause = Duration::from_millis(250);
     loop {
         match rest.write_file(sandbox, path, bytes.clone()).await {
-            Err(e) if e.status() == Some(409) && Instant::now() + pause < deadline => {
+            // The session in use (`conflict`), not a path that clashes (`path-conflict`).
+            Err(RestError::Conflict(_)) if Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(4));
             }
@@ -501,7 +502,8 @@ async fn delete_waiting(rest: &Rest, sandbox: &str, path: &str) -> Result<(), Re
     let mut pause = Duration::from_millis(250);
     loop {
         match rest.delete_file(sandbox, path).await {
-            Err(e) if e.status() == Some(409) && Instant::now() + pause < deadline => {
+            // The session in use (`conflict`), not a path that clashes (`path-conflict`).
+            Err(RestError::Conflict(_)) if Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(4));
             }
