@@ -293,7 +293,9 @@ pub(crate) async fn write(
     check_path(&path)?;
     let scoped = owned(&gateway, &caller, &name).await?;
     // A clash refused before the body is read (the check under the lock below decides).
-    if let Some(manifest) = sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped).await.map_err(session_problem)? {
+    if let Some(manifest) =
+        sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped).await.map_err(session_problem)?
+    {
         check_conflict(&manifest, &path)?;
     }
     let bytes = crate::body::read_bounded(&gateway, body, caller.key.quotas.max_upload_bytes).await?;

@@ -462,10 +462,9 @@ impl Sandq {
     ) -> Result<CallToolResult, ErrorData> {
         let rest = self.rest(&context.extensions)?;
         match rest.delete_file(&args.session, &args.path).await {
-            Ok(()) => Ok(CallToolResult::success(vec![ContentBlock::text(format!(
-                "deleted /work/{} from session {}",
-                args.path, args.session
-            ))])),
+            Ok(()) => {
+                Ok(CallToolResult::success(vec![ContentBlock::text(format!("deleted /work/{} from session {}", args.path, args.session))]))
+            }
             Err(e) => refused(e),
         }
     }

@@ -236,8 +236,7 @@ mod tests {
     /// An independent model of what a Linux file system takes beneath a directory: each
     /// component a name of 1 to 255 bytes without `/` or NUL, not `.` or `..`.
     fn creatable(path: &str) -> bool {
-        !path.starts_with('/')
-            && path.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255 && !c.contains('\0'))
+        !path.starts_with('/') && path.split('/').all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255 && !c.contains('\0'))
     }
 
     proptest! {

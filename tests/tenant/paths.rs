@@ -39,7 +39,9 @@ fn escaped(path: &str) -> String {
 
 /// `text` percent-escaped but for ASCII letters, digits, `-`, `.` and `_`.
 fn component(text: &str) -> String {
-    text.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._".contains(&b) { char::from(b).to_string() } else { format!("%{b:02X}") }).collect()
+    text.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-._".contains(&b) { char::from(b).to_string() } else { format!("%{b:02X}") })
+        .collect()
 }
 
 async fn put_file(key: &str, session: &str, path: &str, body: &'static str) -> (StatusCode, Value) {
@@ -55,11 +57,18 @@ async fn put_file(key: &str, session: &str, path: &str, body: &'static str) -> (
 }
 
 async fn delete_file(key: &str, session: &str, path: &str) -> StatusCode {
-    http().delete(format!("{}/v1/sessions/{session}/files/{}", gateway(), escaped(path))).bearer_auth(key).send().await.expect("DELETE").status()
+    http()
+        .delete(format!("{}/v1/sessions/{session}/files/{}", gateway(), escaped(path)))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("DELETE")
+        .status()
 }
 
 async fn create_session(key: &str, name: &str) {
-    let created = http().post(format!("{}/v1/sessions", gateway())).bearer_auth(key).json(&json!({"name": name})).send().await.expect("POST");
+    let created =
+        http().post(format!("{}/v1/sessions", gateway())).bearer_auth(key).json(&json!({"name": name})).send().await.expect("POST");
     assert_eq!(created.status(), StatusCode::CREATED);
 }
 
@@ -156,13 +165,20 @@ async fn a_session_the_worker_cannot_restore_fails_its_job_once_with_a_reason_an
         let mut files = BTreeMap::new();
         for (path, bytes) in [(bad, "bad"), ("data/x.csv", "1,2\n")] {
             let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes.as_bytes()));
-            storage::put_bytes(&s3, &config.s3.bucket, &names.session_blob_key(&scoped, &sha256), bytes.as_bytes().to_vec(), "application/octet-stream")
-                .await
-                .expect("blob");
+            storage::put_bytes(
+                &s3,
+                &config.s3.bucket,
+                &names.session_blob_key(&scoped, &sha256),
+                bytes.as_bytes().to_vec(),
+                "application/octet-stream",
+            )
+            .await
+            .expect("blob");
             files.insert(path.to_owned(), FileEntry { sha256, size: bytes.len() as u64 });
         }
         let now = sandq_core::time::now_ms();
-        let manifest = Manifest { files, created_at_ms: now, updated_at_ms: now, expires_at_ms: now + 30 * 60 * 1000, ..Manifest::default() };
+        let manifest =
+            Manifest { files, created_at_ms: now, updated_at_ms: now, expires_at_ms: now + 30 * 60 * 1000, ..Manifest::default() };
         let mut redis = sandq_core::redis_conn::connect(&config.redis).await.expect("redis");
         sandq_core::sessions::store(&s3, &config.s3.bucket, &mut redis, &names, &scoped, &manifest).await.expect("manifest");
 
@@ -282,7 +298,9 @@ async fn mcp_uploads_the_worker_cannot_restore_are_refused_and_delete_file_delet
     let key_a = key("paths", Quotas::default()).await;
     let key_b = key("paths", Quotas::default()).await;
     create_session(&key_a, "s").await;
-    let upload = |key: String, path: String| async move { mcp_call(&key, "upload_file", json!({"session": "s", "path": path, "content": "x"})).await };
+    let upload = |key: String, path: String| async move {
+        mcp_call(&key, "upload_file", json!({"session": "s", "path": path, "content": "x"})).await
+    };
     let ok = upload(key_a.clone(), "data/x.csv".into()).await;
     assert_ne!(ok["isError"], true, "{ok}");
     for bad in bad_paths() {

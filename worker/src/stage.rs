@@ -83,7 +83,9 @@ impl std::fmt::Display for Unrestorable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Unrestorable::Path(e) => write!(f, "its path is refused: {e}"),
-            Unrestorable::Conflict { other } => write!(f, "the session also has {other:?}, and one path cannot be both a file and a directory"),
+            Unrestorable::Conflict { other } => {
+                write!(f, "the session also has {other:?}, and one path cannot be both a file and a directory")
+            }
         }
     }
 }
@@ -183,10 +185,7 @@ pub(crate) fn check_restorable(restore: &[Restore]) -> Result<(), StageError> {
         }
     }
     if let Some((dir, file)) = paths::first_conflict(restore.iter().map(|r| r.path.as_str())) {
-        return Err(StageError::Unrestorable {
-            path: paths::clipped(dir),
-            reason: Unrestorable::Conflict { other: paths::clipped(file) },
-        });
+        return Err(StageError::Unrestorable { path: paths::clipped(dir), reason: Unrestorable::Conflict { other: paths::clipped(file) } });
     }
     Ok(())
 }

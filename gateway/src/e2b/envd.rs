@@ -244,7 +244,8 @@ pub(super) async fn write(
         checked.push((relative, bytes));
     }
     if let Some((dir, file)) = sandq_schemas::paths::first_conflict(checked.iter().map(|(p, _)| p.as_str())) {
-        let message = format!("{} and {} cannot both be files: one would be a directory of the other", sandbox_path(dir), sandbox_path(file));
+        let message =
+            format!("{} and {} cannot both be files: one would be a directory of the other", sandbox_path(dir), sandbox_path(file));
         return Err(e2b_error(StatusCode::CONFLICT, message).into());
     }
     let mut written = Vec::with_capacity(checked.len());
