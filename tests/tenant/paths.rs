@@ -246,6 +246,26 @@ async fn e2b_writes_the_worker_cannot_restore_are_refused_and_remove_deletes_a_f
     let (status, answer) = e2b_write(&key_a, &id, "/home/user/data").await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
     assert!(answer["message"].as_str().unwrap_or_default().contains("data/x.csv"), "{answer}");
+    // A multipart write is checked whole before any part is written: a bad part, or two parts
+    // a file and a directory of one name, and none is.
+    for (names, status) in [(["ok.txt", "a\\b"], StatusCode::BAD_REQUEST), (["m", "m/y"], StatusCode::CONFLICT)] {
+        let boundary = "sandqboundary";
+        let mut body = String::new();
+        for name in names {
+            body.push_str(&format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\nx\r\n"
+            ));
+        }
+        body.push_str(&format!("--{boundary}--\r\n"));
+        let response = envd(reqwest::Method::POST, "/files", &key_a, &id)
+            .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+            .body(body)
+            .send()
+            .await
+            .expect("POST /files");
+        assert_eq!(response.status(), status, "{names:?}: {}", response.text().await.unwrap_or_default());
+    }
+    assert_eq!(listed(&key_a, &id).await, vec!["data/x.csv"], "no part of a refused write is kept");
     assert_eq!(e2b_write(&key_a, &id, "/home/user/gone.txt").await.0, StatusCode::OK);
     assert_eq!(listed(&key_a, &id).await, vec!["data/x.csv", "gone.txt"]);
     // files.remove: another tenant's key finds no such sandbox; the owner's removes the file.
