@@ -19,6 +19,8 @@ mod edge;
 mod idempotency;
 #[path = "tenant/sandbox.rs"]
 mod sandbox;
+#[path = "tenant/paths.rs"]
+mod paths;
 
 /// The gateway of this test binary: started once, in the test namespace, webhooks to loopback
 /// allowed (the tests' receivers listen there). Its log is `$TMPDIR/<namespace>-tenant-gateway.log`.

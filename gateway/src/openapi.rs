@@ -24,6 +24,7 @@ use utoipa::{Modify, OpenApi};
         crate::sessions::files,
         crate::sessions::read,
         crate::sessions::write,
+        crate::sessions::remove,
     ),
     components(schemas(crate::jobs::SubmitJob, crate::jobs::InputRef, crate::sessions::CreateSession, crate::problem::Problem)),
     modifiers(&ApiKey)
@@ -78,7 +79,7 @@ mod tests {
             ("/v1/sessions", &["get", "post"]),
             ("/v1/sessions/{name}", &["delete"]),
             ("/v1/sessions/{name}/files", &["get"]),
-            ("/v1/sessions/{name}/files/{path}", &["get", "put"]),
+            ("/v1/sessions/{name}/files/{path}", &["get", "put", "delete"]),
         ] {
             for method in methods {
                 assert!(paths.get(path).and_then(|p| p.get(*method)).is_some(), "{method} {path} is not documented");

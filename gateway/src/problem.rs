@@ -77,6 +77,12 @@ impl Problem {
         Self::new(StatusCode::CONFLICT, "conflict", "Conflict with the job's state", detail)
     }
 
+    /// 409 `path-conflict`: the session file would be a file and a directory at once (`data`
+    /// beside `data/x.csv`), which no job could restore; the detail names the other file.
+    pub(crate) fn path_conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "path-conflict", "The path clashes with a file of the session", detail)
+    }
+
     /// 413 `body-too-large`.
     pub(crate) fn too_large(max: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "The request body is too large", format!("at most {max} bytes"))

@@ -45,7 +45,7 @@ fn rest(gateway: Arc<Gateway>) -> Router {
         .route("/v1/sessions", get(sessions::list).post(sessions::create))
         .route("/v1/sessions/{name}", axum::routing::delete(sessions::delete))
         .route("/v1/sessions/{name}/files", get(sessions::files))
-        .route("/v1/sessions/{name}/files/{*path}", get(sessions::read).put(sessions::write))
+        .route("/v1/sessions/{name}/files/{*path}", get(sessions::read).put(sessions::write).delete(sessions::remove))
         .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], openapi::json()) }))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(observe::ready))

@@ -237,18 +237,35 @@ pub(crate) async fn read(
     Ok(response)
 }
 
-/// A session file's path: relative, `/`-separated, no empty, `.` or `..` component, no NUL,
-/// at most 1024 bytes (the worker restores it under `/work`).
-fn check_path(path: &str) -> Result<(), Problem> {
-    let ok = !path.is_empty()
-        && path.len() <= 1024
-        && !path.starts_with('/')
-        && !path.contains('\0')
-        && path.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
-    if ok {
-        Ok(())
-    } else {
-        Err(Problem::invalid(format!("path {path:?} must be relative, without empty, '.' or '..' components or NUL")))
+/// A session file's path by the one path rule ([`sandq_schemas::paths::check_session_path`]:
+/// what the worker restores under `/work`).
+///
+/// # Errors
+/// 400 `invalid-request` naming the path and the rule it breaks.
+pub(crate) fn check_path(path: &str) -> Result<(), Problem> {
+    sandq_schemas::paths::check_session_path(path).map(drop).map_err(|e| {
+        Problem::invalid(format!(
+            "path {:?} cannot be a session file: {e} (a path under /work: relative, '/'-separated, \
+             each component 1 to 255 bytes and not '.' or '..', at most 1024 bytes, no NUL or backslash)",
+            sandq_schemas::paths::clipped(path)
+        ))
+    })
+}
+
+/// Refuses `path` when the session already has a file it cannot stand beside (`data` beside
+/// `data/x.csv`).
+///
+/// # Errors
+/// 409 `path-conflict` naming the other file.
+fn check_conflict(manifest: &Manifest, path: &str) -> Result<(), Problem> {
+    match sandq_schemas::paths::conflict(manifest.files.keys().map(String::as_str), path) {
+        None => Ok(()),
+        Some(other) => Err(Problem::path_conflict(format!(
+            "path {:?} clashes with the session's file {:?}: one path cannot be both a file and a directory; \
+             delete that file first (DELETE /v1/sessions/{{name}}/files/{{path}})",
+            sandq_schemas::paths::clipped(path),
+            sandq_schemas::paths::clipped(other)
+        ))),
     }
 }
 
@@ -257,13 +274,15 @@ const NEW_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 
 /// `PUT /v1/sessions/{name}/files/{path}`: the body (any type, at most the key's
 /// `max_upload_bytes`) becomes the file at `path` in the session, as if a job had written it;
-/// the next job of the session finds it in `/work`. 201 `{"path", "size", "sha256"}`; 409
-/// while a job of the session runs (retry).
+/// the next job of the session finds it in `/work`. 201 `{"path", "size", "sha256"}`; 400
+/// for a path the worker could not restore (the path rule); 409 `path-conflict` when the session
+/// has a file that is a directory of `path` or has it as one, 409 `conflict` while a job of the
+/// session runs (retry).
 #[utoipa::path(put, path = "/v1/sessions/{name}/files/{path}", tag = "sessions",
     params(("name" = String, Path, description = "The session"), ("path" = String, Path, description = "The file's path under /work")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
-    responses((status = 201, description = "`{\"path\", \"size\", \"sha256\"}`", body = serde_json::Value), (status = 400, description = "invalid-request", body = Problem),
-        (status = 404, description = "not-found", body = Problem), (status = 409, description = "A job of the session runs", body = Problem)),
+    responses((status = 201, description = "`{\"path\", \"size\", \"sha256\"}`", body = serde_json::Value), (status = 400, description = "invalid-request: a path the rule refuses", body = Problem),
+        (status = 404, description = "not-found", body = Problem), (status = 409, description = "path-conflict: a file of the session is a directory of the path, or under it; conflict: a job of the session runs", body = Problem)),
     security(("api_key" = [])))]
 pub(crate) async fn write(
     State(gateway): State<Arc<Gateway>>,
@@ -273,6 +292,12 @@ pub(crate) async fn write(
 ) -> Result<Response, Problem> {
     check_path(&path)?;
     let scoped = owned(&gateway, &caller, &name).await?;
+    // A clash refused before the body is read (the check under the lock below decides).
+    if let Some(manifest) =
+        sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped).await.map_err(session_problem)?
+    {
+        check_conflict(&manifest, &path)?;
+    }
     let bytes = crate::body::read_bounded(&gateway, body, caller.key.quotas.max_upload_bytes).await?;
     let sha256: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
     let size = bytes.len() as u64;
@@ -289,6 +314,19 @@ pub(crate) async fn write(
             .await
             .map_err(session_problem)?
             .unwrap_or_else(|| Manifest { created_at_ms: now, ..Manifest::default() });
+        // Under the session's lock, which a job, a write and a delete of the session each hold
+        // while they change it: of two concurrent writes of `data` and `data/x`, the second to
+        // take the lock sees the first's file here and is refused. A session that holds such a
+        // pair nonetheless (written before this check, or straight into S3) fails its jobs with
+        // a reason naming the file (the worker's `StageError::Unrestorable`), and
+        // `DELETE /v1/sessions/{name}/files/{path}` mends it.
+        if let Err(refused) = check_conflict(&manifest, &path) {
+            if !manifest.files.values().chain(manifest.states()).chain(manifest.packages.as_ref()).any(|f| f.sha256 == sha256) {
+                let blob = gateway.names.session_blob_key(&scoped, &sha256);
+                let _ = storage::delete_keys(&gateway.s3, bucket, &[blob]).await;
+            }
+            return Err(refused);
+        }
         manifest.files.insert(path.clone(), FileEntry { sha256: sha256.clone(), size });
         manifest.updated_at_ms = now;
         manifest.expires_at_ms = manifest.expires_at_ms.max(now + NEW_SESSION_TTL.as_millis() as u64);
@@ -301,6 +339,47 @@ pub(crate) async fn write(
     Ok((StatusCode::CREATED, Json(json!({"path": path, "size": size, "sha256": sha256}))).into_response())
 }
 
+/// `DELETE /v1/sessions/{name}/files/{path}`: the file at `path` removed from the session (any
+/// path the session holds, including one the path rule now refuses, so that a session written
+/// before it can be mended); its content deleted once no other entry of the session refers to
+/// it. 204; 404 when the tenant has no such session or the session no such file; 409 while a
+/// job of the session runs (retry).
+#[utoipa::path(delete, path = "/v1/sessions/{name}/files/{path}", tag = "sessions",
+    params(("name" = String, Path, description = "The session"), ("path" = String, Path, description = "The file's path under /work, as listed")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "not-found: no such session or file", body = Problem),
+        (status = 409, description = "A job of the session runs", body = Problem)),
+    security(("api_key" = [])))]
+pub(crate) async fn remove(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path((name, path)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    let scoped = owned(&gateway, &caller, &name).await?;
+    let bucket = &gateway.service.s3.bucket;
+    let mut redis = gateway.redis.clone();
+    let holder = format!("gateway-{}", uuid::Uuid::new_v4());
+    sessions::lock(&mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(60), Duration::ZERO).await.map_err(session_problem)?;
+    let removed = async {
+        let mut manifest = sessions::load(&gateway.s3, bucket, &gateway.names, &scoped)
+            .await
+            .map_err(session_problem)?
+            .ok_or_else(|| Problem::not_found("file", &path))?;
+        let entry = manifest.files.remove(&path).ok_or_else(|| Problem::not_found("file", &path))?;
+        manifest.updated_at_ms = sandq_core::time::now_ms();
+        sessions::store(&gateway.s3, bucket, &mut redis, &gateway.names, &scoped, &manifest).await.map_err(session_problem)?;
+        // After the manifest: a blob goes only once no manifest refers to it.
+        if !manifest.files.values().chain(manifest.states()).chain(manifest.packages.as_ref()).any(|f| f.sha256 == entry.sha256) {
+            let blob = gateway.names.session_blob_key(&scoped, &entry.sha256);
+            storage::delete_keys(&gateway.s3, bucket, &[blob]).await.map_err(storage_problem)?;
+        }
+        Ok::<_, Problem>(())
+    }
+    .await;
+    let _ = sessions::unlock(&mut gateway.redis.clone(), &gateway.names, &scoped, &holder).await;
+    removed?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,8 +389,20 @@ mod tests {
         for good in ["a.txt", "data/x.csv", "deep/er/file"] {
             assert!(check_path(good).is_ok(), "{good}");
         }
-        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a/", "a\0b", &"x".repeat(1025)] {
-            assert!(check_path(bad).is_err(), "{bad:?}");
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a/", "a\0b", &"x".repeat(1025), "a\\b", &"x".repeat(256)] {
+            let refused = check_path(bad).expect_err(bad);
+            assert_eq!(refused.status, 400, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_file_beside_a_directory_of_its_name_is_refused() {
+        let mut manifest = Manifest::default();
+        manifest.files.insert("data/x.csv".into(), FileEntry { sha256: "0".repeat(64), size: 1 });
+        let refused = check_conflict(&manifest, "data").expect_err("data beside data/x.csv");
+        assert_eq!((refused.status, refused.kind.as_str()), (409, "urn:sandq:problem:path-conflict"));
+        assert!(refused.detail.contains("\"data/x.csv\""), "{}", refused.detail);
+        check_conflict(&manifest, "data/y.csv").expect("a sibling");
+        check_conflict(&manifest, "data/x.csv").expect("the same file, replaced");
     }
 }

@@ -179,7 +179,7 @@ pub struct ListFilesArgs {
     pub path: Option<String>,
 }
 
-/// `read_file`'s arguments.
+/// `read_file`'s and `delete_file`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadFileArgs {
@@ -429,6 +429,14 @@ impl Sandq {
                 Err(e) => return Ok(bad_arguments(format!("content is not base64: {e}"))),
             },
         };
+        // The path rule the gateway and the worker share: a refusal the model reads and
+        // corrects, before any bytes are sent.
+        if let Err(e) = sandq_schemas::paths::check_session_path(&args.path) {
+            return Ok(bad_arguments(format!(
+                "path {:?} cannot be a file under /work: {e} (relative, '/'-separated, each component 1 to 255 bytes and not '.' or '..', no backslash)",
+                sandq_schemas::paths::clipped(&args.path)
+            )));
+        }
         if bytes.len() > MAX_UPLOAD_BYTES {
             return Ok(bad_arguments(format!("content is {} bytes; at most {MAX_UPLOAD_BYTES} here", bytes.len())));
         }
@@ -439,6 +447,24 @@ impl Sandq {
                 "wrote /work/{} ({size} bytes) in session {}",
                 args.path, args.session
             ))])),
+            Err(e) => refused(e),
+        }
+    }
+
+    /// Deletes one file of a session.
+    #[tool(
+        description = "Delete one file from a session's /work directory, by its path as list_files gives it (for example one a run_code call says cannot be restored)."
+    )]
+    async fn delete_file(
+        &self,
+        Parameters(args): Parameters<ReadFileArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let rest = self.rest(&context.extensions)?;
+        match rest.delete_file(&args.session, &args.path).await {
+            Ok(()) => {
+                Ok(CallToolResult::success(vec![ContentBlock::text(format!("deleted /work/{} from session {}", args.path, args.session))]))
+            }
             Err(e) => refused(e),
         }
     }

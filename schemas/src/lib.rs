@@ -9,6 +9,7 @@
 //! - [`JobResult`] and [`JobStatus`]: what the worker writes to Redis, read back by clients.
 //! - [`names`]: exchange, queue and routing names, Redis keys, S3 key layout.
 //! - [`protocol`]: protocol text used verbatim in every language (the compare-and-set script).
+//! - [`paths`]: the one rule for a path under `/work` (session files, inputs, artifacts).
 //! - [`validate`]: limits and the checks every job passes before it is staged.
 //! - [`de`]: the lenient field decoders (nil is absent; integers of any width, or integral
 //!   floats), whose errors name the field.
@@ -19,6 +20,7 @@ pub mod events;
 pub mod job;
 mod keys;
 pub mod names;
+pub mod paths;
 pub mod protocol;
 pub mod result;
 pub mod validate;

@@ -260,37 +260,19 @@ pub fn check_session_name(name: &str) -> Result<(), ValidationError> {
 }
 
 /// Longest path relative to `/work` an input, artifact or session file may have, bytes.
-pub const MAX_PATH_BYTES: usize = 1024;
+pub const MAX_PATH_BYTES: usize = crate::paths::MAX_PATH_BYTES;
 
 /// Checks a path relative to `/work` (inputs, entry points, restored session files,
-/// artifacts): non-empty, at most [`MAX_PATH_BYTES`], `/`-separated components that are not
-/// empty, `.` or `..`, each at most 255 bytes, without NUL or backslash.
+/// artifacts) by the one rule, [`crate::paths::check_session_path`]: non-empty, at most
+/// [`MAX_PATH_BYTES`], `/`-separated components that are not empty, `.` or `..`, each at most
+/// 255 bytes, without NUL or backslash.
 ///
 /// # Errors
 /// [`ValidationError::Path`] with the reason.
 pub fn check_relative_path(path: &str) -> Result<(), ValidationError> {
-    let bad = |reason| Err(ValidationError::Path { path: path.chars().take(200).collect(), reason });
-    if path.is_empty() {
-        return bad("it is empty");
-    }
-    if path.len() > MAX_PATH_BYTES {
-        return bad("it is longer than 1024 bytes");
-    }
-    if path.starts_with('/') {
-        return bad("it is absolute");
-    }
-    if path.contains('\0') || path.contains('\\') {
-        return bad("it contains NUL or a backslash");
-    }
-    for component in path.split('/') {
-        match component {
-            "" => return bad("it has an empty component"),
-            "." | ".." => return bad("it has a '.' or '..' component"),
-            c if c.len() > 255 => return bad("a component is longer than 255 bytes"),
-            _ => {}
-        }
-    }
-    Ok(())
+    crate::paths::check_session_path(path)
+        .map(drop)
+        .map_err(|e| ValidationError::Path { path: crate::paths::clipped(path), reason: e.reason() })
 }
 
 fn parse_duration(field: &'static str, value: Option<&str>, default: Duration, max: Duration) -> Result<Duration, ValidationError> {
@@ -366,17 +348,8 @@ impl JobSpec {
             }
         }
         // A path that is a directory prefix of another ("a" and "a/b") cannot be staged.
-        for path in &seen {
-            let mut prefix = String::new();
-            for component in path.split('/') {
-                if !prefix.is_empty() && seen.contains(prefix.as_str()) {
-                    return Err(ValidationError::PathClash { path: (*path).to_owned() });
-                }
-                if !prefix.is_empty() {
-                    prefix.push('/');
-                }
-                prefix.push_str(component);
-            }
+        if let Some((_, path)) = crate::paths::first_conflict(seen.iter().copied()) {
+            return Err(ValidationError::PathClash { path: path.to_owned() });
         }
         if let Some(entry) = &self.entrypoint {
             check_relative_path(entry)?;

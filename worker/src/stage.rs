@@ -39,6 +39,19 @@ pub(crate) enum StageError {
         /// The transfer error, with the key.
         source: TransferError,
     },
+    /// A session file cannot be restored into `/work` (a session written before the gateway
+    /// checked paths, or behind its back): the client's fault, rejected on the first attempt
+    /// with a reason naming the file and how to remove it, since every attempt would fail alike.
+    #[error(
+        "the session's file {path:?} cannot be restored into /work ({reason}); delete that file \
+         (DELETE /v1/sessions/{{session}}/files/{{path}}) or the session, then run the job again"
+    )]
+    Unrestorable {
+        /// The file's path in the session (clipped to 200 characters).
+        path: String,
+        /// Why.
+        reason: Unrestorable,
+    },
     /// The content-addressed object of an input does not hold the bytes its name says (another
     /// client wrote it); `removed` when the worker deleted it, so that the next upload of the
     /// file stores it afresh (the client's job is rejected; test:
@@ -54,6 +67,29 @@ pub(crate) enum StageError {
     },
 }
 
+/// How a session file cannot be restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unrestorable {
+    /// Its path breaks the path rule ([`sandq_schemas::paths::check_session_path`]).
+    Path(sandq_schemas::paths::PathError),
+    /// Another session file is a directory of it, or it of the other.
+    Conflict {
+        /// The other file's path.
+        other: String,
+    },
+}
+
+impl std::fmt::Display for Unrestorable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unrestorable::Path(e) => write!(f, "its path is refused: {e}"),
+            Unrestorable::Conflict { other } => {
+                write!(f, "the session also has {other:?}, and one path cannot be both a file and a directory")
+            }
+        }
+    }
+}
+
 impl StageError {
     /// Whether the job, not sandq, is at fault: a missing or corrupt input object (not S3
     /// trouble), one whose bytes differ from its name, or inputs over the SKU's disk quota. The
@@ -62,7 +98,7 @@ impl StageError {
     pub(crate) fn is_client_fault(&self) -> bool {
         match self {
             StageError::Download { source, .. } => !source.is_transient(),
-            StageError::Mismatched { .. } | StageError::OverQuota { .. } => true,
+            StageError::Mismatched { .. } | StageError::OverQuota { .. } | StageError::Unrestorable { .. } => true,
             _ => false,
         }
     }
@@ -132,6 +168,26 @@ pub(crate) async fn stage(
     }
     // On error `dir` is dropped here, which removes the partly made directory.
     fill(job, &dir, place, s3, bucket).await.map(|staged| (dir, staged))
+}
+
+/// Checks that every session file in `restore` can be placed in `/work`: each path by the path
+/// rule ([`sandq_schemas::paths::check_session_path`], what the gateway checks on every write),
+/// and no file a directory of another (`data` beside `data/x.csv`). Pure: what passes is what
+/// [`create_beneath`] creates (test: `every_accepted_session_restores` below).
+///
+/// # Errors
+/// [`StageError::Unrestorable`] naming the first bad file.
+pub(crate) fn check_restorable(restore: &[Restore]) -> Result<(), StageError> {
+    use sandq_schemas::paths;
+    for file in restore {
+        if let Err(e) = paths::check_session_path(&file.path) {
+            return Err(StageError::Unrestorable { path: paths::clipped(&file.path), reason: Unrestorable::Path(e) });
+        }
+    }
+    if let Some((dir, file)) = paths::first_conflict(restore.iter().map(|r| r.path.as_str())) {
+        return Err(StageError::Unrestorable { path: paths::clipped(dir), reason: Unrestorable::Conflict { other: paths::clipped(file) } });
+    }
+    Ok(())
 }
 
 /// Fails when the inputs and restored files alone exceed the `/work` quota.
@@ -238,9 +294,10 @@ pub(crate) async fn fill(
                 || restored.strip_prefix(input).is_some_and(|rest| rest.starts_with('/'))
         })
     };
+    // Checked before anything is placed (the job launched only after `check_restorable`); again
+    // here, so that no path the rule refuses is ever joined to `/work`.
+    check_restorable(place.restore)?;
     for file in place.restore.iter().filter(|r| !clashes(&r.path)) {
-        sandq_schemas::validate::check_relative_path(&file.path)
-            .map_err(|e| JobDirError::Filesystem(format!("session path {:?}: {e}", file.path)))?;
         let stamp = place_file(dir, uid, &file.path, &file.key, file.size, &file.sha256, s3, bucket).await?;
         staged.insert(file.path.clone(), stamp);
     }
@@ -311,17 +368,7 @@ async fn place_file(
     bucket: &str,
 ) -> Result<Stamp, StageError> {
     let dest = dir.work.join(rel);
-    let mut parent = dir.work.clone();
-    let components: Vec<&str> = rel.split('/').collect();
-    for component in &components[..components.len() - 1] {
-        parent.push(component);
-        match std::fs::DirBuilder::new().mode(0o755).create(&parent) {
-            Ok(()) => std::os::unix::fs::chown(&parent, Some(uid), Some(uid)).map_err(prepare_error(&parent))?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(JobDirError::Prepare { path: parent.clone(), source: e }.into()),
-        }
-    }
-    let file = open_new(&dest, 0o644)?;
+    let file = create_beneath(&dir.work, rel, Some(uid))?;
     let mut file = tokio::fs::File::from_std(file);
     match storage::get_to_file(s3, bucket, key, &mut file, rel, Some(size), Some(sha256)).await {
         Ok(_) => {}
@@ -334,4 +381,75 @@ async fn place_file(
     std::os::unix::fs::chown(&dest, Some(uid), Some(uid)).map_err(prepare_error(&dest))?;
     let meta = file.metadata().await.map_err(prepare_error(&dest))?;
     Ok(Stamp::of(&meta))
+}
+
+/// Creates the new file `<work>/<rel>` (mode 0644, `O_EXCL | O_NOFOLLOW`) and its missing
+/// parents (0755, given to `uid` when set). `rel` passed the path rule.
+///
+/// # Errors
+/// [`JobDirError::Prepare`] naming the directory or file that could not be made.
+fn create_beneath(work: &Path, rel: &str, uid: Option<u32>) -> Result<std::fs::File, JobDirError> {
+    let mut parent = work.to_path_buf();
+    let components: Vec<&str> = rel.split('/').collect();
+    for component in &components[..components.len() - 1] {
+        parent.push(component);
+        match std::fs::DirBuilder::new().mode(0o755).create(&parent) {
+            Ok(()) => {
+                if let Some(uid) = uid {
+                    std::os::unix::fs::chown(&parent, Some(uid), Some(uid)).map_err(prepare_error(&parent))?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(JobDirError::Prepare { path: parent.clone(), source: e }),
+        }
+    }
+    open_new(&work.join(rel), 0o644)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn restore(paths: &[&str]) -> Vec<Restore> {
+        paths.iter().map(|p| Restore { path: (*p).to_owned(), key: String::new(), size: 0, sha256: String::new() }).collect()
+    }
+
+    #[test]
+    fn sessions_that_cannot_be_restored_are_named() {
+        let long = "x".repeat(256);
+        for (paths, bad) in [
+            (vec!["a\\b"], "a\\b"),
+            (vec!["ok", long.as_str()], long.as_str()),
+            (vec!["data", "data/x.csv"], "data"),
+            (vec!["a/b/c", "z", "a/b"], "a/b"),
+        ] {
+            let err = check_restorable(&restore(&paths)).expect_err(bad);
+            assert!(err.is_client_fault(), "{err}");
+            assert!(matches!(&err, StageError::Unrestorable { path, .. } if *path == sandq_schemas::paths::clipped(bad)), "{err}");
+            assert!(err.to_string().contains("DELETE /v1/sessions/"), "{err}");
+        }
+        check_restorable(&restore(&["data/x.csv", "data/y.csv", "data2", "d"])).expect("restorable");
+    }
+
+    proptest! {
+        /// Every session the rule accepts (each path, and no conflict), the worker's restore
+        /// accepts and places: each file created beneath `/work` on a real file system.
+        #[test]
+        fn every_accepted_session_restores(paths in proptest::collection::btree_set("([a-c.\\\\]{1,3}|x{250,256})(/([a-c.]{1,3}|x{250,256})){0,3}", 1..6)) {
+            let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+            let accepted = paths.iter().all(|p| sandq_schemas::paths::check_session_path(p).is_ok())
+                && sandq_schemas::paths::first_conflict(paths.iter().copied()).is_none();
+            let checked = check_restorable(&restore(&paths));
+            prop_assert_eq!(accepted, checked.is_ok(), "{:?}", checked.err());
+            if accepted {
+                let work = tempfile::tempdir().expect("tempdir");
+                for path in &paths {
+                    create_beneath(work.path(), path, None).map_err(|e| TestCaseError::fail(format!("{path:?}: {e}")))?;
+                    prop_assert!(work.path().join(path).is_file());
+                }
+            }
+        }
+    }
 }

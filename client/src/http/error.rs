@@ -78,6 +78,11 @@ pub enum HttpError {
     /// is in use.
     #[error("conflict: {0}")]
     Conflict(Problem),
+    /// 409 `path-conflict`: a session file cannot be written where the session has a
+    /// directory of its name, or under one of its files (`data` beside `data/x.csv`); not
+    /// worth retrying until that file is deleted.
+    #[error("the path clashes with a file of the session: {0}")]
+    PathConflict(Problem),
     /// 405 `method-not-allowed`.
     #[error("the gateway does not allow this method here: {0}")]
     MethodNotAllowed(Problem),
@@ -249,6 +254,7 @@ impl HttpError {
             | HttpError::QuotaExceeded(p)
             | HttpError::NotFound(p)
             | HttpError::Conflict(p)
+            | HttpError::PathConflict(p)
             | HttpError::MethodNotAllowed(p)
             | HttpError::Unavailable(p)
             | HttpError::OtherProblem(p) => Some(p),
@@ -273,6 +279,7 @@ impl HttpError {
             ("quota-exceeded", _) | ("", 429) => HttpError::QuotaExceeded(problem),
             ("not-found", _) | ("", 404) => HttpError::NotFound(problem),
             ("conflict", _) | ("", 409) => HttpError::Conflict(problem),
+            ("path-conflict", _) => HttpError::PathConflict(problem),
             ("method-not-allowed", _) | ("", 405) => HttpError::MethodNotAllowed(problem),
             ("unavailable", _) | ("", 503) => HttpError::Unavailable(problem),
             _ => HttpError::OtherProblem(problem),
@@ -349,6 +356,8 @@ mod tests {
         assert!(matches!(HttpError::from_problem(404, problem("not-found", None)), HttpError::NotFound(_)));
         assert!(matches!(HttpError::from_problem(408, problem("body-timeout", None)), HttpError::BodyTimeout(_)));
         assert!(matches!(HttpError::from_problem(418, problem("teapot", None)), HttpError::OtherProblem(_)));
+        let clash = HttpError::from_problem(409, problem("path-conflict", None));
+        assert!(matches!(clash, HttpError::PathConflict(_)) && clash.retry_pause().is_none());
         let foreign = Problem { kind: "about:blank".into(), ..problem("x", None) };
         assert!(matches!(HttpError::from_problem(404, foreign), HttpError::NotFound(_)));
         assert_eq!(HttpError::from_problem(503, problem("unavailable", Some(2))).retry_pause(), Some(Duration::from_secs(2)));

@@ -1,5 +1,5 @@
-//! Sessions over the REST API: make, list, delete (waiting for a running job, or not), list
-//! and write their files. Reading a session's file is a redirect (`files.rs`).
+//! Sessions over the REST API: make, list, delete (waiting for a running job, or not), list,
+//! write and delete their files. Reading a session's file is a redirect (`files.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -128,5 +128,16 @@ impl HttpClient {
         })
         .await
         .map(drop)
+    }
+
+    /// `DELETE /v1/sessions/{name}/files/{path}`: the file removed from the session (any path
+    /// it holds, so that one a job cannot restore can be removed).
+    ///
+    /// # Errors
+    /// [`HttpError::NotFound`] when the tenant has no such session or the session no such file;
+    /// 409 (a job of it runs); the transport's.
+    pub async fn delete_file(&self, name: &str, path: &str) -> Result<(), HttpError> {
+        let route = format!("/v1/sessions/{}/files/{}", encode_path(name), encode_path(path));
+        self.send_empty(Method::DELETE, &route, None).await.map(drop)
     }
 }

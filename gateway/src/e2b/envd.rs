@@ -1,6 +1,6 @@
 //! envd's filesystem on a sandq session (E2B's `sandbox.files`): `GET /files` (read), `POST
 //! /files` (write: octet-stream or multipart), and the Connect-RPC calls `ListDir` and `Stat`
-//! (`list`, `exists`, `get_info`); the others answer `unimplemented` (docs/e2b.md says why).
+//! (`list`, `exists`, `get_info`) and `Remove` (`remove`); the others answer `unimplemented` (docs/e2b.md says why).
 //!
 //! A sandbox's files are its session's (`/work`, which every sandbox also sees as
 //! `/home/user`): paths under `/home/user` or `/work`, or relative ones (envd resolves those
@@ -228,13 +228,28 @@ pub(super) async fn write(
             Err(p) => return Err(e2b_error(StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST), p.detail).into()),
         }
     };
-    let mut written = Vec::with_capacity(files.len());
+    // Every part's path checked before any is written: by the path rule (what a job restores;
+    // the REST write checks it again, with the session's other files), and no two parts a file
+    // and a directory of the same name.
+    let mut checked = Vec::with_capacity(files.len());
     for (path, bytes) in files {
         let relative = match session_path(&path) {
             Ok(p) if p.is_empty() => return Err(e2b_error(StatusCode::BAD_REQUEST, format!("{HOME} is a directory")).into()),
             Ok(p) => p,
             Err(m) => return Err(e2b_error(StatusCode::BAD_REQUEST, m).into()),
         };
+        if let Err(problem) = crate::sessions::check_path(&relative) {
+            return Err(e2b_error(StatusCode::BAD_REQUEST, problem.detail).into());
+        }
+        checked.push((relative, bytes));
+    }
+    if let Some((dir, file)) = sandq_schemas::paths::first_conflict(checked.iter().map(|(p, _)| p.as_str())) {
+        let message =
+            format!("{} and {} cannot both be files: one would be a directory of the other", sandbox_path(dir), sandbox_path(file));
+        return Err(e2b_error(StatusCode::CONFLICT, message).into());
+    }
+    let mut written = Vec::with_capacity(checked.len());
+    for (relative, bytes) in checked {
         if let Err(e) = write_waiting(&rest, &record.id, &relative, bytes).await {
             return Err(files_error(&e).into());
         }
@@ -294,7 +309,8 @@ async fn write_waiting(rest: &Rest, sandbox: &str, path: &str, bytes: bytes::Byt
     let mut pause = Duration::from_millis(250);
     loop {
         match rest.write_file(sandbox, path, bytes.clone()).await {
-            Err(e) if e.status() == Some(409) && Instant::now() + pause < deadline => {
+            // The session in use (`conflict`), not a path that clashes (`path-conflict`).
+            Err(RestError::Conflict(_)) if Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(4));
             }
@@ -444,14 +460,67 @@ pub(super) async fn stat(
     }
 }
 
-/// The filesystem calls sandq does not carry (`MakeDir`, `Move`, `Remove`, watchers): sandq
+/// `filesystem.Filesystem/Remove {"path"}` (E2B's `files.remove`): `{}` once the file, or every
+/// file under the directory, is deleted from the session (`DELETE /v1/sessions/{id}/files/{path}`,
+/// waiting for a running cell like a write); `not_found` when there is nothing at `path`.
+pub(super) async fn remove(
+    axum::Extension(e2b): axum::Extension<Arc<E2b>>,
+    caller: Result<Caller, crate::problem::Problem>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refused> {
+    let (files, request) = fs_call(&e2b, caller, &headers, body).await?;
+    let rest = e2b.rest(&headers).ok_or_else(|| connect_error(Code::Unauthenticated, "invalid access token"))?;
+    let Some((_, id)) = target(&headers) else { return Err(connect_error(Code::NotFound, "no sandbox named").into()) };
+    let path = match session_path(&request.path) {
+        Ok(p) if p.is_empty() => return Err(connect_error(Code::InvalidArgument, format!("{HOME} cannot be removed")).into()),
+        Ok(p) => p,
+        Err(m) => return Err(connect_error(Code::InvalidArgument, m).into()),
+    };
+    let doomed: Vec<&str> = match find(&files, &path) {
+        Found::File(_) => vec![path.as_str()],
+        Found::Dir => {
+            let prefix = format!("{path}/");
+            files.iter().filter(|f| f.path.starts_with(&prefix)).map(|f| f.path.as_str()).collect()
+        }
+        Found::Nothing => return Err(connect_error(Code::NotFound, format!("no such file or directory: {}", request.path)).into()),
+    };
+    for file in doomed {
+        match delete_waiting(&rest, &id, file).await {
+            Ok(()) => {}
+            // Deleted meanwhile (by a cell or another call): gone either way.
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(connect_error(Code::of_rest(&e), e.summary()).into()),
+        }
+    }
+    Ok(Json(json!({})).into_response())
+}
+
+/// Deletes a session file, waiting while a cell of the sandbox holds the session (409), as
+/// [`write_waiting`] does.
+async fn delete_waiting(rest: &Rest, sandbox: &str, path: &str) -> Result<(), RestError> {
+    let deadline = Instant::now() + WRITE_WAIT;
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match rest.delete_file(sandbox, path).await {
+            // The session in use (`conflict`), not a path that clashes (`path-conflict`).
+            Err(RestError::Conflict(_)) if Instant::now() + pause < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The filesystem calls sandq does not carry (`MakeDir`, `Move`, watchers): sandq
 /// keeps a sandbox's files, not directories, and changes them through cells and writes.
 pub(super) async fn unimplemented(uri: axum::http::Uri) -> Response {
     connect_error(
         Code::Unimplemented,
         format!(
             "{} is not carried by sandq: a sandbox keeps its files (write, read, list), not empty directories; \
-             move or remove files with a command (sandbox.commands.run)",
+             move files with a command (sandbox.commands.run)",
             uri.path()
         ),
     )

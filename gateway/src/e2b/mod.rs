@@ -70,6 +70,7 @@ pub(crate) fn service(gateway: Arc<Gateway>, api: Router) -> Router {
         .route("/files", get(envd::read).post(envd::write).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/filesystem.Filesystem/ListDir", post(envd::list_dir))
         .route("/filesystem.Filesystem/Stat", post(envd::stat))
+        .route("/filesystem.Filesystem/Remove", post(envd::remove))
         .route("/filesystem.Filesystem/{call}", post(envd::unimplemented))
         .route("/process.Process/Start", post(process::start))
         .route("/process.Process/SendSignal", post(process::send_signal))

@@ -59,6 +59,10 @@ pub(super) async fn launch(
     let settings = &ctx.settings;
     let bucket = &settings.services.s3.bucket;
     let restore = opened.map(|o| o.restore(ctx)).unwrap_or_default();
+    // A session the worker cannot restore (a path the rule refuses, or a file beside a directory
+    // of its name, stored before the gateway checked them) is refused here, before a sandbox is
+    // taken: `rejected` on the first attempt, its reason naming the file to delete.
+    stage::check_restorable(&restore)?;
     // Notebook cells are numbered within their session, and a session's notebook state (its
     // variables) travels with it: restored before the cell, saved after it.
     let notebook = job.spec.run_mode() == RunMode::Notebook;

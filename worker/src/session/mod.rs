@@ -385,6 +385,9 @@ pub(crate) async fn save(
     let mut unsaved = left_out;
     let mut manifest_files = BTreeMap::new();
     let mut bytes = 0u64;
+    // `files` come from the artifact walk of a real file system, which keeps only paths the
+    // path rule accepts (crate::artifacts) and cannot hold a file beside a directory of its
+    // name: what a job saves, the next job restores (crate::stage::check_restorable).
     for file in files {
         // The whole session within the artifact caps (restored, unchanged files included), so
         // that it cannot grow job after job.
