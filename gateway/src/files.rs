@@ -50,7 +50,8 @@ pub(crate) async fn uploaded_size(gateway: &Gateway, tenant: &str, sha256: &str)
 /// `min_body_bytes_per_s`); 429 when the key has `max_uploads_per_key` bodies under way. The
 /// bytes go through a temporary file (never held in memory).
 #[utoipa::path(post, path = "/v1/files", tag = "files", request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
-    responses((status = 201, description = "`{\"file_id\", \"size\", \"expires_in_s\"}`", body = serde_json::Value), (status = 413, description = "body-too-large", body = Problem)),
+    responses((status = 201, description = "`{\"file_id\", \"size\", \"expires_in_s\"}`", body = serde_json::Value), (status = 413, description = "body-too-large", body = Problem),
+        (status = 408, description = "body-timeout: the body did not arrive within its deadline", body = Problem), (status = 429, description = "The key has `max_uploads_per_key` bodies under way", body = Problem)),
     security(("api_key" = [])))]
 pub(crate) async fn upload(
     State(gateway): State<Arc<Gateway>>,

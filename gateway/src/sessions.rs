@@ -263,7 +263,8 @@ const NEW_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
     params(("name" = String, Path, description = "The session"), ("path" = String, Path, description = "The file's path under /work")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
     responses((status = 201, description = "`{\"path\", \"size\", \"sha256\"}`", body = serde_json::Value), (status = 400, description = "invalid-request", body = Problem),
-        (status = 404, description = "not-found", body = Problem), (status = 409, description = "A job of the session runs", body = Problem)),
+        (status = 404, description = "not-found", body = Problem), (status = 409, description = "A job of the session runs", body = Problem),
+        (status = 408, description = "body-timeout: the body did not arrive within its deadline", body = Problem), (status = 429, description = "The key has `max_uploads_per_key` bodies under way", body = Problem)),
     security(("api_key" = [])))]
 pub(crate) async fn write(
     State(gateway): State<Arc<Gateway>>,
