@@ -45,16 +45,14 @@ pub(crate) fn service(gateway: Arc<Gateway>, api: Router) -> Router {
 
 /// A valid key, and a body within `max_body_bytes`, or the request goes no further.
 async fn admit(State(gateway): State<Arc<Gateway>>, caller: Result<Caller, Problem>, request: Request, next: Next) -> Response {
-    let caller = match caller {
-        Ok(caller) => caller,
-        Err(problem) => {
-            let mut response = problem.into_response();
-            if response.status() == axum::http::StatusCode::UNAUTHORIZED {
-                response.headers_mut().insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
-            }
-            return response;
+    let key_id = caller.as_ref().map(|c| c.key.id.clone()).unwrap_or_default();
+    if let Err(problem) = caller {
+        let mut response = problem.into_response();
+        if response.status() == axum::http::StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
         }
-    };
+        return response;
+    }
     let too_long = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -69,7 +67,7 @@ async fn admit(State(gateway): State<Arc<Gateway>>, caller: Result<Caller, Probl
     // JSON-RPC's parse error (rmcp answers it with a bare 415).
     let (parts, body) = request.into_parts();
     let bytes = {
-        let _permit = match gateway.take_upload(&caller.key.id) {
+        let _permit = match gateway.take_upload(&key_id) {
             Ok(permit) => permit,
             Err(problem) => return problem.into_response(),
         };
