@@ -1,6 +1,8 @@
-//! `/v1/files` and artifacts: inputs uploaded over HTTP, streamed to S3 content-addressed
-//! (`inputs/sha256/<hex>`, the layout every client uses, so the worker stages them as usual),
-//! and a job's artifacts fetched through a redirect to a presigned URL.
+//! `/v1/files` and artifacts: inputs uploaded over HTTP, spooled to a temporary file and then
+//! streamed to S3 under the tenant's own content address (`inputs/tenant/<tenant>/sha256/<hex>`,
+//! [`tenant_input_key`]: two tenants' uploads of the same bytes are two objects, so an upload
+//! reveals nothing of other tenants'), and a job's artifacts fetched through a redirect to a
+//! presigned URL.
 //!
 //! An upload is recorded for the key's tenant (`<ns>:tenant:{<tenant>}:file:<sha256>`, the
 //! size, for `gateway.file_ttl`): a job may name only files its tenant uploaded, so knowing a
@@ -14,13 +16,10 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::StreamExt as _;
 use redis::AsyncCommands as _;
 use sandq_core::storage;
-use sandq_schemas::names::input_key;
+use sandq_schemas::names::tenant_input_key;
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
-use tokio::io::{AsyncSeekExt as _, AsyncWriteExt as _};
 
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
@@ -47,9 +46,12 @@ pub(crate) async fn uploaded_size(gateway: &Gateway, tenant: &str, sha256: &str)
 
 /// `POST /v1/files`: the body (any content type) is the file. 201 with `file_id` (its
 /// SHA-256), `size`; 413 over the key's `max_upload_bytes`; 408 when no bytes came for
-/// `read_timeout`. The bytes go through a temporary file (never held in memory).
+/// `read_timeout`, or not whole within its deadline (`body_timeout` plus its declared length at
+/// `min_body_bytes_per_s`); 429 when the key has `max_uploads_per_key` bodies under way. The
+/// bytes go through a temporary file (never held in memory).
 #[utoipa::path(post, path = "/v1/files", tag = "files", request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
-    responses((status = 201, description = "`{\"file_id\", \"size\", \"expires_in_s\"}`", body = serde_json::Value), (status = 413, description = "body-too-large", body = Problem)),
+    responses((status = 201, description = "`{\"file_id\", \"size\", \"expires_in_s\"}`", body = serde_json::Value), (status = 413, description = "body-too-large", body = Problem),
+        (status = 408, description = "body-timeout: the body did not arrive within its deadline", body = Problem), (status = 429, description = "The key has `max_uploads_per_key` bodies under way", body = Problem)),
     security(("api_key" = [])))]
 pub(crate) async fn upload(
     State(gateway): State<Arc<Gateway>>,
@@ -57,53 +59,21 @@ pub(crate) async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
-    let max = caller.key.quotas.max_upload_bytes;
-    let too_large = || Problem::too_large(usize::try_from(max).unwrap_or(usize::MAX));
-    let announced = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if announced.is_some_and(|n| n > max) {
-        return Err(too_large());
-    }
-    let failed = |e: std::io::Error| {
-        tracing::warn!(error = %e, "cannot buffer an upload");
-        Problem::unavailable("cannot store the upload now")
-    };
-    let (file, path) = tempfile::NamedTempFile::new().map_err(failed)?.into_parts();
-    let mut file = tokio::fs::File::from_std(file);
-    let mut hasher = Sha256::new();
-    let mut size = 0u64;
-    let mut stream = body.into_data_stream();
-    loop {
-        // Each chunk must come within the read time-out (a large upload may take long in all).
-        let next = tokio::time::timeout(gateway.settings.read_timeout, stream.next())
-            .await
-            .map_err(|_| Problem::slow_body(gateway.settings.read_timeout))?;
-        match next {
-            None => break,
-            Some(Err(_)) => return Err(Problem::invalid("the body was cut off")),
-            Some(Ok(chunk)) => {
-                size += chunk.len() as u64;
-                if size > max {
-                    return Err(too_large());
-                }
-                hasher.update(&chunk);
-                file.write_all(&chunk).await.map_err(failed)?;
-            }
-        }
-    }
-    file.flush().await.map_err(failed)?;
-    file.seek(std::io::SeekFrom::Start(0)).await.map_err(failed)?;
-    let sha256 = hex(&hasher.finalize());
-    let key = input_key(&sha256);
+    let _permit = gateway.take_upload(&caller.key.id)?;
+    let spooled = crate::body::spool(&gateway, &headers, body, caller.key.quotas.max_upload_bytes).await?;
+    let (sha256, size) = (spooled.sha256.clone(), spooled.size);
+    let key = tenant_input_key(&caller.key.tenant, &sha256);
     let bucket = &gateway.service.s3.bucket;
     let unavailable = |e: storage::TransferError| Problem::unavailable(format!("s3: {e}"));
-    // Like the Rust client: an object of the same size is kept (the worker checks the digest
-    // of what it stages and removes a wrong one); any other is overwritten.
+    // An object of the same size under the tenant's own key is kept (the worker checks the
+    // digest of what it stages and removes a wrong one); any other is overwritten. Only the
+    // tenant's own uploads are looked at: whether another tenant stored these bytes is never
+    // asked, so the answer's time tells nothing about other tenants.
     if storage::object_size(&gateway.s3, bucket, &key).await.map_err(unavailable)? != Some(size) {
-        storage::put_file(&gateway.s3, bucket, &key, file, &path.display().to_string(), "application/octet-stream")
-            .await
-            .map_err(unavailable)?;
+        let file = spooled.open().await.map_err(|e| Problem::unavailable(format!("cannot read the upload back: {e}")))?;
+        storage::put_file(&gateway.s3, bucket, &key, file, &spooled.shown(), "application/octet-stream").await.map_err(unavailable)?;
     }
-    drop(path);
+    drop(spooled);
     let mut redis = gateway.redis.clone();
     let ttl = gateway.settings.file_ttl.as_secs().max(1);
     let () = redis
@@ -112,10 +82,6 @@ pub(crate) async fn upload(
         .map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
     note(caller.audit.as_ref(), |a| a.job_id = None);
     Ok((StatusCode::CREATED, Json(json!({"file_id": sha256, "size": size, "expires_in_s": ttl}))).into_response())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How long an artifact's redirect URL is valid.

@@ -22,7 +22,7 @@ use redis::AsyncCommands as _;
 use sandq_core::events::{self, Event, EventKind};
 use sandq_core::redis_conn::RedisConn;
 use sandq_core::results;
-use sandq_schemas::names::input_key;
+use sandq_schemas::names::tenant_input_key;
 use sandq_schemas::{InputFile, JobResult, JobSpec, JobStatus, NetworkMode, RunMode, Runtime, Sku};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -151,7 +151,13 @@ pub(crate) fn decode(caller: &Caller, headers: &HeaderMap, body: &[u8]) -> Resul
         if !crate::files::is_file_id(&input.file_id) {
             return Err(Problem::invalid(format!("file_id {:?} is not 64 lower-case hex digits", input.file_id)));
         }
-        spec.inputs.push(InputFile { key: input_key(&input.file_id), path: input.path, size: 0, sha256: input.file_id });
+        // The tenant's own copy (`POST /v1/files` stores uploads per tenant).
+        spec.inputs.push(InputFile {
+            key: tenant_input_key(&caller.key.tenant, &input.file_id),
+            path: input.path,
+            size: 0,
+            sha256: input.file_id,
+        });
     }
     spec.submitted_at_ms = Some(sandq_core::time::now_ms());
     if let Some(session) = request.session {
@@ -188,7 +194,7 @@ pub(crate) async fn submit(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
-    let body = crate::body::read_json(&gateway, &headers, body).await?;
+    let body = crate::body::read_json(&gateway, &caller, &headers, body).await?;
     let (spec, callback_url) = decode(&caller, &headers, &body)?;
     let external = spec.job_id[caller.key.tenant.len() + 1..].to_owned();
     note(caller.audit.as_ref(), |a| a.job_id = Some(external.clone()));
@@ -405,7 +411,7 @@ fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -
 }
 
 /// `GET /v1/jobs/{id}[?wait=30s]`: the job's result (200), as it is now or once it ended
-/// within `wait`.
+/// within `wait`; 401 when the key is revoked while it waits.
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
     params(("id" = String, Path, description = "The job's id"), ("wait" = Option<String>, Query, description = "Wait up to this long (humantime, at most `max_wait`) for the job to end")),
     responses((status = 200, description = "The job: a JobResult (docs/protocol.md)", body = serde_json::Value), (status = 404, description = "not-found", body = Problem)),
@@ -427,6 +433,8 @@ pub(crate) async fn get(
     let mut redis = gateway.redis.clone();
     let started = Instant::now();
     let mut _permit = None;
+    // A wait ends (401) once its key is revoked, within about `revocation_check`.
+    let mut revoked = std::pin::pin!(gateway.revoked(&caller.key.id));
     loop {
         let result = results::read(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
         let result = result.unwrap_or_else(|| JobResult::new(job_id.clone(), JobStatus::Queued));
@@ -438,7 +446,10 @@ pub(crate) async fn get(
         }
         // The status (a small script) is polled; the result is read again once it is over.
         loop {
-            tokio::time::sleep(WAIT_POLL).await;
+            tokio::select! {
+                () = tokio::time::sleep(WAIT_POLL) => {}
+                () = &mut revoked => return Err(Problem::unauthorized()),
+            }
             let status = results::status(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
             if status.is_some_and(JobStatus::is_terminal) || started.elapsed() >= wait {
                 break;
@@ -548,7 +559,7 @@ impl events::Pages for JobEvents {
 
 /// `GET /v1/jobs/{id}/events`: the job's live events as server-sent events, from the first or
 /// after `Last-Event-ID` (or `?after=`); the stream ends after `end`, or once the job is over
-/// with nothing left to read.
+/// with nothing left to read, or once the key is revoked (within `revocation_check`).
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs",
     params(("id" = String, Path, description = "The job's id"), ("after" = Option<String>, Query, description = "Resume after this event id"),
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (wins over `after`)")),
@@ -578,8 +589,11 @@ pub(crate) async fn events(
     let key = gateway.names.events_key(&job_id);
     let keep_alive = gateway.settings.keep_alive;
     let until = Instant::now() + gateway.settings.max_stream_life;
+    // The stream ends once its key is revoked, within about `revocation_check`.
+    let revoked = gateway.revoked(&caller.key.id);
     let pages = JobEvents { _permit: permit, gateway, connection: Some(connection), key, job_id };
     let stream = events::follow(pages, &cursor, Duration::from_secs(1), Some(until))
+        .take_until(revoked)
         .filter_map(|event| std::future::ready(sse_event(&event).map(Ok)));
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive)))
 }

@@ -47,6 +47,7 @@ pub(crate) fn service(gateway: Arc<Gateway>, api: Router) -> Router {
 
 /// A valid key, and a body within `max_body_bytes`, or the request goes no further.
 async fn admit(State(gateway): State<Arc<Gateway>>, caller: Result<Caller, Problem>, request: Request, next: Next) -> Response {
+    let key_id = caller.as_ref().map(|c| c.key.id.clone()).unwrap_or_default();
     if let Err(problem) = caller {
         let mut response = problem.into_response();
         if response.status() == axum::http::StatusCode::UNAUTHORIZED {
@@ -63,12 +64,19 @@ async fn admit(State(gateway): State<Arc<Gateway>>, caller: Result<Caller, Probl
     if too_long {
         return Problem::too_large(gateway.settings.max_body_bytes).into_response();
     }
-    // The body is read here, bounded, so that one that is not JSON gets JSON-RPC's parse error
-    // (rmcp answers it with a bare 415).
+    // The body is read here, bounded in bytes and time (`read_timeout` between chunks, its
+    // deadline in all) as one of the key's bodies under way, so that one that is not JSON gets
+    // JSON-RPC's parse error (rmcp answers it with a bare 415).
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, gateway.settings.max_body_bytes).await {
-        Ok(bytes) => bytes,
-        Err(_) => return Problem::too_large(gateway.settings.max_body_bytes).into_response(),
+    let bytes = {
+        let _permit = match gateway.take_upload(&key_id) {
+            Ok(permit) => permit,
+            Err(problem) => return problem.into_response(),
+        };
+        match crate::body::read_to_memory(&gateway, body, gateway.settings.max_body_bytes as u64).await {
+            Ok(bytes) => bytes,
+            Err(problem) => return problem.into_response(),
+        }
     };
     if parts.method == axum::http::Method::POST {
         if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {

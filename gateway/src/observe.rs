@@ -15,9 +15,9 @@ use crate::metrics::{RequestLabels, RouteLabels};
 use crate::problem::{Outcome, Problem};
 use crate::state::Gateway;
 
-/// Bounds the requests under way, counts the request, times it, and writes its audit line
+/// Bounds the requests under way (and each one's body in time: [`crate::body::deadline`]), counts the request, times it, and writes its audit line
 /// (target `audit`): method, route, status, key id, tenant, job id, outcome; never the key.
-pub(crate) async fn request(State(gateway): State<Arc<Gateway>>, mut request: Request, next: Next) -> Response {
+pub(crate) async fn request(State(gateway): State<Arc<Gateway>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     // Only the methods the API knows become labels (any other is `other`): an unauthenticated
@@ -31,6 +31,10 @@ pub(crate) async fn request(State(gateway): State<Arc<Gateway>>, mut request: Re
         gateway.metrics.requests.get_or_create(&RequestLabels { route, method, status: "5xx".into() }).inc();
         return Problem::unavailable("the gateway is busy").retry_after(1).into_response();
     };
+    // Every body has an overall deadline, whoever reads it: a request slot is held by a slow
+    // body for at most that long (issue 36, finding 3).
+    let within = crate::body::deadline(&gateway.settings, crate::body::declared(request.headers()));
+    let mut request = request.map(|body| crate::body::with_deadline(body, within));
     let audit: Audit = Arc::new(Mutex::new(AuditFields::default()));
     request.extensions_mut().insert(audit.clone());
     let response = next.run(request).await;

@@ -20,7 +20,6 @@ use sandq_core::sessions::{self, FileEntry, Manifest, SessionError};
 use sandq_core::storage;
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 
 use crate::auth::Caller;
 use crate::problem::Problem;
@@ -136,7 +135,7 @@ pub(crate) async fn create(
     body: Body,
 ) -> Result<Response, Problem> {
     let request: CreateSession = if headers.contains_key(header::CONTENT_TYPE) {
-        let bytes = crate::body::read_json(&gateway, &headers, body).await?;
+        let bytes = crate::body::read_json(&gateway, &caller, &headers, body).await?;
         if bytes.is_empty() {
             CreateSession::default()
         } else {
@@ -277,38 +276,71 @@ const NEW_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 /// the next job of the session finds it in `/work`. 201 `{"path", "size", "sha256"}`; 400
 /// for a path the worker could not restore (the path rule); 409 `path-conflict` when the session
 /// has a file that is a directory of `path` or has it as one, 409 `conflict` while a job of the
-/// session runs (retry).
+/// session runs (retry); 408 for a body not whole within its deadline; 429 when the key has
+/// `max_uploads_per_key` bodies under way.
 #[utoipa::path(put, path = "/v1/sessions/{name}/files/{path}", tag = "sessions",
     params(("name" = String, Path, description = "The session"), ("path" = String, Path, description = "The file's path under /work")),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
     responses((status = 201, description = "`{\"path\", \"size\", \"sha256\"}`", body = serde_json::Value), (status = 400, description = "invalid-request: a path the rule refuses", body = Problem),
-        (status = 404, description = "not-found", body = Problem), (status = 409, description = "path-conflict: a file of the session is a directory of the path, or under it; conflict: a job of the session runs", body = Problem)),
+        (status = 404, description = "not-found", body = Problem), (status = 409, description = "path-conflict: a file of the session is a directory of the path, or under it; conflict: a job of the session runs", body = Problem),
+        (status = 408, description = "body-timeout: the body did not arrive within its deadline", body = Problem), (status = 429, description = "The key has `max_uploads_per_key` bodies under way", body = Problem)),
     security(("api_key" = [])))]
 pub(crate) async fn write(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path((name, path)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
     check_path(&path)?;
     let scoped = owned(&gateway, &caller, &name).await?;
-    // A clash refused before the body is read (the check under the lock below decides).
+    // A clash refused before the body is read (the check under the lock in `store_file` decides).
     if let Some(manifest) =
         sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped).await.map_err(session_problem)?
     {
         check_conflict(&manifest, &path)?;
     }
-    let bytes = crate::body::read_bounded(&gateway, body, caller.key.quotas.max_upload_bytes).await?;
-    let sha256: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-    let size = bytes.len() as u64;
+    // One of the key's uploads under way until the file is stored; the bytes go through a
+    // temporary file, never into memory (issue 36, findings 3 and 4).
+    let _permit = gateway.take_upload(&caller.key.id)?;
+    let spooled = crate::body::spool(&gateway, &headers, body, caller.key.quotas.max_upload_bytes).await?;
+    store_file(&gateway, &caller, &name, &path, &spooled).await?;
+    Ok((StatusCode::CREATED, Json(json!({"path": path, "size": spooled.size, "sha256": spooled.sha256}))).into_response())
+}
+
+/// Stores a spooled upload as the file at `path` in the tenant's session `name`, as if a job
+/// had written it (`PUT /v1/sessions/{name}/files/{path}`, and the E2B plane's file writes).
+/// The blob streams from the temporary file to S3.
+///
+/// # Errors
+/// 400 for a path a session cannot hold; 404 when the tenant has no such session; 409 while a
+/// job of the session runs (retry); 503 when a service fails.
+pub(crate) async fn store_file(
+    gateway: &Gateway,
+    caller: &Caller,
+    name: &str,
+    path: &str,
+    spooled: &crate::body::Spooled,
+) -> Result<(), Problem> {
+    check_path(path)?;
+    let scoped = owned(gateway, caller, name).await?;
+    let (sha256, size) = (spooled.sha256.clone(), spooled.size);
     let bucket = &gateway.service.s3.bucket;
     let mut redis = gateway.redis.clone();
     let holder = format!("gateway-{}", uuid::Uuid::new_v4());
     sessions::lock(&mut redis, &gateway.names, &scoped, &holder, Duration::from_secs(60), Duration::ZERO).await.map_err(session_problem)?;
     let written = async {
-        storage::put_bytes(&gateway.s3, bucket, &gateway.names.session_blob_key(&scoped, &sha256), bytes, "application/octet-stream")
-            .await
-            .map_err(storage_problem)?;
+        let file = spooled.open().await.map_err(|e| Problem::unavailable(format!("cannot read the upload back: {e}")))?;
+        storage::put_file(
+            &gateway.s3,
+            bucket,
+            &gateway.names.session_blob_key(&scoped, &sha256),
+            file,
+            &spooled.shown(),
+            "application/octet-stream",
+        )
+        .await
+        .map_err(storage_problem)?;
         let now = sandq_core::time::now_ms();
         let mut manifest = sessions::load(&gateway.s3, bucket, &gateway.names, &scoped)
             .await
@@ -320,14 +352,14 @@ pub(crate) async fn write(
         // pair nonetheless (written before this check, or straight into S3) fails its jobs with
         // a reason naming the file (the worker's `StageError::Unrestorable`), and
         // `DELETE /v1/sessions/{name}/files/{path}` mends it.
-        if let Err(refused) = check_conflict(&manifest, &path) {
+        if let Err(refused) = check_conflict(&manifest, path) {
             if !manifest.files.values().chain(manifest.states()).chain(manifest.packages.as_ref()).any(|f| f.sha256 == sha256) {
                 let blob = gateway.names.session_blob_key(&scoped, &sha256);
                 let _ = storage::delete_keys(&gateway.s3, bucket, &[blob]).await;
             }
             return Err(refused);
         }
-        manifest.files.insert(path.clone(), FileEntry { sha256: sha256.clone(), size });
+        manifest.files.insert(path.to_owned(), FileEntry { sha256: sha256.clone(), size });
         manifest.updated_at_ms = now;
         manifest.expires_at_ms = manifest.expires_at_ms.max(now + NEW_SESSION_TTL.as_millis() as u64);
         sessions::store(&gateway.s3, bucket, &mut redis, &gateway.names, &scoped, &manifest).await.map_err(session_problem)?;
@@ -335,8 +367,7 @@ pub(crate) async fn write(
     }
     .await;
     let _ = sessions::unlock(&mut gateway.redis.clone(), &gateway.names, &scoped, &holder).await;
-    written?;
-    Ok((StatusCode::CREATED, Json(json!({"path": path, "size": size, "sha256": sha256}))).into_response())
+    written
 }
 
 /// `DELETE /v1/sessions/{name}/files/{path}`: the file at `path` removed from the session (any

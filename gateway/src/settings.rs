@@ -24,6 +24,28 @@ pub struct GatewaySettings {
     /// for headers.
     #[serde(default = "default_read_timeout", with = "humantime_serde")]
     pub read_timeout: Duration,
+    /// Longest time to receive one request body, whole (humantime); default `60s`. A body
+    /// that declares its length (`Content-Length`) is given `body_timeout` plus the time its
+    /// length takes at `min_body_bytes_per_s`, so a large upload on a fair link is not cut
+    /// off. A body not received in time is answered 408 and its connection closed: a body fed a
+    /// byte at a time cannot hold one of the `max_requests` slots for longer (issue 36, finding
+    /// 3). `read_timeout` still bounds each pause between a body's chunks.
+    #[serde(default = "default_body_timeout", with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// The slowest upload rate a declared body length earns time at (bytes per second);
+    /// default 1 MiB/s (a 100 MiB upload: `body_timeout` + 100 s). 0 counts as 1.
+    #[serde(default = "default_min_body_rate")]
+    pub min_body_bytes_per_s: u64,
+    /// Request bodies one key may be sending at once (uploads, and any body the gateway reads:
+    /// a job's JSON, `/mcp`, E2B file writes); default 8. An upload counts until it is stored.
+    /// Over it: 429. With `body_timeout`, this bounds the request slots and the disk (uploads
+    /// are spooled to temporary files, `max_upload_bytes` each) one key can hold.
+    #[serde(default = "default_max_uploads_per_key")]
+    pub max_uploads_per_key: usize,
+    /// How often an open event stream or long wait checks that its key is still valid
+    /// (humantime); default `5s`. A revoked key's streams and waits end at the next check.
+    #[serde(default = "default_revocation_check", with = "humantime_serde")]
+    pub revocation_check: Duration,
     /// Longest `?wait=` of `GET /v1/jobs/{id}` (humantime); default `60s`. Longer asks are cut
     /// to it (the response is the job as it is then).
     #[serde(default = "default_max_wait", with = "humantime_serde")]
@@ -101,6 +123,18 @@ fn default_max_body() -> usize {
 fn default_read_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_body_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_min_body_rate() -> u64 {
+    1 << 20
+}
+fn default_max_uploads_per_key() -> usize {
+    8
+}
+fn default_revocation_check() -> Duration {
+    Duration::from_secs(5)
+}
 fn default_max_wait() -> Duration {
     Duration::from_secs(60)
 }
@@ -141,6 +175,10 @@ impl Default for GatewaySettings {
             listen: default_listen(),
             max_body_bytes: default_max_body(),
             read_timeout: default_read_timeout(),
+            body_timeout: default_body_timeout(),
+            min_body_bytes_per_s: default_min_body_rate(),
+            max_uploads_per_key: default_max_uploads_per_key(),
+            revocation_check: default_revocation_check(),
             max_wait: default_max_wait(),
             publishers: default_publishers(),
             max_streams: default_max_streams(),
@@ -178,5 +216,7 @@ pub fn load(path: &Path) -> Result<GatewaySettings, Box<sandq_core::config::Conf
     settings.publishers = settings.publishers.clamp(1, 64);
     settings.max_streams = settings.max_streams.max(1);
     settings.max_requests = settings.max_requests.max(1);
+    settings.min_body_bytes_per_s = settings.min_body_bytes_per_s.max(1);
+    settings.revocation_check = settings.revocation_check.max(Duration::from_millis(100));
     Ok(settings)
 }

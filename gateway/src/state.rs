@@ -35,7 +35,9 @@ pub struct Gateway {
     /// Event streams and long waits open on this gateway (`max_streams`).
     streams: Arc<tokio::sync::Semaphore>,
     /// ... and per key (`max_streams_per_key`).
-    streams_per_key: Mutex<std::collections::HashMap<String, usize>>,
+    streams_per_key: Arc<PerKey>,
+    /// Request bodies being received (and uploads being stored) per key (`max_uploads_per_key`).
+    uploads_per_key: Arc<PerKey>,
     /// Requests being handled (`max_requests`).
     pub(crate) requests: Arc<tokio::sync::Semaphore>,
     /// The metrics.
@@ -79,7 +81,8 @@ impl Gateway {
             publishers,
             next: AtomicUsize::new(0),
             streams,
-            streams_per_key: Mutex::new(Default::default()),
+            streams_per_key: Arc::default(),
+            uploads_per_key: Arc::default(),
             requests,
             metrics: Metrics::new(),
         }))
@@ -103,6 +106,8 @@ impl Gateway {
     }
 
     /// Takes one of the gateway's and the key's event streams (or long waits), if any is left.
+    /// Every kind of long-lived answer takes one: an SSE event stream, a `?wait=`, and so the
+    /// MCP tools' and E2B streams, which read those routes in-process with the caller's key.
     ///
     /// # Errors
     /// 503 when the gateway has `max_streams` open; 429 when the key has `max_streams_per_key`.
@@ -112,35 +117,118 @@ impl Gateway {
             .clone()
             .try_acquire_owned()
             .map_err(|_| Problem::unavailable("too many open event streams on this gateway").retry_after(5))?;
-        let mut per_key = self.streams_per_key.lock().map_err(|_| Problem::unavailable("internal state"))?;
-        let open = per_key.entry(key_id.to_owned()).or_insert(0);
-        if *open >= self.settings.max_streams_per_key {
-            return Err(Problem::too_many(
-                format!("at most {} open event streams and waits for this key", self.settings.max_streams_per_key),
-                5,
-            ));
-        }
-        *open += 1;
-        Ok(StreamPermit { gateway: self.clone(), key_id: key_id.to_owned(), _global: global })
+        let per_key = PerKey::take(&self.streams_per_key, key_id, self.settings.max_streams_per_key).ok_or_else(|| {
+            Problem::too_many(format!("at most {} open event streams and waits for this key", self.settings.max_streams_per_key), 5)
+        })?;
+        Ok(StreamPermit { _per_key: per_key, _global: global })
     }
-}
 
-/// One open event stream or long wait; given back when dropped.
-pub(crate) struct StreamPermit {
-    gateway: Arc<Gateway>,
-    key_id: String,
-    _global: tokio::sync::OwnedSemaphorePermit,
-}
+    /// Takes one of the key's request bodies under way (`max_uploads_per_key`), held while a
+    /// body is received (and an upload stored).
+    ///
+    /// # Errors
+    /// 429 when the key has `max_uploads_per_key` bodies under way.
+    pub(crate) fn take_upload(&self, key_id: &str) -> Result<KeyPermit, Problem> {
+        let max = self.settings.max_uploads_per_key;
+        PerKey::take(&self.uploads_per_key, key_id, max)
+            .ok_or_else(|| Problem::too_many(format!("at most {max} request bodies (uploads) under way at once for this key"), 5))
+    }
 
-impl Drop for StreamPermit {
-    fn drop(&mut self) {
-        if let Ok(mut per_key) = self.gateway.streams_per_key.lock() {
-            if let Some(open) = per_key.get_mut(&self.key_id) {
-                *open = open.saturating_sub(1);
-                if *open == 0 {
-                    per_key.remove(&self.key_id);
+    /// Resolves once the key `key_id` is revoked (or deleted), checking every
+    /// `revocation_check`; never resolves while it is valid (a failed check counts as valid).
+    /// A stream or wait races its work against it, so a revoked key's streams end within
+    /// about `revocation_check` (issue 36, finding 11).
+    pub(crate) fn revoked(self: &Arc<Self>, key_id: &str) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let gateway = self.clone();
+        let key_id = key_id.to_owned();
+        async move {
+            let mut tick = tokio::time::interval(gateway.settings.revocation_check);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if gateway.is_revoked(&key_id).await {
+                    return;
                 }
             }
         }
+    }
+
+    /// Whether the key `key_id` is revoked or gone now (false when the store cannot tell).
+    pub(crate) async fn is_revoked(&self, key_id: &str) -> bool {
+        let mut redis = self.redis.clone();
+        match sandq_core::keys::get(&mut redis, &self.names, key_id).await {
+            Ok(record) => record.revoked_at_ms.is_some(),
+            Err(sandq_core::keys::KeyError::Unknown(_)) => true,
+            Err(_) => false,
+        }
+    }
+}
+
+/// Counts of something held per key (open streams, bodies under way).
+#[derive(Debug, Default)]
+pub(crate) struct PerKey {
+    open: Mutex<std::collections::HashMap<String, usize>>,
+}
+
+impl PerKey {
+    /// One more for `key_id`, unless it holds `max` already.
+    fn take(this: &Arc<Self>, key_id: &str, max: usize) -> Option<KeyPermit> {
+        let mut open = this.open.lock().ok()?;
+        let held = open.entry(key_id.to_owned()).or_insert(0);
+        if *held >= max {
+            if *held == 0 {
+                open.remove(key_id);
+            }
+            return None;
+        }
+        *held += 1;
+        Some(KeyPermit { counts: this.clone(), key_id: key_id.to_owned() })
+    }
+}
+
+/// One of a key's counted things; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct KeyPermit {
+    counts: Arc<PerKey>,
+    key_id: String,
+}
+
+impl Drop for KeyPermit {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.counts.open.lock() {
+            if let Some(held) = open.get_mut(&self.key_id) {
+                *held = held.saturating_sub(1);
+                if *held == 0 {
+                    open.remove(&self.key_id);
+                }
+            }
+        }
+    }
+}
+
+/// One open event stream or long wait (the gateway's and the key's); given back when dropped.
+pub(crate) struct StreamPermit {
+    _per_key: KeyPermit,
+    _global: tokio::sync::OwnedSemaphorePermit,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_holds_at_most_its_bound_and_gets_them_back() {
+        let counts = Arc::new(PerKey::default());
+        let a: Vec<_> = (0..3).map(|_| PerKey::take(&counts, "a", 3).expect("under the bound")).collect();
+        assert!(PerKey::take(&counts, "a", 3).is_none());
+        // Another key is counted apart.
+        let b = PerKey::take(&counts, "b", 3).expect("another key");
+        drop(a);
+        assert!(PerKey::take(&counts, "a", 3).is_some());
+        drop(b);
+        assert!(counts.open.lock().expect("lock").is_empty(), "no entry is left for a key that holds none");
+        assert!(PerKey::take(&counts, "c", 0).is_none());
+        assert!(counts.open.lock().expect("lock").is_empty());
     }
 }

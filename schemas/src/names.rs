@@ -166,9 +166,29 @@ impl Names {
     }
 }
 
-/// Content-addressed S3 key of an uploaded input: `inputs/sha256/<hex>`.
+/// Content-addressed S3 key of an uploaded input: `inputs/sha256/<hex>` (the layout of
+/// clients that write to S3 themselves).
 pub fn input_key(sha256_hex: &str) -> String {
     format!("inputs/sha256/{sha256_hex}")
+}
+
+/// S3 key of an input a tenant uploaded through the gateway: `inputs/tenant/<tenant>/sha256/<hex>`.
+/// Addressed per tenant so that an upload never finds another tenant's bytes already stored
+/// (and answers no faster for them): uploads reveal nothing across tenants (issue 36, finding 8).
+pub fn tenant_input_key(tenant: &str, sha256_hex: &str) -> String {
+    format!("inputs/tenant/{tenant}/sha256/{sha256_hex}")
+}
+
+/// Whether `key` is an input key of the bytes `sha256_hex`: [`input_key`], or
+/// [`tenant_input_key`] of a tenant of 1 to 23 of `[a-z0-9]` (`sandq_core::keys`' rule).
+pub fn is_input_key(key: &str, sha256_hex: &str) -> bool {
+    if key == input_key(sha256_hex) {
+        return true;
+    }
+    let Some(rest) = key.strip_prefix("inputs/tenant/") else { return false };
+    let Some((tenant, digest)) = rest.split_once("/sha256/") else { return false };
+    let tenant_ok = !tenant.is_empty() && tenant.len() <= 23 && tenant.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    tenant_ok && digest == sha256_hex
 }
 
 /// S3 prefix of everything one attempt of a job writes: `jobs/<job_id>/<attempt_id>/`. Every
@@ -200,6 +220,28 @@ pub fn log_key(job_id: &str, attempt_id: &str, stream: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::Names;
+
+    #[test]
+    fn input_keys_are_the_shared_layout_or_a_tenants_own() {
+        let d = "a".repeat(64);
+        assert!(super::is_input_key(&super::input_key(&d), &d));
+        assert!(super::is_input_key(&super::tenant_input_key("acme1", &d), &d));
+        assert_eq!(super::tenant_input_key("acme1", &d), format!("inputs/tenant/acme1/sha256/{d}"));
+        let other = "b".repeat(64);
+        for bad in [
+            super::input_key(&other),
+            super::tenant_input_key("acme1", &other),
+            format!("inputs/tenant//sha256/{d}"),
+            format!("inputs/tenant/Acme/sha256/{d}"),
+            format!("inputs/tenant/a/b/sha256/{d}"),
+            format!("inputs/tenant/{}/sha256/{d}", "a".repeat(24)),
+            format!("inputs/tenant/../sha256/{d}"),
+            format!("sessions/x/sha256/{d}"),
+            format!("inputs/tenant/a/sha256/{d}/x"),
+        ] {
+            assert!(!super::is_input_key(&bad, &d), "{bad}");
+        }
+    }
 
     /// The hash tag Redis Cluster hashes (its spec, "Hash tags"): the text between the first
     /// `{` and the first `}` after it, when not empty; else the whole key.

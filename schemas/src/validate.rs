@@ -126,9 +126,9 @@ pub enum ValidationError {
         /// The digest as sent.
         sha256: String,
     },
-    /// An input's `key` is not `inputs/sha256/<its sha256>` (inputs come only from the
-    /// content-addressed upload area).
-    #[error("input {path:?} has an invalid S3 key: expected inputs/sha256/<its sha256>")]
+    /// An input's `key` is not `inputs/sha256/<its sha256>` or
+    /// `inputs/tenant/<tenant>/sha256/<its sha256>` (inputs come only from the upload areas).
+    #[error("input {path:?} has an invalid S3 key: expected inputs/sha256/<its sha256> or inputs/tenant/<tenant>/sha256/<its sha256>")]
     InputKey {
         /// The input's path.
         path: String,
@@ -340,7 +340,7 @@ impl JobSpec {
             }
             // Only the content-addressed upload area: a job must not stage another job's
             // artifacts, logs or session files by naming their keys.
-            if input.key != crate::names::input_key(&input.sha256) {
+            if !crate::names::is_input_key(&input.key, &input.sha256) {
                 return Err(ValidationError::InputKey { path: input.path.clone() });
             }
             if !seen.insert(input.path.as_str()) {
@@ -430,7 +430,11 @@ mod tests {
         let mut j = job();
         j.inputs = vec![input("data.csv")];
         assert!(j.clone().validate(&Limits::default()).is_ok());
-        for key in ["sessions/sandq/victim/manifest.json", "jobs/other/artifacts/secret.txt", "inputs/sha256/x"] {
+        let mut tenants = j.clone();
+        tenants.inputs[0].key = crate::names::tenant_input_key("acme", &"a".repeat(64));
+        assert!(tenants.validate(&Limits::default()).is_ok(), "a tenant's upload area");
+        let other = format!("inputs/tenant/acme/sha256/{}", "b".repeat(64));
+        for key in ["sessions/sandq/victim/manifest.json", "jobs/other/artifacts/secret.txt", "inputs/sha256/x", other.as_str()] {
             let mut j = j.clone();
             j.inputs[0].key = key.into();
             assert!(matches!(j.validate(&Limits::default()), Err(ValidationError::InputKey { .. })), "{key}");

@@ -108,7 +108,8 @@ impl StageError {
 /// its name says, after a size mismatch (64 MiB): a larger one is left in place.
 const MAX_PROOF_BYTES: u64 = 64 << 20;
 
-/// After a size or digest mismatch of the input object `key` (`inputs/sha256/<hex>`, checked
+/// After a size or digest mismatch of the input object `key` (`inputs/sha256/<hex>` or a
+/// tenant's `inputs/tenant/<tenant>/sha256/<hex>`, checked
 /// by validation to name the job's declared `sha256`): whether it provably holds other bytes
 /// than its name says, and so was deleted. A digest mismatch at the declared size proves it; a
 /// size mismatch proves nothing alone (the job may declare a wrong size), so the object is
@@ -116,7 +117,7 @@ const MAX_PROOF_BYTES: u64 = 64 << 20;
 async fn remove_if_misnamed(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, sha256: &str, error: &TransferError) -> bool {
     // Inputs only: a session's blob is the worker's own (clients cannot write `sessions/`), and
     // a new upload would not bring it back.
-    if key != sandq_schemas::names::input_key(sha256) {
+    if !sandq_schemas::names::is_input_key(key, sha256) {
         return false;
     }
     let misnamed = match error {

@@ -200,7 +200,8 @@ pub(super) async fn read(
 /// `POST /files?path=`: writes one file (an `application/octet-stream` body, at `path`) or
 /// several (a multipart body: each `file` part at its file name, or at `path` when there is
 /// one part), each as a session file, parents implied. 200 `[{"name", "type": "file", "path"}]`.
-/// At most the key's `max_upload_bytes` in all.
+/// At most the key's `max_upload_bytes` in all, each file spooled to a temporary file (never
+/// held in memory), as one of the key's uploads under way (`max_uploads_per_key`).
 pub(super) async fn write(
     axum::Extension(e2b): axum::Extension<Arc<E2b>>,
     caller: Result<Caller, crate::problem::Problem>,
@@ -208,8 +209,12 @@ pub(super) async fn write(
     request: Request,
 ) -> Result<Response, Refused> {
     let headers = request.headers().clone();
-    let max = caller.as_ref().map(|c| c.key.quotas.max_upload_bytes).unwrap_or(0);
-    let (record, rest) = sandbox_and_rest(&e2b, caller, &headers).await?;
+    let key = caller.as_ref().ok().cloned();
+    let (record, _) = sandbox_and_rest(&e2b, caller, &headers).await?;
+    let Some(caller) = key else { return Err(e2b_error(StatusCode::UNAUTHORIZED, "invalid access token").into()) };
+    let max = caller.key.quotas.max_upload_bytes;
+    let refused =
+        |p: crate::problem::Problem| Refused::from(e2b_error(StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST), p.detail));
     // A compressed body would be stored compressed: refused rather than guessed at (E2B's SDK
     // compresses only when asked: `gzip=True`).
     if headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity")) {
@@ -219,20 +224,19 @@ pub(super) async fn write(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"));
+    let _permit = e2b.gateway.take_upload(&caller.key.id).map_err(refused)?;
+    crate::body::check_declared(&headers, max.saturating_add(MULTIPART_OVERHEAD)).map_err(refused)?;
     let files = if multipart {
         parts(&e2b, request, query.path.as_deref(), max).await?
     } else {
         let Some(path) = query.path.clone() else { return Err(e2b_error(StatusCode::BAD_REQUEST, "path is required").into()) };
-        match crate::body::read_bounded(&e2b.gateway, request.into_body(), max).await {
-            Ok(bytes) => vec![(path, bytes::Bytes::from(bytes))],
-            Err(p) => return Err(e2b_error(StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST), p.detail).into()),
-        }
+        vec![(path, crate::body::spool(&e2b.gateway, &headers, request.into_body(), max).await.map_err(refused)?)]
     };
     // Every part's path checked before any is written: by the path rule (what a job restores;
     // the REST write checks it again, with the session's other files), and no two parts a file
     // and a directory of the same name.
     let mut checked = Vec::with_capacity(files.len());
-    for (path, bytes) in files {
+    for (path, spooled) in files {
         let relative = match session_path(&path) {
             Ok(p) if p.is_empty() => return Err(e2b_error(StatusCode::BAD_REQUEST, format!("{HOME} is a directory")).into()),
             Ok(p) => p,
@@ -241,7 +245,7 @@ pub(super) async fn write(
         if let Err(problem) = crate::sessions::check_path(&relative) {
             return Err(e2b_error(StatusCode::BAD_REQUEST, problem.detail).into());
         }
-        checked.push((relative, bytes));
+        checked.push((relative, spooled));
     }
     if let Some((dir, file)) = sandq_schemas::paths::first_conflict(checked.iter().map(|(p, _)| p.as_str())) {
         let message =
@@ -249,20 +253,28 @@ pub(super) async fn write(
         return Err(e2b_error(StatusCode::CONFLICT, message).into());
     }
     let mut written = Vec::with_capacity(checked.len());
-    for (relative, bytes) in checked {
-        if let Err(e) = write_waiting(&rest, &record.id, &relative, bytes).await {
-            return Err(files_error(&e).into());
-        }
+    for (relative, spooled) in checked {
+        write_waiting(&e2b, &caller, &record.id, &relative, &spooled).await.map_err(refused)?;
         let name = relative.rsplit('/').next().unwrap_or_default().to_owned();
         written.push(json!({"name": name, "type": "file", "path": sandbox_path(&relative)}));
     }
     Ok(Json(Value::Array(written)).into_response())
 }
 
-/// The files of a multipart body: `(path, bytes)` for each part, at most `max` bytes in all and
-/// [`MAX_PARTS`] parts.
-async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Result<Vec<(String, bytes::Bytes)>, Refused> {
+/// What a multipart body may carry beyond its files' bytes (boundaries, part headers).
+const MULTIPART_OVERHEAD: u64 = 1 << 20;
+
+/// The files of a multipart body: `(path, spooled file)` for each part, at most `max` bytes in
+/// all and [`MAX_PARTS`] parts.
+async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Result<Vec<(String, crate::body::Spooled)>, Refused> {
     let bad = |m: String| Refused::from(e2b_error(StatusCode::BAD_REQUEST, m));
+    // A part's error is the body's: 408 when the body was late (its deadline), else 400.
+    let failed = |e: axum::extract::multipart::MultipartError| match crate::body::timed_out(&e) {
+        Some(within) => Refused::from(e2b_error(StatusCode::REQUEST_TIMEOUT, format!("the body did not arrive within {within:?}"))),
+        None => bad(e.body_text()),
+    };
+    let refused =
+        |p: crate::problem::Problem| Refused::from(e2b_error(StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST), p.detail));
     let mut multipart = axum::extract::Multipart::from_request(request, &()).await.map_err(|e| bad(e.body_text()))?;
     let mut files = Vec::new();
     let mut total = 0u64;
@@ -271,26 +283,26 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
         let next = tokio::time::timeout(within, multipart.next_field())
             .await
             .map_err(|_| e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly"))?;
-        let Some(mut field) = next.map_err(|e| bad(e.body_text()))? else { break };
+        let Some(mut field) = next.map_err(failed)? else { break };
         if files.len() == MAX_PARTS {
             return Err(bad(format!("at most {MAX_PARTS} files in one write")));
         }
         let name = field.file_name().map(str::to_owned).or_else(|| path.map(str::to_owned));
         let Some(name) = name else { return Err(bad("a part has no file name and the call no path".to_owned())) };
-        let mut bytes = Vec::new();
+        let mut spool = crate::body::Spool::new().map_err(refused)?;
         loop {
             let chunk = tokio::time::timeout(within, field.chunk())
                 .await
                 .map_err(|_| e2b_error(StatusCode::REQUEST_TIMEOUT, "the body came too slowly"))?
-                .map_err(|e| bad(e.body_text()))?;
+                .map_err(failed)?;
             let Some(chunk) = chunk else { break };
             total += chunk.len() as u64;
             if total > max {
                 return Err(e2b_error(StatusCode::PAYLOAD_TOO_LARGE, format!("the files are over {max} bytes in all")).into());
             }
-            bytes.extend_from_slice(&chunk);
+            spool.write(&chunk).await.map_err(refused)?;
         }
-        files.push((name, bytes::Bytes::from(bytes)));
+        files.push((name, spool.finish().await.map_err(refused)?));
     }
     // One part and a path: the part goes at the path (envd's rule for a single upload).
     if let (Some(p), [only]) = (path, files.as_mut_slice()) {
@@ -302,15 +314,21 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
     Ok(files)
 }
 
-/// Writes a session file, waiting while a cell of the sandbox holds the session (409), from
+/// Stores a session file, waiting while a cell of the sandbox holds the session (409), from
 /// 250 ms between tries up to 4 s.
-async fn write_waiting(rest: &Rest, sandbox: &str, path: &str, bytes: bytes::Bytes) -> Result<(), RestError> {
+async fn write_waiting(
+    e2b: &E2b,
+    caller: &Caller,
+    sandbox: &str,
+    path: &str,
+    spooled: &crate::body::Spooled,
+) -> Result<(), crate::problem::Problem> {
     let deadline = Instant::now() + WRITE_WAIT;
     let mut pause = Duration::from_millis(250);
     loop {
-        match rest.write_file(sandbox, path, bytes.clone()).await {
+        match crate::sessions::store_file(&e2b.gateway, caller, sandbox, path, spooled).await {
             // The session in use (`conflict`), not a path that clashes (`path-conflict`).
-            Err(RestError::Conflict(_)) if Instant::now() + pause < deadline => {
+            Err(e) if e.status == 409 && !e.kind.ends_with(":path-conflict") && Instant::now() + pause < deadline => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(4));
             }
