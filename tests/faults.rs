@@ -87,7 +87,8 @@ async fn a_short_chaos_run_loses_no_job() {
     assert_eq!(report["redis_restarts"], 1, "{report}");
     let resubmitted = &report["resubmitted"];
     assert_eq!(resubmitted["jobs"], 10, "{report}");
-    for field in ["not_accepted", "wrong_answer", "ran_again", "never_ran", "miscounted", "counted_by_resubmissions", "in_flight_mismatch"] {
+    for field in ["not_accepted", "wrong_answer", "ran_again", "never_ran", "miscounted", "counted_by_resubmissions", "in_flight_mismatch"]
+    {
         assert_eq!(resubmitted[field], 0, "{field}: {report}");
     }
     assert!(output.status.success());

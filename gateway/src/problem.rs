@@ -77,7 +77,9 @@ impl Problem {
             StatusCode::GONE,
             "result-expired",
             "The job's result has expired",
-            format!("job {id:?} has ended and its result is no longer kept (result_ttl); it is not run again: submit it under a new job_id"),
+            format!(
+                "job {id:?} has ended and its result is no longer kept (result_ttl); it is not run again: submit it under a new job_id"
+            ),
         )
     }
 

@@ -374,7 +374,12 @@ async fn chaos(args: Args) -> anyhow::Result<()> {
         }
     }
     if let Some((gateway, ids)) = &gateway {
-        let logs = || workers.iter().map(|(id, _)| std::fs::read_to_string(std::env::temp_dir().join(format!("{id}.log"))).unwrap_or_default()).collect();
+        let logs = || {
+            workers
+                .iter()
+                .map(|(id, _)| std::fs::read_to_string(std::env::temp_dir().join(format!("{id}.log"))).unwrap_or_default())
+                .collect()
+        };
         resubmit::resubmit(gateway, &config, ids, &logs, deadline, &mut resubmitted).await?;
         report.resubmitted = Some(resubmitted);
     }

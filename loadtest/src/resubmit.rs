@@ -254,6 +254,7 @@ pub async fn resubmit(
         .query_async(&mut redis)
         .await?;
     let expected: Vec<String> = ids.iter().map(|(id, _)| format!("chaos_{id}")).collect();
-    report.in_flight_mismatch = in_flight.iter().filter(|m| !expected.contains(m)).count() + expected.iter().filter(|e| !in_flight.contains(e)).count();
+    report.in_flight_mismatch =
+        in_flight.iter().filter(|m| !expected.contains(m)).count() + expected.iter().filter(|e| !in_flight.contains(e)).count();
     Ok(())
 }

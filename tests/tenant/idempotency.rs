@@ -131,7 +131,8 @@ async fn an_expired_job_is_not_run_again_nor_counted() {
     assert_eq!(rate_counted(&key_id).await, 3);
     assert_eq!(rate_counted(&other_id).await, 1);
     let mine = in_flight(&key_id).await;
-    let expected: Vec<String> = ["once", id.as_str(), counter["job_id"].as_str().expect("id")].iter().map(|i| format!("{me}_{i}")).collect();
+    let expected: Vec<String> =
+        ["once", id.as_str(), counter["job_id"].as_str().expect("id")].iter().map(|i| format!("{me}_{i}")).collect();
     assert!(mine.iter().all(|m| expected.contains(m)), "in flight {mine:?}, expected among {expected:?}");
 }
 
@@ -214,8 +215,7 @@ async fn a_running_job_with_a_short_result_ttl_stays_visible() {
     assert_eq!(theirs.status(), StatusCode::NOT_FOUND);
 
     // Its events so far, then its end after the cancel, on one stream.
-    let mut stream =
-        http().get(format!("{}/v1/jobs/sleeper/events", gateway())).bearer_auth(&key).send().await.expect("GET events");
+    let mut stream = http().get(format!("{}/v1/jobs/sleeper/events", gateway())).bearer_auth(&key).send().await.expect("GET events");
     assert_eq!(stream.status(), StatusCode::OK);
     let mut buffer = String::new();
     let before = next_events(&mut stream, &mut buffer, "stdout").await;
