@@ -67,8 +67,9 @@ pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, R
 pub const UNLIMITED_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What a job's life may take beyond its queue wait and its `timeout`: staging its inputs
-/// before, collecting and storing its result after.
-pub const LIVE_GRACE: Duration = Duration::from_secs(300);
+/// before, collecting and storing its result after (uploads of up to 512 MiB of artifacts, the
+/// session save); the worker's dead-letter checks allow an attempt as long.
+pub const LIVE_GRACE: Duration = Duration::from_secs(30 * 60);
 
 /// The TTL of a record written while the job is not over (`queued`, `running`, its live
 /// events): at least the rest of its life from the write, `unserved_ttl` (the longest it can
@@ -306,10 +307,10 @@ mod tests {
     #[test]
     fn a_live_record_outlasts_the_wait_the_run_and_the_grace() {
         let (s, m) = (Duration::from_secs(1), Duration::from_secs(60));
-        // unserved 1 h, timeout 60 s, result_ttl 1 s: 3600 + 60 + 300 s.
-        assert_eq!(live_ttl(3600 * s, m, s), Duration::from_secs(3960));
+        // unserved 1 h, timeout 60 s, result_ttl 1 s: 3600 + 60 + 1800 s.
+        assert_eq!(live_ttl(3600 * s, m, s), Duration::from_secs(5460));
         // No queue limit: a week stands for the wait.
-        assert_eq!(live_ttl(Duration::ZERO, m, s), Duration::from_secs(7 * 24 * 3600 + 360));
+        assert_eq!(live_ttl(Duration::ZERO, m, s), Duration::from_secs(7 * 24 * 3600 + 1860));
         // A result kept longer than that: the result's TTL.
         assert_eq!(live_ttl(3600 * s, m, 48 * 3600 * s), Duration::from_secs(48 * 3600));
     }
