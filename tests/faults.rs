@@ -62,13 +62,16 @@ async fn a_broker_restart_loses_no_job() {
 
 /// The CI-sized chaos run (`sandq-loadtest`; the full one is in docs/benchmarks.md): 60 jobs
 /// through 3 workers, one SIGKILLed and restarted every 3 s, RabbitMQ restarted once and the
-/// run's Redis restarted once. Every job must end with exactly one terminal result.
+/// run's Redis restarted once. Every job must end with exactly one terminal result. Beside
+/// them, 5 jobs whose result is kept and 5 whose result expires after 1 s go through a gateway
+/// of the run, and are submitted again once over: each answers its result or 410
+/// `result-expired`, none runs again, and each was counted once against its key.
 #[tokio::test]
 async fn a_short_chaos_run_loses_no_job() {
     let _serial = SERIAL.lock().await;
     let output = tokio::process::Command::new(bin_dir().join("sandq-loadtest"))
         .args(["--jobs", "60", "--workers", "3", "--rate", "10", "--kill-every", "3s"])
-        .args(["--broker-restart-at", "4s", "--redis-restart-at", "7s", "--timeout", "5m", "--json"])
+        .args(["--broker-restart-at", "4s", "--redis-restart-at", "7s", "--timeout", "5m", "--resubmit", "5", "--json"])
         .output()
         .await
         .expect("sandq-loadtest");
@@ -82,6 +85,12 @@ async fn a_short_chaos_run_loses_no_job() {
     assert!(report["worker_kills"].as_u64().unwrap_or(0) >= 1, "{report}");
     assert_eq!(report["broker_restarts"], 1, "{report}");
     assert_eq!(report["redis_restarts"], 1, "{report}");
+    let resubmitted = &report["resubmitted"];
+    assert_eq!(resubmitted["jobs"], 10, "{report}");
+    for field in ["not_accepted", "wrong_answer", "ran_again", "never_ran", "miscounted", "counted_by_resubmissions", "in_flight_mismatch"]
+    {
+        assert_eq!(resubmitted[field], 0, "{field}: {report}");
+    }
     assert!(output.status.success());
 }
 

@@ -299,7 +299,10 @@ impl Client {
         let mut queued = JobResult::new(spec.job_id.clone(), JobStatus::Queued);
         queued.sku = Some(spec.sku);
         queued.queued_at_ms = spec.submitted_at_ms;
-        results::write(&mut self.redis, &self.names, &queued, valid.result_ttl).await?;
+        // Kept as long as the job may wait and run, not its `result_ttl` (which only its
+        // terminal result takes): a short `result_ttl` must not make a queued job look gone.
+        let live = results::live_ttl(self.config.queues.unserved_ttl, valid.timeout, valid.result_ttl);
+        results::write(&mut self.redis, &self.names, &queued, live).await?;
         // For `sandq export`: the code (the result does not carry it) and the session's job
         // list. The job is queued whatever happens here.
         if let Err(e) = self.record_source(spec, valid.result_ttl).await {

@@ -62,6 +62,28 @@ pub async fn connect(config: &crate::config::RedisConfig) -> Result<RedisConn, R
     Ok(crate::redis_conn::connect(config).await?)
 }
 
+/// How long a job may wait in its queue when the queues set no limit (`queues.unserved_ttl`
+/// of 0): a bound on how long its record is kept while it is not over.
+pub const UNLIMITED_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What a job's life may take beyond its queue wait and its `timeout`: staging its inputs
+/// before, collecting and storing its result after (uploads of up to 512 MiB of artifacts, the
+/// session save); the worker's dead-letter checks allow an attempt as long.
+pub const LIVE_GRACE: Duration = Duration::from_secs(30 * 60);
+
+/// The TTL of a record written while the job is not over (`queued`, `running`, its live
+/// events): at least the rest of its life from the write, `unserved_ttl` (the longest it can
+/// wait in a queue, again after a requeue; 0 is [`UNLIMITED_WAIT`]) + `timeout` +
+/// [`LIVE_GRACE`], and never shorter than `result_ttl`. Only the terminal result takes
+/// `result_ttl` alone: a short `result_ttl` must not make a queued or running job look gone
+/// (its status unknown, its cancel refused, its events empty; test:
+/// tenant::idempotency::a_running_job_with_a_short_result_ttl_stays_visible).
+#[must_use]
+pub fn live_ttl(unserved_ttl: Duration, timeout: Duration, result_ttl: Duration) -> Duration {
+    let wait = if unserved_ttl.is_zero() { UNLIMITED_WAIT } else { unserved_ttl };
+    (wait + timeout + LIVE_GRACE).max(result_ttl)
+}
+
 /// Writes `result` unless the stored status ranks higher (see the module doc). Returns true
 /// when written. A terminal result also appends the `end` event to the job's event stream
 /// ([`Names::events_key`]), in the same script. `ttl` is rounded up to whole seconds. A terminal result written is then waited
@@ -276,4 +298,20 @@ pub async fn request_cancel(redis: &mut RedisConn, names: &Names, job_id: &str, 
 pub async fn cancel_requested(redis: &mut RedisConn, names: &Names, job_id: &str) -> Result<bool, ResultError> {
     let exists: bool = redis::cmd("EXISTS").arg(names.cancel_key(job_id)).query_async(redis).await?;
     Ok(exists)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_record_outlasts_the_wait_the_run_and_the_grace() {
+        let (s, m) = (Duration::from_secs(1), Duration::from_secs(60));
+        // unserved 1 h, timeout 60 s, result_ttl 1 s: 3600 + 60 + 1800 s.
+        assert_eq!(live_ttl(3600 * s, m, s), Duration::from_secs(5460));
+        // No queue limit: a week stands for the wait.
+        assert_eq!(live_ttl(Duration::ZERO, m, s), Duration::from_secs(7 * 24 * 3600 + 1860));
+        // A result kept longer than that: the result's TTL.
+        assert_eq!(live_ttl(3600 * s, m, 48 * 3600 * s), Duration::from_secs(48 * 3600));
+    }
 }

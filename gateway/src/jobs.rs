@@ -30,7 +30,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::auth::{note, Caller};
 use crate::problem::Problem;
-use crate::scope::{accepted_key, job_id_of, owned, view_for_tenant};
+use crate::scope::{accepted_key, job_id_of, owned, view_for_tenant, Accepted};
 use crate::state::{Gateway, StreamPermit};
 
 /// `POST /v1/jobs`'s body: a job as JSON. Unknown fields are refused.
@@ -176,13 +176,15 @@ fn hex_prefix(bytes: &[u8], len: usize) -> String {
 }
 
 /// `POST /v1/jobs`: 201 with the job (`queued`) and its `Location`; 200 with the job as it is
-/// when the same id (or `Idempotency-Key`) was submitted before with the same body; 409 when
-/// with another body.
+/// when the same id (or `Idempotency-Key`) was submitted before with the same body, 410
+/// `result-expired` when that job's result has expired (it is not run again); 409 when with
+/// another body.
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = SubmitJob,
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: the same key and body find the first job")),
     responses(
         (status = 201, description = "Queued: the job (a JobResult, docs/protocol.md) with `Location`", body = serde_json::Value),
-        (status = 200, description = "This id or Idempotency-Key was submitted before with the same body: the job as it is", body = serde_json::Value),
+        (status = 200, description = "This id or Idempotency-Key was submitted before with the same body: the job as it is (never run again)", body = serde_json::Value),
+        (status = 410, description = "result-expired: this id and body were run before and the job's result has expired; it is not run again", body = Problem),
         (status = 400, description = "invalid-request", body = Problem), (status = 403, description = "forbidden-by-quota", body = Problem),
         (status = 409, description = "conflict", body = Problem), (status = 413, description = "body-too-large", body = Problem),
         (status = 415, description = "unsupported-media-type", body = Problem), (status = 429, description = "quota-exceeded", body = Problem),
@@ -255,15 +257,17 @@ pub(crate) async fn submit(
 
 /// What [`CLAIM_SCRIPT`] found.
 const CLAIM_NEW: i64 = 0;
-const CLAIM_SAME_ACCEPTED: i64 = 1;
+const CLAIM_SAME_PUBLISHED: i64 = 1;
 const CLAIM_SAME_PENDING: i64 = 2;
 const CLAIM_OTHER_BODY: i64 = 3;
 const CLAIM_TAKEN: i64 = 4;
+const CLAIM_SAME_UNKNOWN: i64 = 5;
 
 /// Claims a job id for the gateway: `KEYS[1]` the marker, `KEYS[2]` the job's hash; `ARGV[1]`
 /// the body's digest, `ARGV[2]` the marker's TTL (s). The marker holds `pending:<digest>`
-/// until the quotas passed, then `<digest>`. An id whose job exists without a marker (an
-/// operator's job) is never claimed.
+/// until the quotas passed, then `unknown:<digest>` until the publish is confirmed, then
+/// `published:<digest>` ([`crate::scope::Accepted`]; a bare `<digest>` is an older gateway's
+/// `unknown`). An id whose job exists without a marker (an operator's job) is never claimed.
 const CLAIM_SCRIPT: &str = r"
 local stored = redis.call('GET', KEYS[1])
 if not stored then
@@ -271,8 +275,9 @@ if not stored then
   redis.call('SET', KEYS[1], 'pending:' .. ARGV[1], 'EX', ARGV[2])
   return 0
 end
-if stored == ARGV[1] then return 1 end
+if stored == 'published:' .. ARGV[1] then return 1 end
 if stored == 'pending:' .. ARGV[1] then return 2 end
+if stored == 'unknown:' .. ARGV[1] or stored == ARGV[1] then return 5 end
 return 3
 ";
 
@@ -280,9 +285,12 @@ return 3
 const PUBLISHER_WAIT: Duration = Duration::from_secs(10);
 
 /// Claims the id, takes the quotas, publishes. Every refusal before the publish undoes what it
-/// took (marker, counts); a publish whose outcome is unknown (no confirm, the `queued` write
-/// failed) keeps them, so a retry with the same id publishes the same job again (harmless:
-/// one result) instead of counting a second job.
+/// took (marker, counts). A publish whose outcome is unknown (no confirm, the `queued` write
+/// failed) keeps them and leaves the marker `unknown`: a retry with the same id and body
+/// publishes the same job again (harmless: one result) without counting it again. A
+/// confirmed publish makes the marker `published`, after which the same id and body are never
+/// published again: a retry reads the job, or its expired state once its result is gone
+/// (test: tenant::idempotency::an_expired_job_is_not_run_again_nor_counted).
 async fn accept(
     gateway: Arc<Gateway>,
     caller: Caller,
@@ -297,9 +305,10 @@ async fn accept(
     let marker = accepted_key(&gateway, &spec.job_id);
     // In flight at most: the queue's unserved TTL, then the longest run the key may ask for.
     let unserved = gateway.service.queues.unserved_ttl;
-    let max_age = (!unserved.is_zero()).then(|| unserved + quotas.max_timeout + Duration::from_secs(300));
-    // The marker outlives the result: the job's whole life, then its result's TTL.
-    let ttl = (max_age.unwrap_or(Duration::from_secs(7 * 24 * 3600)) + valid.result_ttl).as_secs();
+    let max_age = (!unserved.is_zero()).then(|| unserved + quotas.max_timeout + results::LIVE_GRACE);
+    // The marker outlives the result: the job's whole life, then its result's TTL. Within it,
+    // the id runs at most once (its idempotency window, docs/gateway.md).
+    let ttl = (max_age.unwrap_or(results::UNLIMITED_WAIT) + valid.result_ttl).as_secs();
     let claim: i64 = sandq_core::redis_conn::Script::new(CLAIM_SCRIPT)
         .key(&marker)
         .key(gateway.names.job_key(&spec.job_id))
@@ -310,13 +319,25 @@ async fn accept(
         .map_err(|e| unavailable(&e))?;
     match claim {
         CLAIM_NEW => {}
-        CLAIM_SAME_ACCEPTED => {
+        CLAIM_SAME_PUBLISHED => {
+            // Queued for sure, so it has a record until its result expires: none is its end.
+            let result = results::read(&mut redis, &gateway.names, &spec.job_id).await.map_err(|e| unavailable(&e))?;
+            return match result {
+                Some(result) => Ok((StatusCode::OK, result)),
+                None => Err(Problem::result_expired(&spec.job_id[caller.key.tenant.len() + 1..])),
+            };
+        }
+        CLAIM_SAME_UNKNOWN => {
             let result = results::read(&mut redis, &gateway.names, &spec.job_id).await.map_err(|e| unavailable(&e))?;
             if let Some(result) = result {
+                // A record: the job reached a queue (a worker, or our `queued` write, wrote it).
+                mark_published(&gateway, &marker, &digest).await;
                 return Ok((StatusCode::OK, result));
             }
-            // Accepted, but its publish's outcome was unknown: publish it again.
+            // Its publish's outcome was unknown: publish it again. Not counted again: the
+            // first claim of this id took its rate and in-flight quotas, and kept them.
             publish(&gateway, &spec).await.map_err(|(problem, _)| problem)?;
+            mark_published(&gateway, &marker, &digest).await;
             return Ok((StatusCode::OK, queued(&spec)));
         }
         CLAIM_SAME_PENDING => return Err(Problem::conflict("a request with this job id is being handled; retry").retry_after(1)),
@@ -348,8 +369,10 @@ async fn accept(
     {
         return Err(refused(problem, true, false).await);
     }
-    let accepted: redis::RedisResult<()> = redis::cmd("SET").arg(&marker).arg(&digest).arg("KEEPTTL").query_async(&mut redis).await;
-    if let Err(e) = accepted {
+    // From here the job is counted: a retry of an unknown publish publishes without counting.
+    let counted: redis::RedisResult<()> =
+        redis::cmd("SET").arg(&marker).arg(format!("{}{digest}", crate::scope::UNKNOWN)).arg("KEEPTTL").query_async(&mut redis).await;
+    if let Err(e) = counted {
         return Err(refused(unavailable(&e), true, true).await);
     }
     // The webhook is recorded before the publish: a job that is queued always has it.
@@ -359,7 +382,10 @@ async fn accept(
         }
     }
     match publish(&gateway, &spec).await {
-        Ok(()) => Ok((StatusCode::CREATED, queued(&spec))),
+        Ok(()) => {
+            mark_published(&gateway, &marker, &digest).await;
+            Ok((StatusCode::CREATED, queued(&spec)))
+        }
         Err((problem, true)) => {
             if callback_url.is_some() {
                 crate::webhooks::unschedule(&gateway, &spec.job_id).await;
@@ -367,6 +393,24 @@ async fn accept(
             Err(refused(problem, true, true).await)
         }
         Err((problem, false)) => Err(problem),
+    }
+}
+
+/// Moves a marker to `published` once the job is certainly queued (its publish confirmed and
+/// its `queued` written, or a record of it seen). Best effort: a marker left `unknown` costs
+/// at most a harmless re-publish of a job that has a record, and is moved on at the next
+/// retry that finds the record.
+async fn mark_published(gateway: &Gateway, marker: &str, digest: &str) {
+    let mut redis = gateway.redis.clone();
+    let set: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(marker)
+        .arg(format!("{}{digest}", crate::scope::PUBLISHED))
+        .arg("XX")
+        .arg("KEEPTTL")
+        .query_async(&mut redis)
+        .await;
+    if let Err(e) = set {
+        tracing::warn!(error = %e, marker, "cannot record the job as published; it stays unknown");
     }
 }
 
@@ -411,10 +455,13 @@ fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -
 }
 
 /// `GET /v1/jobs/{id}[?wait=30s]`: the job's result (200), as it is now or once it ended
-/// within `wait`; 401 when the key is revoked while it waits.
+/// within `wait`; 401 when the key is revoked while it waits; 410 `result-expired` once it ended and
+/// its result expired.
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
     params(("id" = String, Path, description = "The job's id"), ("wait" = Option<String>, Query, description = "Wait up to this long (humantime, at most `max_wait`) for the job to end")),
-    responses((status = 200, description = "The job: a JobResult (docs/protocol.md)", body = serde_json::Value), (status = 404, description = "not-found", body = Problem)),
+    responses((status = 200, description = "The job: a JobResult (docs/protocol.md)", body = serde_json::Value), (status = 404, description = "not-found", body = Problem),
+        (status = 401, description = "unauthorized: the key was revoked while the request waited", body = Problem),
+        (status = 410, description = "result-expired: the job ended and its result is no longer kept (result_ttl)", body = Problem)),
     security(("api_key" = [])))]
 pub(crate) async fn get(
     State(gateway): State<Arc<Gateway>>,
@@ -437,7 +484,15 @@ pub(crate) async fn get(
     let mut revoked = std::pin::pin!(gateway.revoked(&caller.key.id));
     loop {
         let result = results::read(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
-        let result = result.unwrap_or_else(|| JobResult::new(job_id.clone(), JobStatus::Queued));
+        let result = match result {
+            Some(result) => result,
+            // A job certainly queued has a record until its result expires: it ended.
+            None if crate::scope::accepted(&gateway, &job_id).await? == Some(Accepted::Published) => {
+                return Err(Problem::result_expired(&id));
+            }
+            // Not (yet) known to be queued: its publish may still be under way or retried.
+            None => JobResult::new(job_id.clone(), JobStatus::Queued),
+        };
         if result.status.is_terminal() || started.elapsed() >= wait {
             return Ok((StatusCode::OK, Json(view(&caller, &result))).into_response());
         }
@@ -451,7 +506,8 @@ pub(crate) async fn get(
                 () = &mut revoked => return Err(Problem::unauthorized()),
             }
             let status = results::status(&mut redis, &gateway.names, &job_id).await.map_err(|e| Problem::unavailable(e.to_string()))?;
-            if status.is_some_and(JobStatus::is_terminal) || started.elapsed() >= wait {
+            // No status: its result just expired (or it is not yet queued): read again.
+            if status.is_none_or(JobStatus::is_terminal) || started.elapsed() >= wait {
                 break;
             }
         }

@@ -83,6 +83,19 @@ impl Problem {
         Self::new(StatusCode::CONFLICT, "path-conflict", "The path clashes with a file of the session", detail)
     }
 
+    /// 410 `result-expired`: the job was queued, has ended, and its result is no longer kept
+    /// (`result_ttl`); the same id is not run again.
+    pub(crate) fn result_expired(id: &str) -> Self {
+        Self::new(
+            StatusCode::GONE,
+            "result-expired",
+            "The job's result has expired",
+            format!(
+                "job {id:?} has ended and its result is no longer kept (result_ttl); it is not run again: submit it under a new job_id"
+            ),
+        )
+    }
+
     /// 413 `body-too-large`.
     pub(crate) fn too_large(max: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "The request body is too large", format!("at most {max} bytes"))

@@ -19,9 +19,54 @@ pub(crate) fn job_id_of(caller: &Caller, id: &str) -> Result<String, Problem> {
     }
 }
 
-/// The gateway's record of a job it accepted.
+/// The gateway's record of a job it accepted (its marker): `<state>:<digest>` with the body's
+/// SHA-256 and one of the states of [`Accepted`].
 pub(crate) fn accepted_key(gateway: &Gateway, job_id: &str) -> String {
     format!("{}:gateway", gateway.names.job_key(job_id))
+}
+
+/// Where a job id's acceptance stands, as its marker says. It only moves forward:
+/// `pending:<digest>` -> `unknown:<digest>` -> `published:<digest>`, each step one `SET`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Accepted {
+    /// Claimed; its quotas are being taken (nothing published yet).
+    Pending,
+    /// Its quotas are taken and its publish is under way, or its outcome was unknown (no
+    /// confirm, or the `queued` write failed): the job may or may not be queued. A bare
+    /// `<digest>` (an older gateway's marker, written before its publish) means the same.
+    Unknown,
+    /// Its publish was confirmed and its `queued` record written: the job has a record until
+    /// its terminal result expires, so no record means the job ended and its result expired.
+    Published,
+}
+
+/// Marker prefixes of [`Accepted`]'s states.
+pub(crate) const PENDING: &str = "pending:";
+/// See [`Accepted::Unknown`].
+pub(crate) const UNKNOWN: &str = "unknown:";
+/// See [`Accepted::Published`].
+pub(crate) const PUBLISHED: &str = "published:";
+
+/// The state a marker's value names.
+pub(crate) fn accepted_state(marker: &str) -> Accepted {
+    if marker.starts_with(PUBLISHED) {
+        Accepted::Published
+    } else if marker.starts_with(PENDING) {
+        Accepted::Pending
+    } else {
+        Accepted::Unknown
+    }
+}
+
+/// The state of `job_id`'s marker; `None` when it has none (not this gateway's, or its
+/// idempotency window is over).
+///
+/// # Errors
+/// 503 when Redis fails.
+pub(crate) async fn accepted(gateway: &Gateway, job_id: &str) -> Result<Option<Accepted>, Problem> {
+    let mut redis = gateway.redis.clone();
+    let marker: Option<String> = redis.get(accepted_key(gateway, job_id)).await.map_err(|e| Problem::unavailable(format!("redis: {e}")))?;
+    Ok(marker.as_deref().map(accepted_state))
 }
 
 /// Checks that the gateway accepted `id` for this tenant; returns the queue's job id.
@@ -53,4 +98,18 @@ pub(crate) fn view_for_tenant(tenant: &str, result: &JobResult) -> Value {
         }
     }
     value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_names_its_state_and_a_bare_digest_is_unknown() {
+        let digest = "ab".repeat(32);
+        assert_eq!(accepted_state(&format!("pending:{digest}")), Accepted::Pending);
+        assert_eq!(accepted_state(&format!("unknown:{digest}")), Accepted::Unknown);
+        assert_eq!(accepted_state(&format!("published:{digest}")), Accepted::Published);
+        assert_eq!(accepted_state(&digest), Accepted::Unknown);
+    }
 }

@@ -9,14 +9,17 @@
 //!
 //! `sandq-loadtest [--jobs ...]` (no subcommand), the chaos run: many jobs through several real
 //! workers while workers are SIGKILLed and restarted, RabbitMQ is restarted and Redis is
-//! restarted; then every job is accounted for.
+//! restarted; then every job is accounted for. With `--resubmit N`, also 2N jobs through a
+//! gateway of the run, each submitted again once over (kept, or its result expired): none may run
+//! or be counted again (module [`resubmit`]).
 //!
 //! The run uses a namespace of its own and a Redis of its own (`redis-server` on
 //! `--redis-port`, append-only file fsynced always, so that a restart keeps results, as a
 //! production Redis must), and the RabbitMQ and S3 of the config (`SANDQ_CONFIG`); the broker
 //! restarted is the node `rabbitmqctl` targets (`RABBITMQ_NODENAME` when set, as in CI's own
 //! instance). Everything it talks to is on 127.0.0.1. Report: submitted, each terminal status,
-//! dead-lettered, lost (must be 0), and how many jobs ran more than once.
+//! dead-lettered, lost (must be 0), how many jobs ran more than once, and the re-submissions'
+//! findings (each must be 0).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,6 +39,7 @@ mod live;
 mod mcp;
 mod plot;
 mod report;
+mod resubmit;
 mod throughput;
 
 /// Load runs against real sandq workers: the chaos run (no subcommand) or a throughput run.
@@ -99,6 +103,11 @@ struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Also submit this many jobs whose result is kept, and as many whose result expires after
+    /// 1 s, through a gateway of the run while the faults happen; once over, submit each again
+    /// (module `resubmit`): none may run or be counted again. 0: no gateway.
+    #[arg(long, default_value_t = 0)]
+    resubmit: usize,
 }
 
 /// The outcome of a run.
@@ -117,6 +126,9 @@ struct Report {
     seconds: f64,
     /// The jobs that did not succeed: `<job id> <status> attempt <n>: <reason>`.
     failures: Vec<String>,
+    /// The re-submissions of finished and expired jobs through the gateway (`--resubmit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resubmitted: Option<resubmit::Resubmitted>,
 }
 
 struct OwnRedis {
@@ -260,6 +272,16 @@ async fn chaos(args: Args) -> anyhow::Result<()> {
     }
     let mut client = Client::connect(config.clone()).await?;
     let mut report = Report::default();
+    // The gateway's jobs go first, so that they run while the faults happen.
+    let mut resubmitted = resubmit::Resubmitted::default();
+    let gateway = match args.resubmit {
+        0 => None,
+        n => {
+            let gateway = resubmit::Gateway::start(&bin_dir, &config).await?;
+            let ids = resubmit::submit(&gateway, &config, n, &mut resubmitted).await?;
+            Some((gateway, ids))
+        }
+    };
     let mut next_kill = Duration::from(args.kill_every);
     let broker_at = Duration::from(args.broker_restart_at);
     let redis_at = Duration::from(args.redis_restart_at);
@@ -351,6 +373,17 @@ async fn chaos(args: Args) -> anyhow::Result<()> {
             _ => report.lost += 1,
         }
     }
+    if let Some((gateway, ids)) = &gateway {
+        let logs = || {
+            workers
+                .iter()
+                .map(|(id, _)| std::fs::read_to_string(std::env::temp_dir().join(format!("{id}.log"))).unwrap_or_default())
+                .collect()
+        };
+        resubmit::resubmit(gateway, &config, ids, &logs, deadline, &mut resubmitted).await?;
+        report.resubmitted = Some(resubmitted);
+    }
+    drop(gateway);
     report.dead_lettered = dead_letter_count(&config).await.unwrap_or(0);
     // A dead-lettered job without a result is accounted for, not lost.
     report.lost = report.lost.saturating_sub(report.dead_lettered);
@@ -383,8 +416,14 @@ async fn chaos(args: Args) -> anyhow::Result<()> {
         for failure in &report.failures {
             println!("  not succeeded: {failure}");
         }
+        if let Some(r) = &report.resubmitted {
+            println!("re-submitted {} through the gateway: {r:?}", r.jobs);
+        }
     }
-    if report.lost > 0 || report.wrong_output > 0 {
+    let resubmissions_wrong = report.resubmitted.as_ref().is_some_and(|r| {
+        r.not_accepted + r.wrong_answer + r.ran_again + r.in_flight_mismatch > 0 || r.miscounted != 0 || r.counted_by_resubmissions != 0
+    });
+    if report.lost > 0 || report.wrong_output > 0 || resubmissions_wrong {
         std::process::exit(1);
     }
     Ok(())

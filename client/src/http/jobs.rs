@@ -117,14 +117,15 @@ impl HttpClient {
     }
 
     /// The job's current result (`queued` until a worker takes it); `None` when this tenant
-    /// has no such job (or its result expired).
+    /// has no such job, or its result expired (404, or 410 `result-expired`).
     ///
     /// # Errors
-    /// The gateway's (but `not-found`).
+    /// The gateway's (but `not-found` and `result-expired`).
     pub async fn status(&self, job_id: &str) -> Result<Option<JobResult>, HttpError> {
         match self.job(job_id, None).await {
             Ok(result) => Ok(Some(result)),
             Err(HttpError::NotFound(_)) => Ok(None),
+            Err(e) if e.status() == Some(410) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -189,11 +189,21 @@ pub(super) async fn reserve_and_start<'c>(
     let mut running = publish::base(job, who, JobStatus::Running);
     running.started_at_ms = Some(who.started_at_ms);
     let mut redis = ctx.redis.clone();
-    let written = publish::publish(&mut redis, &ctx.settings.names, &running, job.result_ttl).await.map_err(InfraError::WriteRunning)?;
+    // Kept for the rest of the job's life, not its `result_ttl` (only the terminal result takes
+    // that): a running job must keep its status, its cancel and its place in its key's jobs in
+    // flight (test: tenant::idempotency::a_running_job_with_a_short_result_ttl_stays_visible).
+    let ttl = live_ttl(ctx, job);
+    let written = publish::publish(&mut redis, &ctx.settings.names, &running, ttl).await.map_err(InfraError::WriteRunning)?;
     if !written {
         return Err(Failure::Duplicate);
     }
     Ok(reservation)
+}
+
+/// The TTL of what an attempt writes while the job is not over (`running`, its live events):
+/// [`results::live_ttl`] with the queues' `unserved_ttl`.
+pub(super) fn live_ttl(ctx: &Context, job: &ValidJob) -> std::time::Duration {
+    results::live_ttl(ctx.settings.services.queues.unserved_ttl, job.timeout, job.result_ttl)
 }
 
 #[cfg(test)]

@@ -125,7 +125,8 @@ async fn attempt_job(ctx: &Context, job: &ValidJob, attempt: u32, slot: usize) -
                 ctx.settings.names.events_key(&job.spec.job_id),
                 ctx.settings.outputs.stream_max_bytes,
                 (attempt, &who.id),
-                job.result_ttl,
+                // Alive as long as the job; the terminal result's `end` sets `result_ttl`.
+                admit::live_ttl(ctx, job),
             );
             // 5. Launch. Once the sandbox started, its job dir is removed after the result is
             // out (step 9); before that, on a failure, it cleans up on drop.
