@@ -11,6 +11,7 @@
 pub mod broker;
 pub mod config;
 pub mod events;
+pub mod fair;
 pub mod keys;
 pub mod redis_conn;
 pub mod results;
