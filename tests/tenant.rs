@@ -13,6 +13,8 @@ use sandq_tests::ensure_worker;
 use sandq_tests::gateway::{self as gw, new_key, tenant};
 use serde_json::{json, Value};
 
+#[path = "tenant/fairness.rs"]
+mod fairness;
 #[path = "tenant/idempotency.rs"]
 mod idempotency;
 
