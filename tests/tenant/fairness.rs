@@ -8,7 +8,7 @@ use sandq_core::events::{self, EventKind};
 use sandq_core::keys::{self, Quotas};
 use sandq_schemas::names::Names;
 use sandq_tests::gateway as gw;
-use sandq_tests::{small_worker_env, stop_worker, Isolated};
+use sandq_tests::{free_port, metric, small_worker_env, stop_worker, Isolated};
 
 use super::*;
 
@@ -25,19 +25,30 @@ struct World {
     base: String,
     gateway: Child,
     worker: Child,
+    /// The worker's `/metrics` port.
+    metrics: u16,
 }
 
 impl World {
     /// A namespace of its own with a worker of [`SLOTS`] S slots and a gateway.
     async fn start() -> Self {
         let world = Isolated::new().await;
-        let worker = world.start_worker_ready(&format!("{}-fair", world.namespace), &small_worker_env(&[]));
+        let metrics = free_port();
+        let addr = format!("127.0.0.1:{metrics}");
+        let mut env = small_worker_env(&[]);
+        env.push(("SANDQ__WORKER__METRICS_ADDR", addr.as_str()));
+        let worker = world.start_worker_ready(&format!("{}-fair", world.namespace), &env);
         let log = std::env::temp_dir().join(format!("{}-fair-gateway.log", world.namespace));
         let (gateway, base) = gw::start(&log, &[("SANDQ__NAMESPACE", world.namespace.as_str())]);
-        World { world, base, gateway, worker }
+        World { world, base, gateway, worker, metrics }
     }
 
     /// Stops the gateway and the worker, deletes the namespace's queues.
+    /// How many deliveries the worker sent round the queue for another tenant's turn.
+    fn rotated(&self) -> f64 {
+        metric(self.metrics, r#"sandq_fair_turns_total{sku="S",turn="rotated"}"#).expect("the worker's /metrics")
+    }
+
     async fn stop(self) {
         let World { world, mut gateway, worker, .. } = self;
         drop(gateway.stdin.take());
@@ -122,6 +133,7 @@ async fn a_tenant_with_nothing_running_gets_the_next_slot_ahead_of_another_tenan
     let started_before = |instant: u64| a_jobs.values().filter(|j| started_at(j).is_some_and(|s| s < instant)).count();
     let first_wave = started_before(b_queued_at);
     let ahead_of_b = started_before(b_started);
+    assert!(world.rotated() >= 1.0, "B's turn comes by sending A's jobs round the queue");
     eprintln!("A's jobs started before B submitted: {first_wave}; before B's cell started: {ahead_of_b}");
     assert!(
         first_wave + SLOTS < BACKLOG / 2,
@@ -187,5 +199,8 @@ async fn a_stale_count_sends_a_job_round_a_bounded_number_of_times_and_it_runs_o
         assert_eq!(job["attempt"], 1, "s{n}: {job}");
         assert_eq!(world.attempts(&format!("{a_tenant}_s{n}")).await, 1, "s{n} ran once: {job}");
     }
+    // Jobs went round (the ghost tenant "waited"), each at most MAX_ROTATIONS (4) times.
+    let rotated = world.rotated();
+    assert!((1.0..=(4 * jobs) as f64).contains(&rotated), "{rotated} rounds for {jobs} jobs");
     world.stop().await;
 }

@@ -29,6 +29,7 @@ use sandq_schemas::Sku;
 use tracing::{debug, warn};
 
 use crate::context::Context;
+use crate::metrics;
 
 /// Header counting how many times a message went round: set by [`rotate`] on the copy.
 pub(crate) const ROTATIONS_HEADER: &str = "x-sandq-rotations";
@@ -116,10 +117,12 @@ pub(crate) async fn take(ctx: &Context, channel: &Channel, delivery: &Delivery<'
         Ok(shares) => shares,
         Err(e) => {
             warn!(error = %e, job_id, "cannot read the tenants' shares; the job runs without its turn");
+            metrics::fair_turn(delivery.sku, "uncounted");
             return Taken::Run(None);
         }
     };
     let rounds = rotations(delivery.properties);
+    let mut turn = "run";
     if may_rotate(delivery.attempt, delivery.redelivered, rounds) {
         if let Turn::Rotate { waiting } = fair::turn(&shares.tenant, &shares.all) {
             match rotate(channel, ctx, delivery, rounds + 1).await {
@@ -128,13 +131,18 @@ pub(crate) async fn take(ctx: &Context, channel: &Channel, delivery: &Delivery<'
                     if let Err(e) = fair::requeued_at_tail(&mut redis, names, delivery.sku, &job_id, queued_until(ctx, now)).await {
                         warn!(error = %e, job_id, "cannot move the job's queued entry's expiry");
                     }
+                    metrics::fair_turn(delivery.sku, "rotated");
                     return Taken::Rotated;
                 }
-                Err(e) => warn!(error = %e, job_id, "cannot put the job at the tail of its queue; it runs now"),
+                Err(e) => {
+                    warn!(error = %e, job_id, "cannot put the job at the tail of its queue; it runs now");
+                    turn = "rotate_failed";
+                }
             }
         }
     }
     let member = shares.member(&job_id);
+    metrics::fair_turn(delivery.sku, turn);
     match fair::start(&mut redis, names, delivery.sku, &job_id, &member, lease_until(ctx, now)).await {
         Ok(()) => Taken::Run(Some(Running { sku: delivery.sku, member })),
         Err(e) => {
