@@ -17,6 +17,8 @@ use serde_json::{json, Value};
 mod bodies;
 #[path = "tenant/edge.rs"]
 mod edge;
+#[path = "tenant/fairness.rs"]
+mod fairness;
 #[path = "tenant/idempotency.rs"]
 mod idempotency;
 #[path = "tenant/sandbox.rs"]

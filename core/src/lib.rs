@@ -13,6 +13,7 @@ pub mod addr;
 pub mod broker;
 pub mod config;
 pub mod events;
+pub mod fair;
 pub mod keys;
 pub mod redis_conn;
 pub mod results;

@@ -423,9 +423,22 @@ fn queued(spec: &JobSpec) -> JobResult {
 }
 
 /// Publishes a job; on failure, the problem and whether the job is certainly not queued.
+/// The job is first recorded as its tenant's queued job of its SKU (`sandq_core::fair`: what
+/// gives a tenant with nothing running the next free slot), and forgotten again when it is
+/// certainly not queued; a record that fails or outlives its job only skews the fair share
+/// until it expires, so neither stops the publish.
 async fn publish(gateway: &Gateway, spec: &JobSpec) -> Result<(), (Problem, bool)> {
     use sandq_client::ClientError;
-    match gateway.publish(spec, PUBLISHER_WAIT).await {
+    let mut redis = gateway.redis.clone();
+    let until = sandq_core::fair::queued_until(gateway.service.queues.unserved_ttl, sandq_core::time::now_ms());
+    if let Err(e) = sandq_core::fair::queued(&mut redis, &gateway.names, spec.sku, &spec.job_id, until).await {
+        tracing::warn!(error = %e, job_id = %spec.job_id, "cannot record the job for the tenants' fair share");
+    }
+    let published = gateway.publish(spec, PUBLISHER_WAIT).await;
+    if matches!(published, Err(None | Some(ClientError::Invalid(_) | ClientError::NotAccepted { .. }))) {
+        let _ = sandq_core::fair::not_queued(&mut redis, &gateway.names, spec.sku, &spec.job_id).await;
+    }
+    match published {
         Ok(()) => Ok(()),
         Err(None) => Err((Problem::unavailable("every publisher is busy; retry"), true)),
         Err(Some(ClientError::Invalid(e))) => Err((Problem::invalid(e.to_string()), true)),

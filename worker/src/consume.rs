@@ -8,13 +8,18 @@
 //! ([`sandq_core::broker::connect`]); the backoff applies between rounds. Every channel
 //! and consumer is opened anew on the new connection: nothing of the old one (no delivery tag)
 //! is used again.
+//!
+//! Before a delivery goes to [`crate::job`], [`crate::fair::take`] decides whose turn it is: a
+//! first delivery of a tenant running more jobs of the SKU than another tenant with jobs waiting
+//! is published again at the tail of its queue (confirmed on the slot's channel, which is in
+//! confirm mode for that) and acked without running.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, Consumer};
 use tokio::sync::watch;
@@ -23,8 +28,8 @@ use tracing::{error, info, warn};
 
 use crate::ack::{self, Disposition, Outcome};
 use crate::context::Context;
-use crate::job;
 use crate::metrics;
+use crate::{fair, job};
 
 /// Consumes until `shutdown` becomes true; then stops taking deliveries, lets every in-flight
 /// job finish, and returns.
@@ -156,6 +161,9 @@ async fn open_slot(
     match task {
         Task::Slot { sku, slot, index } => {
             channel.basic_qos(1, BasicQosOptions::default()).await?;
+            // Confirms for the copies of jobs sent round the queue (crate::fair): a delivery
+            // is acked only once its copy is confirmed.
+            channel.confirm_select(ConfirmSelectOptions::default()).await?;
             let tag = format!("{}-{}-{}", settings.worker_id, sku, slot);
             let consumer = channel
                 .basic_consume(
@@ -187,11 +195,22 @@ async fn slot_loop(
             return Ok(());
         };
         let lapin::message::Delivery { data, acker, redelivered, properties, .. } = delivery;
-        let message = job::Message {
-            body: data,
-            attempt: ack::attempt_number(properties.headers().as_ref(), redelivered),
-            message_id: properties.message_id().as_ref().map(ToString::to_string),
+        let attempt = ack::attempt_number(properties.headers().as_ref(), redelivered);
+        // Whose turn is it? Another tenant's: the job's copy is at the tail of the queue, and
+        // this delivery is acked without running (a failed ack leaves both: the job id keeps
+        // one run).
+        let taken = fair::Delivery { sku, body: &data, properties: &properties, attempt, redelivered };
+        let running = match fair::take(&ctx, &channel, &taken).await {
+            fair::Taken::Run(running) => running,
+            fair::Taken::Rotated => {
+                if let Err(e) = ack::settle(&acker, Disposition::Ack).await {
+                    warn!(error = %e, "cannot ack a delivery sent round the queue; the broker will redeliver it");
+                    return Err(e);
+                }
+                continue;
+            }
         };
+        let message = job::Message { body: data, attempt, message_id: properties.message_id().as_ref().map(ToString::to_string) };
         let tracker = metrics::Tracker::new(sku, redelivered);
         // A panic in one job is caught here, at the job boundary; the job is requeued.
         let processed = tracker.scope(AssertUnwindSafe(job::process(&ctx, &message, sku, index)).catch_unwind()).await;
@@ -204,6 +223,9 @@ async fn slot_loop(
         );
         tracker.settled(&outcome, processed.is_err());
         let disposition = ack::classify(&outcome, ctx.settings.max_attempts);
+        if let Some(running) = running {
+            running.end(&ctx, disposition == Disposition::Requeue).await;
+        }
         if let (Disposition::Requeue, Outcome::Infrastructure { attempt, .. }) = (disposition, &outcome) {
             // Back off before handing the job back: a storage outage must not burn its
             // attempts in a tight loop (1 s, 2 s, 4 s ... at most 30 s).

@@ -19,6 +19,7 @@
 //! | [`artifacts`], [`outputs`] | files left in `/work` -> S3; the notebook's rich outputs |
 //! | [`live`] | the job's live events while it runs (stdout, stderr, displays, lifecycle) to its Redis Stream, best effort |
 //! | [`publish`] | the JobResult and its compare-and-set write to Redis |
+//! | [`fair`] | a fair share of each SKU's slots between tenants: a job whose tenant runs more than a waiting tenant goes round the queue |
 //! | [`ack`] | the one place that turns an outcome into ack, requeue or dead-letter |
 //! | [`dead_letter`] | gives every job the broker dead-lettered its terminal result |
 //! | [`settings`], [`packages`], [`host`] | configuration; package indexes and CAs; start-up on the host |
@@ -38,6 +39,7 @@ pub(crate) mod capacity;
 pub(crate) mod consume;
 pub(crate) mod context;
 pub(crate) mod dead_letter;
+pub(crate) mod fair;
 pub(crate) mod health;
 pub mod host;
 pub(crate) mod job;

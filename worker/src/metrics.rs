@@ -16,6 +16,7 @@
 //! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `deferred`, `unreadable`, `panic`) |
 //! | `sandq_state_cache_total` | counter: notebook states restored from the worker's own copy ([`crate::session::cache`]) | `outcome` (`hit`; `miss`: downloaded from S3) |
 //! | `sandq_live_events_total` | counter: live events ([`crate::live`]) | `outcome` (`sent`; `dropped`: Redis slow or down, or the pending buffer full) |
+//! | `sandq_fair_turns_total` | counter: deliveries whose tenant's turn [`crate::fair`] decided | `sku`, `turn` ([`FAIR_TURNS`]: `run`; `rotated`: sent round for another tenant; `rotate_failed`: could not be sent round, ran; `uncounted`: Redis trouble, ran without a turn) |
 //! | `sandq_session_index_events_total` | counter: the sessions index (`<ns>:sessions`) | `event` (`update_failed`: a saved session's expiry not indexed; `reset`: the index was a key of another type, deleted; `rebuilt`: indexed again from S3) |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
@@ -159,6 +160,7 @@ pub(crate) struct Metrics {
     session_index: Family<Labels1, Counter>,
     live_events: Family<Labels1, Counter>,
     state_cache: Family<Labels1, Counter>,
+    fair_turns: Family<Labels2, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -238,6 +240,17 @@ impl Metrics {
             "Notebook states a session job restored from this worker's own copy (hit) or from S3 (miss)",
             state_cache.clone(),
         );
+        let fair_turns = Family::<Labels2, Counter>::default();
+        registry.register(
+            "sandq_fair_turns",
+            "Deliveries whose tenant's turn was decided (docs/operations.md, Fair share between tenants): run, rotated (sent round for another tenant), rotate_failed (ran), uncounted (Redis trouble, ran)",
+            fair_turns.clone(),
+        );
+        for sku in Sku::ALL {
+            for turn in FAIR_TURNS {
+                let _ = fair_turns.get_or_create(&[("sku", sku.as_str()), ("turn", turn)]);
+            }
+        }
         for outcome in ["hit", "miss"] {
             let _ = state_cache.get_or_create(&[("outcome", outcome)]);
         }
@@ -271,6 +284,7 @@ impl Metrics {
             session_index,
             live_events,
             state_cache,
+            fair_turns,
         }
     }
 
@@ -345,6 +359,14 @@ pub(crate) fn infrastructure_error(kind: ErrorKind) {
 /// and the `action` taken (`result_written`, `already_final`, `no_job_id`).
 pub(crate) fn dead_letter(reason: &'static str, action: &'static str) {
     METRICS.dead_letters.get_or_create(&[("reason", reason), ("action", action)]).inc();
+}
+
+/// The `turn` values of `sandq_fair_turns_total`.
+pub(crate) const FAIR_TURNS: [&str; 4] = ["run", "rotated", "rotate_failed", "uncounted"];
+
+/// A delivery of SKU `sku` whose turn was decided: one of [`FAIR_TURNS`].
+pub(crate) fn fair_turn(sku: Sku, turn: &'static str) {
+    METRICS.fair_turns.get_or_create(&[("sku", sku.as_str()), ("turn", turn)]).inc();
 }
 
 /// The `event` values of `sandq_session_index_events_total`.
