@@ -21,10 +21,10 @@ mod edge;
 mod fairness;
 #[path = "tenant/idempotency.rs"]
 mod idempotency;
-#[path = "tenant/sandbox.rs"]
-mod sandbox;
 #[path = "tenant/paths.rs"]
 mod paths;
+#[path = "tenant/sandbox.rs"]
+mod sandbox;
 
 /// The gateway of this test binary: started once, in the test namespace, webhooks to loopback
 /// allowed (the tests' receivers listen there). Its log is `$TMPDIR/<namespace>-tenant-gateway.log`.
