@@ -191,6 +191,8 @@ async fn a_session_the_worker_cannot_restore_fails_its_job_once_with_a_reason_an
             assert!(reason.contains(&format!("{other:?}")), "{reason}");
         }
         assert!(done["stdout"]["text"].as_str().unwrap_or_default().is_empty(), "the program did not run: {done}");
+        let data_dir = sandq_tests::worker_data_dir().display().to_string();
+        assert!(!done.to_string().contains(&data_dir), "no host path in the result (finding 11): {done}");
 
         assert_eq!(delete_file(&key, "s", bad).await, StatusCode::NO_CONTENT);
         let done = run_in(&key, "s", "print(open('data/x.csv').read(), end='')").await;
