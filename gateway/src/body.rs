@@ -5,6 +5,8 @@
 //! into memory, so no key can hold the gateway's memory with large ones (issue 36, findings 3
 //! and 4).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -132,6 +134,8 @@ async fn next_chunk(gateway: &Gateway, stream: &mut axum::body::BodyDataStream) 
 /// SHA-256 (64 lower-case hex digits) and size in bytes.
 #[derive(Debug)]
 pub(crate) struct Spooled {
+    /// Its bytes' share of the gateway's spool budget, given back when the file goes.
+    _budget: Budget,
     path: tempfile::TempPath,
     /// The SHA-256 of its bytes.
     pub(crate) sha256: String,
@@ -151,8 +155,36 @@ impl Spooled {
     }
 }
 
+/// Bytes taken from the gateway's spool budget (`max_spooled_bytes`, all keys together),
+/// given back when dropped.
+#[derive(Debug)]
+struct Budget {
+    used: Arc<AtomicU64>,
+    limit: u64,
+    held: u64,
+}
+
+impl Budget {
+    /// Takes `n` more bytes; false (nothing taken) when the budget would be passed.
+    fn take(&mut self, n: u64) -> bool {
+        let taken =
+            self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| used.checked_add(n).filter(|&total| total <= self.limit));
+        if taken.is_ok() {
+            self.held += n;
+        }
+        taken.is_ok()
+    }
+}
+
+impl Drop for Budget {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.held, Ordering::AcqRel);
+    }
+}
+
 /// A temporary file being filled, hashed as it goes.
 pub(crate) struct Spool {
+    budget: Budget,
     file: tokio::fs::File,
     path: tempfile::TempPath,
     hasher: Sha256,
@@ -165,20 +197,26 @@ fn spool_failed(e: std::io::Error) -> Problem {
 }
 
 impl Spool {
-    /// A new empty temporary file (in the gateway's `TMPDIR`).
+    /// A new empty temporary file (in the gateway's `TMPDIR`), its bytes counted against the
+    /// gateway's `max_spooled_bytes`.
     ///
     /// # Errors
     /// 503 when it cannot be made.
-    pub(crate) fn new() -> Result<Self, Problem> {
+    pub(crate) fn new(gateway: &Gateway) -> Result<Self, Problem> {
+        let budget = Budget { used: gateway.spooled_bytes.clone(), limit: gateway.settings.max_spooled_bytes, held: 0 };
         let (file, path) = tempfile::NamedTempFile::new().map_err(spool_failed)?.into_parts();
-        Ok(Spool { file: tokio::fs::File::from_std(file), path, hasher: Sha256::new(), size: 0 })
+        Ok(Spool { budget, file: tokio::fs::File::from_std(file), path, hasher: Sha256::new(), size: 0 })
     }
 
     /// Appends a chunk.
     ///
     /// # Errors
+    /// 503 (`Retry-After`) when the gateway's uploads together would pass `max_spooled_bytes`;
     /// 503 when the disk fails.
     pub(crate) async fn write(&mut self, chunk: &[u8]) -> Result<(), Problem> {
+        if !self.budget.take(chunk.len() as u64) {
+            return Err(Problem::unavailable("the gateway holds as many uploads as it may now; retry").retry_after(5));
+        }
         self.hasher.update(chunk);
         self.size += chunk.len() as u64;
         self.file.write_all(chunk).await.map_err(spool_failed)
@@ -198,7 +236,7 @@ impl Spool {
         // file does not outlive the request).
         self.file.flush().await.map_err(spool_failed)?;
         let sha256 = self.hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Spooled { path: self.path, sha256, size: self.size })
+        Ok(Spooled { _budget: self.budget, path: self.path, sha256, size: self.size })
     }
 }
 
@@ -208,7 +246,7 @@ impl Spool {
 /// permit ([`Gateway::take_upload`]) until the upload is stored.
 pub(crate) async fn spool(gateway: &Gateway, headers: &HeaderMap, body: Body, max: u64) -> Result<Spooled, Problem> {
     check_declared(headers, max)?;
-    let mut spool = Spool::new()?;
+    let mut spool = Spool::new(gateway)?;
     let mut stream = body.into_data_stream();
     while let Some(chunk) = next_chunk(gateway, &mut stream).await? {
         if spool.size() + chunk.len() as u64 > max {
@@ -222,6 +260,22 @@ pub(crate) async fn spool(gateway: &Gateway, headers: &HeaderMap, body: Body, ma
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spool_budget_refuses_what_would_pass_it_and_is_given_back_on_drop() {
+        let used = Arc::new(AtomicU64::new(0));
+        let budget = || Budget { used: used.clone(), limit: 100, held: 0 };
+        let mut a = budget();
+        assert!(a.take(60));
+        let mut b = budget();
+        assert!(!b.take(41), "60 + 41 passes 100");
+        assert!(b.take(40));
+        assert_eq!(used.load(Ordering::Acquire), 100);
+        drop(a);
+        assert_eq!(used.load(Ordering::Acquire), 40);
+        drop(b);
+        assert_eq!(used.load(Ordering::Acquire), 0);
+    }
 
     #[test]
     fn a_declared_length_earns_time_at_the_minimum_rate() {

@@ -308,6 +308,24 @@ pub(crate) async fn write(
     Ok((StatusCode::CREATED, Json(json!({"path": path, "size": spooled.size, "sha256": spooled.sha256}))).into_response())
 }
 
+/// Refuses (409 `path-conflict`) when any of `paths` clashes with a file the tenant's session
+/// `name` holds now: checked before a write of several files stores any of them (the check
+/// under the lock in [`store_file`] decides each one).
+///
+/// # Errors
+/// 404 when the tenant has no such session; 409 `path-conflict`; 503 when a service fails.
+pub(crate) async fn check_conflicts(gateway: &Gateway, caller: &Caller, name: &str, paths: &[&str]) -> Result<(), Problem> {
+    let scoped = owned(gateway, caller, name).await?;
+    if let Some(manifest) =
+        sessions::load(&gateway.s3, &gateway.service.s3.bucket, &gateway.names, &scoped).await.map_err(session_problem)?
+    {
+        for path in paths {
+            check_conflict(&manifest, path)?;
+        }
+    }
+    Ok(())
+}
+
 /// Stores a spooled upload as the file at `path` in the tenant's session `name`, as if a job
 /// had written it (`PUT /v1/sessions/{name}/files/{path}`, and the E2B plane's file writes).
 /// The blob streams from the temporary file to S3.

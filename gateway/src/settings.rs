@@ -42,6 +42,12 @@ pub struct GatewaySettings {
     /// are spooled to temporary files, `max_upload_bytes` each) one key can hold.
     #[serde(default = "default_max_uploads_per_key")]
     pub max_uploads_per_key: usize,
+    /// Bytes of uploads this gateway holds in temporary files at once, all keys together;
+    /// default 1 GiB. An upload that would pass it is refused (503, `Retry-After`) and its
+    /// file removed, so that tenants together cannot fill the disk under `TMPDIR` (in
+    /// Kubernetes an emptyDir whose overflow evicts the pod: keep this below its `sizeLimit`).
+    #[serde(default = "default_max_spooled_bytes")]
+    pub max_spooled_bytes: u64,
     /// How often an open event stream or long wait checks that its key is still valid
     /// (humantime); default `5s`. A revoked key's streams and waits end at the next check.
     #[serde(default = "default_revocation_check", with = "humantime_serde")]
@@ -132,6 +138,9 @@ fn default_min_body_rate() -> u64 {
 fn default_max_uploads_per_key() -> usize {
     8
 }
+fn default_max_spooled_bytes() -> u64 {
+    1 << 30
+}
 fn default_revocation_check() -> Duration {
     Duration::from_secs(5)
 }
@@ -178,6 +187,7 @@ impl Default for GatewaySettings {
             body_timeout: default_body_timeout(),
             min_body_bytes_per_s: default_min_body_rate(),
             max_uploads_per_key: default_max_uploads_per_key(),
+            max_spooled_bytes: default_max_spooled_bytes(),
             revocation_check: default_revocation_check(),
             max_wait: default_max_wait(),
             publishers: default_publishers(),

@@ -38,6 +38,8 @@ pub struct Gateway {
     streams_per_key: Arc<PerKey>,
     /// Request bodies being received (and uploads being stored) per key (`max_uploads_per_key`).
     uploads_per_key: Arc<PerKey>,
+    /// Bytes in upload spools now, all keys together (`max_spooled_bytes`).
+    pub(crate) spooled_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Requests being handled (`max_requests`).
     pub(crate) requests: Arc<tokio::sync::Semaphore>,
     /// The metrics.
@@ -83,6 +85,7 @@ impl Gateway {
             streams,
             streams_per_key: Arc::default(),
             uploads_per_key: Arc::default(),
+            spooled_bytes: Arc::default(),
             requests,
             metrics: Metrics::new(),
         }))

@@ -238,11 +238,17 @@ async fn try_deliver(gateway: &Gateway, client: &reqwest::Client, redis: &mut Re
     let attempts: u32 = state.get("attempts").and_then(|a| a.parse().ok()).unwrap_or(0);
     // The key is read again at every attempt: a delivery of a key that was deleted or revoked
     // since (issue 36: revocation ends its webhooks) is dropped, never sent.
+    // A key the store cannot read now (Redis trouble) is tried again later, as `is_revoked`
+    // counts it valid: only a key known to be gone or revoked drops the delivery.
     let key = match sandq_core::keys::get(redis, &gateway.names, key_id).await {
         Ok(key) => key,
-        Err(e) => {
+        Err(e @ (sandq_core::keys::KeyError::Unknown(_) | sandq_core::keys::KeyError::Corrupt { .. })) => {
             tracing::warn!(error = %e, job_id, "the webhook's key is gone: not delivered");
             return Ok(Attempt::Done);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, job_id, "cannot read the webhook's key; trying again later");
+            return Ok(Attempt::Later(NOT_OVER_YET));
         }
     };
     if let Some(revoked_at_ms) = key.revoked_at_ms {

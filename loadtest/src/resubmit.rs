@@ -68,6 +68,8 @@ impl Gateway {
             .env("SANDQ__NAMESPACE", &config.namespace)
             .env("SANDQ__REDIS__URL", &config.redis.url)
             .env("SANDQ__GATEWAY__LISTEN", "127.0.0.1:0")
+            // Its operator listener too: another gateway on this host may hold the default.
+            .env("SANDQ__GATEWAY__METRICS_LISTEN", "127.0.0.1:0")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(log)

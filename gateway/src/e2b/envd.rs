@@ -252,6 +252,9 @@ pub(super) async fn write(
             format!("{} and {} cannot both be files: one would be a directory of the other", sandbox_path(dir), sandbox_path(file));
         return Err(e2b_error(StatusCode::CONFLICT, message).into());
     }
+    // And none against the session's files now, so that a clash stores no part.
+    let paths: Vec<&str> = checked.iter().map(|(p, _)| p.as_str()).collect();
+    crate::sessions::check_conflicts(&e2b.gateway, &caller, &record.id, &paths).await.map_err(refused)?;
     let mut written = Vec::with_capacity(checked.len());
     for (relative, spooled) in checked {
         write_waiting(&e2b, &caller, &record.id, &relative, &spooled).await.map_err(refused)?;
@@ -289,7 +292,7 @@ async fn parts(e2b: &E2b, request: Request, path: Option<&str>, max: u64) -> Res
         }
         let name = field.file_name().map(str::to_owned).or_else(|| path.map(str::to_owned));
         let Some(name) = name else { return Err(bad("a part has no file name and the call no path".to_owned())) };
-        let mut spool = crate::body::Spool::new().map_err(refused)?;
+        let mut spool = crate::body::Spool::new(&e2b.gateway).map_err(refused)?;
         loop {
             let chunk = tokio::time::timeout(within, field.chunk())
                 .await
