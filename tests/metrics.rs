@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// The label keys a metric of the worker may have: bounded ones only.
-const ALLOWED_LABELS: [&str; 10] = ["sku", "status", "stage", "warm", "kind", "le", "reason", "action", "event", "outcome"];
+const ALLOWED_LABELS: [&str; 11] = ["sku", "status", "stage", "warm", "kind", "le", "reason", "action", "event", "outcome", "turn"];
 
 /// One scrape of `/metrics`: every sample, by name and sorted labels.
 struct Scrape {
