@@ -381,7 +381,8 @@ async fn session_locks_a_client_wrote_neither_fail_nor_spoof_the_listing() {
 /// The deployment that keeps clients to their own keys (docs/operations.md "Redis ACL for
 /// clients"): a client whose Redis user may use only its jobs' and sessions' keys still submits,
 /// waits, runs session jobs and removes a session. Its writes of the sessions index, the rebuild
-/// turn and the deferred checks are refused (`NOPERM`), and so is every command that would name
+/// turn, the deferred checks and a job's round count (the fair share's) are refused (`NOPERM`),
+/// and so is every command that would name
 /// other clients' sessions and job ids (listing the sessions, `SCAN`, `KEYS`, `RANDOMKEY`,
 /// client-side caching's broadcast of written keys, a cluster's keys by slot) or break every
 /// client's scripts (`SCRIPT FLUSH`, `FUNCTION FLUSH`).
@@ -471,6 +472,7 @@ async fn a_client_denied_the_workers_keys_by_acl_still_runs_and_removes_sessions
             ("ZREM", names.sessions_index(), &["x"][..]),
             ("SET", names.sessions_rebuilt_key(), &["x"][..]),
             ("SET", names.deferred_checks(), &["x"][..]),
+            ("SET", names.rounds_key(&first.job_id), &["1"][..]),
         ] {
             let mut cmd = redis::cmd(command);
             cmd.arg(&key).arg(args);

@@ -317,6 +317,27 @@ pub async fn requeued_at_tail(redis: &mut RedisConn, names: &Names, sku: Sku, jo
     redis::cmd("ZADD").arg(&queued_expiry).arg("XX").arg(expires_at_ms).arg(job_id).query_async(redis).await
 }
 
+/// Records that job `job_id` went round `rounds` times (its newest copy, confirmed by the
+/// broker, carries that count), for `ttl` (the job's longest life: a stale delivery of it may
+/// come back until then). Written before the delivery the copy replaces is acked, so that
+/// delivery, if the broker hands it out again, is known as superseded ([`rounds`]).
+///
+/// # Errors
+/// Redis's.
+pub async fn went_round(redis: &mut RedisConn, names: &Names, job_id: &str, rounds: u32, ttl: Duration) -> RedisResult<()> {
+    redis::cmd("SET").arg(names.rounds_key(job_id)).arg(rounds).arg("EX").arg(ttl.as_secs().max(1)).query_async(redis).await
+}
+
+/// How many times job `job_id` went round, as [`went_round`] recorded it (`None`: never, or
+/// the record is gone or is not a count a worker writes, at most `max`).
+///
+/// # Errors
+/// Redis's (a key of another type included).
+pub async fn rounds(redis: &mut RedisConn, names: &Names, job_id: &str, max: u32) -> RedisResult<Option<u32>> {
+    let value: Option<String> = redis::cmd("GET").arg(names.rounds_key(job_id)).query_async(redis).await?;
+    Ok(value.and_then(|v| v.parse::<u32>().ok()).filter(|n| *n <= max))
+}
+
 /// The attempt of the job recorded as `member` ended: it no longer runs. When its delivery was
 /// handed back to the queue (`back_in_queue_until_ms`: until when it may wait there) and it is a
 /// tenant's, it is queued again.

@@ -92,6 +92,14 @@ impl Names {
         format!("{}:cancel", self.job_key(job_id))
     }
 
+    /// Redis string `<ns>:job:{<job_id>}:rounds`: how many times the job went round its queue
+    /// for another tenant's turn (the worker's fair share), written by a worker once the
+    /// round's copy is confirmed and before the delivery it replaced is acked. Only workers
+    /// write it.
+    pub fn rounds_key(&self, job_id: &str) -> String {
+        format!("{}:rounds", self.job_key(job_id))
+    }
+
     /// Redis string `<ns>:job:{<job_id>}:source`: the submitted code and runtime as JSON
     /// (`{"runtime": "python", "code": "..."}`), written by the Rust client after the broker
     /// confirmed a job with `code`, with the job's `result_ttl`; read by `sandq export`. The
@@ -260,13 +268,14 @@ mod tests {
     fn keys_of_a_job_or_a_session_share_a_hash_tag() {
         let names = Names::new("ns-1");
         for id in ["j1", "a}b", "x{y", "01J0000000000000000000000000"] {
-            let keys = [names.job_key(id), names.done_key(id), names.cancel_key(id), names.job_source_key(id)];
+            let keys = [names.job_key(id), names.done_key(id), names.cancel_key(id), names.job_source_key(id), names.rounds_key(id)];
             let tags: Vec<&str> = keys.iter().map(|k| hash_tag(k)).collect();
             assert!(tags.iter().all(|t| *t == tags[0]), "{keys:?} -> {tags:?}");
             assert_ne!(tags[0], keys[0], "{id}: no hash tag in {}", keys[0]);
         }
         assert_eq!(names.job_key("j1"), "ns-1:job:{j1}");
         assert_eq!(names.done_key("j1"), "ns-1:job:{j1}:done");
+        assert_eq!(names.rounds_key("j1"), "ns-1:job:{j1}:rounds");
         let session = [names.session_jobs_key("s"), names.session_lock_key("s"), names.session_tombstone_key("s")];
         assert_eq!(session, ["ns-1:session:{s}:jobs", "ns-1:session:{s}:lock", "ns-1:session:{s}:expired"]);
         assert!(session.iter().all(|k| hash_tag(k) == "s"));

@@ -205,3 +205,36 @@ async fn a_stale_count_sends_a_job_round_a_bounded_number_of_times_and_it_runs_o
     sandq_core::fair::not_queued(&mut redis, &names, sandq_schemas::Sku::S, &phantom).await.expect("forget the ghost's record");
     world.stop().await;
 }
+
+/// Finding 10: a session's job never goes round: sent round, a cell could run after the next
+/// cell of its session. With a waiting tenant that has nothing running (a stale count, as
+/// above) and one of A's jobs running, every cell of A's session would be A's to send round;
+/// none goes round, and the cells run in the order submitted (each appends its number to a
+/// session file and prints it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_job_never_goes_round() {
+    let world = World::start().await;
+    let mut redis = sandq_core::redis_conn::connect(&world.world.config.redis).await.expect("redis");
+    let names = Names::new(world.world.namespace.clone());
+    let phantom = format!("{}_never-published", gw::tenant("ghost"));
+    let hour_from_now = sandq_core::time::now_ms() + 3_600_000;
+    sandq_core::fair::queued(&mut redis, &names, sandq_schemas::Sku::S, &phantom, hour_from_now).await.expect("record");
+    let (_, a) = world.key("sessa").await;
+
+    world.post(&a, &json!({"job_id": "long", "runtime": "python", "code": "import time; time.sleep(8)", "sku": "S"})).await;
+    let cells = 3;
+    for n in 1..=cells {
+        let code = format!("open('order.txt', 'a').write('{n}')\nprint(open('order.txt').read())");
+        world.post(&a, &json!({"job_id": format!("c{n}"), "runtime": "python", "code": code, "sku": "S", "session": "order"})).await;
+    }
+    for n in 1..=cells {
+        let job = world.wait(&a, &format!("c{n}")).await;
+        assert_eq!(job["status"], "succeeded", "c{n}: {job}");
+        let expected: String = (1..=n).map(|k| k.to_string()).collect();
+        assert_eq!(job["stdout"]["text"], format!("{expected}\n"), "c{n} ran after the cells before it only: {job}");
+    }
+    assert_eq!(world.wait(&a, "long").await["status"], "succeeded");
+    assert!(world.rotated() < 0.5, "no session cell went round: {}", world.rotated());
+    sandq_core::fair::not_queued(&mut redis, &names, sandq_schemas::Sku::S, &phantom).await.expect("forget the ghost's record");
+    world.stop().await;
+}

@@ -12,7 +12,8 @@
 //! Before a delivery goes to [`crate::job`], [`crate::fair::take`] decides whose turn it is: a
 //! first delivery of a tenant running more jobs of the SKU than another tenant with jobs waiting
 //! is published again at the tail of its queue (confirmed on the slot's channel, which is in
-//! confirm mode for that) and acked without running.
+//! confirm mode for that) and acked without running, as is a delivery a newer copy of it
+//! superseded.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -197,14 +198,14 @@ async fn slot_loop(
         let lapin::message::Delivery { data, acker, redelivered, properties, .. } = delivery;
         let attempt = ack::attempt_number(properties.headers().as_ref(), redelivered);
         // Whose turn is it? Another tenant's: the job's copy is at the tail of the queue, and
-        // this delivery is acked without running (a failed ack leaves both: the job id keeps
-        // one run).
+        // this delivery is acked without running; so is one superseded by a copy (a failed ack
+        // of it comes back: the round recorded before the ack marks it superseded).
         let taken = fair::Delivery { sku, body: &data, properties: &properties, attempt, redelivered };
         let running = match fair::take(&ctx, &channel, &taken).await {
             fair::Taken::Run(running) => running,
-            fair::Taken::Rotated => {
+            fair::Taken::Rotated | fair::Taken::Superseded => {
                 if let Err(e) = ack::settle(&acker, Disposition::Ack).await {
-                    warn!(error = %e, "cannot ack a delivery sent round the queue; the broker will redeliver it");
+                    warn!(error = %e, "cannot ack a delivery whose copy went round the queue; the broker will redeliver it");
                     return Err(e);
                 }
                 continue;

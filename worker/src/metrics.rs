@@ -16,7 +16,7 @@
 //! | `sandq_dead_letters_total` | counter: dead-lettered messages handled ([`crate::dead_letter`]) | `reason` (`expired`, `delivery_limit`, `rejected`, `other`), `action` (`result_written`, `already_final`, `no_job_id`, `deferred`, `unreadable`, `panic`) |
 //! | `sandq_state_cache_total` | counter: notebook states restored from the worker's own copy ([`crate::session::cache`]) | `outcome` (`hit`; `miss`: downloaded from S3) |
 //! | `sandq_live_events_total` | counter: live events ([`crate::live`]) | `outcome` (`sent`; `dropped`: Redis slow or down, or the pending buffer full) |
-//! | `sandq_fair_turns_total` | counter: deliveries whose tenant's turn [`crate::fair`] decided | `sku`, `turn` ([`FAIR_TURNS`]: `run`; `rotated`: sent round for another tenant; `rotate_failed`: could not be sent round, ran; `uncounted`: Redis trouble, ran without a turn) |
+//! | `sandq_fair_turns_total` | counter: deliveries whose tenant's turn [`crate::fair`] decided | `sku`, `turn` ([`FAIR_TURNS`]: `run`; `rotated`: sent round for another tenant; `rotate_failed`: could not be sent round, ran; `superseded`: handed out again after a newer copy went round, acked without running; `uncounted`: Redis trouble, ran without a turn) |
 //! | `sandq_session_index_events_total` | counter: the sessions index (`<ns>:sessions`) | `event` (`update_failed`: a saved session's expiry not indexed; `reset`: the index was a key of another type, deleted; `rebuilt`: indexed again from S3) |
 //!
 //! Labels are bounded: never a job id, attempt id or container id.
@@ -362,7 +362,7 @@ pub(crate) fn dead_letter(reason: &'static str, action: &'static str) {
 }
 
 /// The `turn` values of `sandq_fair_turns_total`.
-pub(crate) const FAIR_TURNS: [&str; 4] = ["run", "rotated", "rotate_failed", "uncounted"];
+pub(crate) const FAIR_TURNS: [&str; 5] = ["run", "rotated", "rotate_failed", "superseded", "uncounted"];
 
 /// A delivery of SKU `sku` whose turn was decided: one of [`FAIR_TURNS`].
 pub(crate) fn fair_turn(sku: Sku, turn: &'static str) {

@@ -4,7 +4,7 @@
 //!
 //! | `x-death` reason | how the message got here | result written |
 //! |---|---|---|
-//! | `expired` | no worker took it within `queues.unserved_ttl` (the queue's `x-message-ttl`) | `expired`: "no worker took it within ...", saying whether its SKU's queue had a consumer when it expired (`cancelled` when its cancel key is set; `internal_error` when it had started and its worker was lost) |
+//! | `expired` | no worker took it within `queues.unserved_ttl` (the queue's `x-message-ttl`, or the `expiration` of a copy sent round for another tenant's turn: the rest of that TTL, `crate::fair`) | `expired`: "no worker took it within ...", saying whether its SKU's queue had a consumer when it expired (`cancelled` when its cancel key is set; `internal_error` when it had started and its worker was lost) |
 //! | `delivery_limit` | delivered `amqp.delivery_limit` + 1 times without being settled: each delivery killed or lost its worker | `internal_error`: "its deliveries kept failing (killed its worker N times)" |
 //! | `rejected` | a worker dead-lettered it: no usable job id, or its `internal_error` is already stored | `internal_error` when a job id is found and it has no terminal result |
 //! | other (`maxlen`) | a policy limit | `internal_error` naming the reason |
