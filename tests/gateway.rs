@@ -46,7 +46,7 @@ fn gateway() -> &'static str {
 }
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client")
+    gw::http()
 }
 
 async fn post_job(key: &str, body: &Value) -> (StatusCode, Value, reqwest::header::HeaderMap) {
@@ -57,23 +57,12 @@ async fn post_job(key: &str, body: &Value) -> (StatusCode, Value, reqwest::heade
 }
 
 async fn get_json(key: &str, path: &str) -> (StatusCode, Value) {
-    let response = http().get(format!("{}{path}", gateway())).bearer_auth(key).send().await.expect("GET");
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
+    gw::get_json(gateway(), key, path).await
 }
 
 /// Waits for the job over HTTP (`?wait=`) until it is over, at most 3 minutes.
 async fn wait_job(key: &str, id: &str) -> Value {
-    let started = Instant::now();
-    loop {
-        let (status, job) = get_json(key, &format!("/v1/jobs/{id}?wait=20s")).await;
-        assert_eq!(status, StatusCode::OK, "{job}");
-        let state = job["status"].as_str().unwrap_or_default().to_owned();
-        if !["queued", "running"].contains(&state.as_str()) {
-            return job;
-        }
-        assert!(started.elapsed() < Duration::from_secs(180), "job {id} still {state}");
-    }
+    gw::wait_job(gateway(), key, id).await
 }
 
 fn python(code: &str) -> Value {

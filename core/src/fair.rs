@@ -150,18 +150,12 @@ pub async fn queued(redis: &mut RedisConn, names: &Names, sku: Sku, job_id: &str
 /// Redis's.
 pub async fn not_queued(redis: &mut RedisConn, names: &Names, sku: Sku, job_id: &str) -> RedisResult<()> {
     let [queued, queued_expiry, ..] = keys(names, sku);
-    redis::pipe()
-        .atomic()
-        .cmd("ZREM")
-        .arg(&queued)
-        .arg(job_id)
-        .ignore()
-        .cmd("ZREM")
-        .arg(&queued_expiry)
-        .arg(job_id)
-        .ignore()
-        .query_async(redis)
-        .await
+    unqueue(redis::pipe().atomic(), &queued, &queued_expiry, job_id).query_async(redis).await
+}
+
+/// Adds to `pipe` the removal of `job_id` from a SKU's queued set and its expiries.
+fn unqueue<'a>(pipe: &'a mut redis::Pipeline, queued: &str, queued_expiry: &str, job_id: &str) -> &'a mut redis::Pipeline {
+    pipe.cmd("ZREM").arg(queued).arg(job_id).ignore().cmd("ZREM").arg(queued_expiry).arg(job_id).ignore()
 }
 
 /// Drops expired entries, then counts each tenant's queued and running jobs (by jumping from
@@ -275,16 +269,7 @@ pub async fn shares(redis: &mut RedisConn, names: &Names, sku: Sku, job_id: &str
 pub async fn start(redis: &mut RedisConn, names: &Names, sku: Sku, job_id: &str, member: &str, lease_until_ms: u64) -> RedisResult<()> {
     let [queued, queued_expiry, running, running_expiry] = keys(names, sku);
     let ttl = KEY_TTL.as_secs();
-    redis::pipe()
-        .atomic()
-        .cmd("ZREM")
-        .arg(&queued)
-        .arg(job_id)
-        .ignore()
-        .cmd("ZREM")
-        .arg(&queued_expiry)
-        .arg(job_id)
-        .ignore()
+    unqueue(redis::pipe().atomic(), &queued, &queued_expiry, job_id)
         .cmd("ZADD")
         .arg(&running)
         .arg(0)

@@ -77,3 +77,30 @@ pub async fn new_key(tenant: &str, quotas: Quotas) -> (String, String) {
 pub fn tenant(label: &str) -> String {
     format!("{label}{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
+
+/// An HTTP client for the tests' requests to a gateway (2 min per request).
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client")
+}
+
+/// `GET <base><path>` with `key`: the status and the JSON body (`null` when it is not JSON).
+pub async fn get_json(base: &str, key: &str, path: &str) -> (reqwest::StatusCode, serde_json::Value) {
+    let response = http().get(format!("{base}{path}")).bearer_auth(key).send().await.expect("GET");
+    let status = response.status();
+    (status, response.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// Waits for job `id` of the gateway at `base` over HTTP (`?wait=`) until it is over, at most
+/// 3 minutes; the job as the gateway answers it.
+pub async fn wait_job(base: &str, key: &str, id: &str) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        let (status, job) = get_json(base, key, &format!("/v1/jobs/{id}?wait=20s")).await;
+        assert_eq!(status, reqwest::StatusCode::OK, "{job}");
+        let state = job["status"].as_str().unwrap_or_default().to_owned();
+        if !["queued", "running"].contains(&state.as_str()) {
+            return job;
+        }
+        assert!(started.elapsed() < Duration::from_secs(180), "job {id} still {state}");
+    }
+}

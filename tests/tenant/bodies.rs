@@ -232,7 +232,7 @@ async fn a_large_upload_on_any_route_does_not_grow_the_gateways_memory() {
     let digest = hex::encode(sha2::Sha256::digest(&big));
     let mut sizes = Vec::new();
     for session in ["m", sandbox.as_str()] {
-        let (status, listing) = get_json_at(&base, &a, &format!("/v1/sessions/{session}/files")).await;
+        let (status, listing) = sandq_tests::gateway::get_json(&base, &a, &format!("/v1/sessions/{session}/files")).await;
         assert_eq!(status, StatusCode::OK, "{listing}");
         sizes.extend(
             listing["files"]
@@ -244,12 +244,6 @@ async fn a_large_upload_on_any_route_does_not_grow_the_gateways_memory() {
         );
     }
     assert_eq!(sizes, vec![(64 << 20, digest.clone()); 3]);
-}
-
-async fn get_json_at(base: &str, key: &str, path: &str) -> (StatusCode, Value) {
-    let response = http().get(format!("{base}{path}")).bearer_auth(key).send().await.expect("GET");
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 /// Finding 8: tenant A uploads some bytes, then tenant B the same bytes: B's upload writes an
